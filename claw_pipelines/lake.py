@@ -1,0 +1,154 @@
+"""Access to the Delta Lake tables under one lake root (local path or object-store URI).
+
+Every reader and writer in the project goes through ``Lake``, so table locations, storage options,
+commit retries and the change-data-feed reads are decided in one place.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+
+from claw_pipelines.settings import ClawSettings, get_settings
+
+TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true"}
+"""Landing and derived tables keep a change data feed so readers can take only what is new."""
+
+
+def _is_remote(uri: str) -> bool:
+    return "://" in uri and not uri.startswith("file://")
+
+
+@dataclass(frozen=True)
+class Lake:
+    """A lake root plus the storage options every delta-rs call needs."""
+
+    root: str
+    storage_options: dict[str, str] = field(default_factory=dict)
+    max_commit_retries: int = 100
+
+    @classmethod
+    def from_settings(cls, settings: ClawSettings | None = None) -> Lake:
+        settings = settings or get_settings()
+        return cls(settings.lake_uri, dict(settings.storage_options), settings.max_commit_retries)
+
+    def uri(self, table: str) -> str:
+        """The table's URI; local roots are made absolute so every process agrees on them."""
+        if _is_remote(self.root):
+            return f"{self.root.rstrip('/')}/{table}"
+        return str(Path(self.root.removeprefix("file://")).absolute() / table)
+
+    def _options(self) -> dict[str, str] | None:
+        return self.storage_options or None
+
+    def open(self, table: str, version: int | None = None) -> DeltaTable | None:
+        """The Delta table, or None when nothing was ever written to it."""
+        try:
+            return DeltaTable(self.uri(table), version=version, storage_options=self._options())
+        except TableNotFoundError:
+            return None
+
+    def version(self, table: str) -> int | None:
+        delta_table = self.open(table)
+        return None if delta_table is None else delta_table.version()
+
+    def ensure(self, table: str, schema: pa.Schema) -> DeltaTable:
+        """Create the table (empty, change data feed on) if it does not exist yet.
+
+        Several processes may race to create it; whoever loses re-opens the winner's table.
+        """
+        for _ in range(20):
+            existing = self.open(table)
+            if existing is not None:
+                return existing
+            try:
+                return DeltaTable.create(
+                    self.uri(table),
+                    schema,
+                    mode="ignore",
+                    configuration=TABLE_CONFIGURATION,
+                    storage_options=self._options(),
+                )
+            except (CommitFailedError, DeltaError):
+                time.sleep(0.05)
+        raise RuntimeError(f"could not create Delta table {self.uri(table)}")
+
+    def append(
+        self,
+        table: str,
+        data: pa.Table,
+        *,
+        app_id: str | None = None,
+        app_version: int | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> int:
+        """Append rows in one commit and return the new table version.
+
+        With ``app_id``/``app_version`` the commit carries a Delta app transaction, so a caller that
+        crashed after committing can ask ``committed_app_version`` and never apply a batch twice.
+        """
+        delta_table = self.ensure(table, data.schema)
+        transactions = None
+        if app_id is not None and app_version is not None:
+            transactions = [Transaction(app_id=app_id, version=app_version)]
+        write_deltalake(
+            delta_table,
+            data,
+            mode="append",
+            commit_properties=CommitProperties(
+                max_commit_retries=self.max_commit_retries,
+                app_transactions=transactions,
+                custom_metadata=metadata,
+            ),
+        )
+        delta_table.update_incremental()
+        return delta_table.version()
+
+    def committed_app_version(self, table: str, app_id: str) -> int | None:
+        """The last app-transaction version committed by ``app_id`` (None if it never committed)."""
+        delta_table = self.open(table)
+        if delta_table is None:
+            return None
+        return delta_table.transaction_version(app_id)
+
+    def read_changes(
+        self,
+        table: str,
+        after_version: int | None,
+        *,
+        up_to_version: int | None = None,
+        columns: list[str] | None = None,
+    ) -> tuple[pl.DataFrame | None, int | None]:
+        """Rows inserted after ``after_version`` up to ``up_to_version`` (default: latest).
+
+        Returns the rows (None when nothing is new) and the version read up to, which is the
+        caller's next watermark. Compaction commits carry no data change and yield no rows.
+        """
+        delta_table = self.open(table)
+        if delta_table is None:
+            return None, after_version
+        latest = delta_table.version() if up_to_version is None else up_to_version
+        if after_version is not None and latest <= after_version:
+            return None, after_version
+        start = 0 if after_version is None else after_version + 1
+        wanted = None if columns is None else [*columns, "_change_type", "_commit_version"]
+        reader = delta_table.load_cdf(
+            starting_version=start,
+            ending_version=latest,
+            columns=wanted,
+            predicate="_change_type = 'insert'",
+        )
+        frame = pl.DataFrame(reader.read_all())
+        return frame, latest
+
+    def scan(self, table: str, version: int | None = None) -> pl.LazyFrame | None:
+        """A lazy scan of the table at ``version`` (default latest), or None if it does not exist."""
+        if self.open(table) is None:
+            return None
+        return pl.scan_delta(self.uri(table), version=version, storage_options=self._options())

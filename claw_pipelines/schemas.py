@@ -1,0 +1,202 @@
+"""The landing tables, declared once.
+
+Each table is a pydantic model; its Arrow schema is derived from the model's annotations, so the
+row validation at the boundary and the Delta schema can never disagree. JSON-valued columns
+(messages, tool calls, metadata) are stored as JSON text: every engine that reads Delta can read
+them, and their shape is free to evolve without a schema migration.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import types
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ArrowType:
+    """Annotation marker that pins a field's Arrow type (e.g. int32 token IDs)."""
+
+    def __init__(self, arrow_type: pa.DataType) -> None:
+        self.arrow_type = arrow_type
+
+
+TokenIds = Annotated[list[int], ArrowType(pa.list_(pa.int32()))]
+Logprobs = Annotated[list[float], ArrowType(pa.list_(pa.float32()))]
+Int32 = Annotated[int, ArrowType(pa.int32())]
+JsonText = Annotated[str, ArrowType(pa.string())]
+UtcTimestamp = Annotated[datetime, ArrowType(pa.timestamp("us", tz="UTC"))]
+
+TokenSource = Literal["engine", "retokenized", "none"]
+TurnStatus = Literal["success", "error"]
+RewardSource = Literal["rule", "model", "human", "env"]
+TrajectoryEvent = Literal["completed", "aborted"]
+LabelTarget = Literal["step", "trajectory"]
+
+_PLAIN_ARROW_TYPES: dict[type, pa.DataType] = {
+    str: pa.string(),
+    int: pa.int64(),
+    float: pa.float64(),
+    bool: pa.bool_(),
+    datetime: pa.timestamp("us", tz="UTC"),
+}
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    """A time-ordered unique id in the UUIDv7 layout, so ids sort by creation time."""
+    millis = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (millis << 80) | (0x7 << 76) | ((rand >> 62) & 0xFFF) << 64 | (0b10 << 62) | (rand & (2**62 - 1))
+    return str(uuid.UUID(int=value))
+
+
+def _arrow_type(annotation: Any, metadata: list[Any]) -> tuple[pa.DataType, bool]:
+    """Map a field annotation to (Arrow type, nullable)."""
+    nullable = False
+    if get_origin(annotation) in (Union, types.UnionType):
+        members = [a for a in get_args(annotation) if a is not type(None)]
+        nullable = len(members) < len(get_args(annotation))
+        (annotation,) = members
+    if get_origin(annotation) is Annotated:
+        annotation, *extra = get_args(annotation)
+        metadata = [*metadata, *extra]
+    for marker in metadata:
+        if isinstance(marker, ArrowType):
+            return marker.arrow_type, nullable
+    if get_origin(annotation) is Literal:
+        return pa.string(), nullable
+    if get_origin(annotation) is list:
+        (item,) = get_args(annotation)
+        return pa.list_(_PLAIN_ARROW_TYPES[item]), nullable
+    return _PLAIN_ARROW_TYPES[annotation], nullable
+
+
+class LandingRow(BaseModel):
+    """Base of every landing-table row: validated at the boundary, strict about unknown keys."""
+
+    model_config = ConfigDict(extra="forbid")
+    table_name: ClassVar[str]
+    key: ClassVar[str]
+
+    @classmethod
+    def arrow_schema(cls) -> pa.Schema:
+        fields = []
+        for name, info in cls.model_fields.items():
+            arrow_type, nullable = _arrow_type(info.annotation, list(info.metadata))
+            fields.append(pa.field(name, arrow_type, nullable=nullable))
+        return pa.schema(fields)
+
+
+class Turn(LandingRow):
+    """One LLM call as the proxy saw it: identity, request, response and exact engine token IDs."""
+
+    table_name: ClassVar[str] = "turns"
+    key: ClassVar[str] = "turn_id"
+
+    turn_id: str = Field(description="LiteLLM call id; also returned to the agent as x-litellm-call-id.")
+    trajectory_id: str | None = None
+    group_id: str | None = None
+    channel: str | None = None
+    agent: str | None = None
+    policy_version: int | None = None
+    model: str
+    backend: str | None = Field(default=None, description="Provider and api_base that answered.")
+    call_type: Literal["chat", "completion", "step"] = "chat"
+    stream: bool = False
+    status: TurnStatus = "success"
+    error: str | None = None
+    finish_reason: str | None = None
+    token_source: TokenSource = "none"
+    prompt_token_ids: TokenIds | None = None
+    response_token_ids: TokenIds | None = None
+    response_logprobs: Logprobs | None = None
+    request_messages: JsonText | None = Field(default=None, description="JSON list of chat messages.")
+    request_tools: JsonText | None = None
+    sampling_params: JsonText | None = None
+    response_message: JsonText | None = Field(
+        default=None, description="JSON assistant message: role, content, tool_calls."
+    )
+    response_text: str | None = None
+    prompt_tokens: Int32 | None = None
+    completion_tokens: Int32 | None = None
+    started_at: UtcTimestamp
+    ended_at: UtcTimestamp
+    first_token_at: UtcTimestamp | None = None
+    latency_ms: float | None = None
+    writer_id: str | None = Field(default=None, description="Spool writer (process) that landed it.")
+    metadata: JsonText | None = None
+
+
+class Reward(LandingRow):
+    """A reward or feedback value that may arrive long after the turn it scores."""
+
+    table_name: ClassVar[str] = "rewards"
+    key: ClassVar[str] = "reward_id"
+
+    reward_id: str = Field(default_factory=new_id)
+    turn_id: str | None = None
+    trajectory_id: str | None = None
+    group_id: str | None = None
+    value: float
+    name: str = "reward"
+    source: RewardSource = "env"
+    created_at: UtcTimestamp = Field(default_factory=utc_now)
+    metadata: JsonText | None = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Reward:
+        targets = [t for t in (self.turn_id, self.trajectory_id, self.group_id) if t]
+        if len(targets) != 1:
+            raise ValueError("a reward targets exactly one of turn_id, trajectory_id, group_id")
+        return self
+
+
+class TrajectoryEventRow(LandingRow):
+    """A trajectory lifecycle event: completed or aborted, optionally with the outcome reward."""
+
+    table_name: ClassVar[str] = "trajectory_events"
+    key: ClassVar[str] = "event_id"
+
+    event_id: str = Field(default_factory=new_id)
+    trajectory_id: str
+    group_id: str | None = None
+    event: TrajectoryEvent = "completed"
+    reward: float | None = None
+    created_at: UtcTimestamp = Field(default_factory=utc_now)
+    metadata: JsonText | None = None
+
+
+class Label(LandingRow):
+    """A human curation decision; the latest label per target wins, history is kept."""
+
+    table_name: ClassVar[str] = "labels"
+    key: ClassVar[str] = "label_id"
+
+    label_id: str = Field(default_factory=new_id)
+    target_kind: LabelTarget
+    target_id: str = Field(description="turn_id for a step, trajectory_id for a trajectory.")
+    quality_label: str | None = None
+    trainable: bool | None = None
+    tags: list[str] | None = None
+    note: str | None = None
+    author: str = "unknown"
+    created_at: UtcTimestamp = Field(default_factory=utc_now)
+
+
+LANDING_MODELS: dict[str, type[LandingRow]] = {
+    model.table_name: model for model in (Turn, Reward, TrajectoryEventRow, Label)
+}
+
+
+def rows_to_arrow(model: type[LandingRow], rows: list[dict[str, Any]]) -> pa.Table:
+    """Build an Arrow table of validated rows (as dumped by ``model_dump``) in the model's schema."""
+    return pa.Table.from_pylist(rows, schema=model.arrow_schema())

@@ -1,0 +1,60 @@
+"""Runtime configuration: pydantic settings read from ``CLAW_*`` environment variables.
+
+The defaults are the embedded setup (local lake under ``.claw/``, loopback, embedded engine),
+so nothing needs configuring to try the project.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOCAL_MASTER_KEY = "sk-claw-local"
+"""The documented key used when the proxy binds to loopback and LITELLM_MASTER_KEY is unset."""
+
+
+class ClawSettings(BaseSettings):
+    """Where the lake and spool live and how the capture path commits."""
+
+    model_config = SettingsConfigDict(env_prefix="CLAW_", extra="ignore")
+
+    lake_uri: str = Field(
+        default=".claw/lake",
+        description="Root of the Delta tables: a local path or an object-store URI such as s3://bucket/lake.",
+    )
+    storage_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="delta-rs storage options (JSON in CLAW_STORAGE_OPTIONS), e.g. AWS_REGION, AWS_ENDPOINT_URL.",
+    )
+    spool_dir: Path = Field(
+        default=Path(".claw/spool"),
+        description="Local directory of per-process spool segments (must be a local disk).",
+    )
+    fsync: Literal["answer", "interval"] = Field(
+        default="interval",
+        description="'answer': group-commit fsync before each answer leaves; "
+        "'interval': fsync every fsync_interval_ms in the background.",
+    )
+    fsync_interval_ms: int = Field(default=100, ge=1, le=200)
+    flush_max_rows: int = Field(default=512, ge=1, description="Rotate and commit a segment at this size.")
+    flush_interval_s: float = Field(default=1.0, gt=0, description="Commit at least this often.")
+    max_commit_retries: int = Field(default=100, ge=0)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+
+    @field_validator("storage_options", mode="before")
+    @classmethod
+    def _parse_json(cls, value: object) -> object:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> ClawSettings:
+    """The process-wide settings, read once from the environment."""
+    return ClawSettings()
