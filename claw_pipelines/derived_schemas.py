@@ -1,0 +1,221 @@
+"""The derived tables' schemas, declared once.
+
+Every transform output is conformed to one of these before it is written, so the Delta tables,
+the batch rows handed to exporters and the inspector all agree on names and types. Strings are
+plain Arrow strings (not polars' string views) so every Delta reader can open the files.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+import pyarrow as pa
+
+from claw_pipelines.schemas import Turn
+
+_TOKENS = pa.list_(pa.int32())
+_LOGPROBS = pa.list_(pa.float32())
+_TS = pa.timestamp("us", tz="UTC")
+_STRINGS = pa.list_(pa.string())
+
+_TURN = Turn.arrow_schema()
+
+
+def _turn_fields(*names: str) -> list[pa.Field]:
+    return [_TURN.field(name) for name in names]
+
+
+STEP_SOURCE_COLUMNS = [
+    "turn_id", "trajectory_id", "group_id", "channel", "agent", "policy_version", "model",
+    "prompt_token_ids", "response_token_ids", "response_logprobs", "token_source", "finish_reason",
+    "status", "request_messages", "response_message", "response_text", "metadata", "started_at",
+    "ended_at",
+]  # fmt: skip
+"""The turns columns a step carries over."""
+
+STEPS = pa.schema(
+    [
+        pa.field("step_id", pa.string(), nullable=False),
+        *_turn_fields(*STEP_SOURCE_COLUMNS),
+        pa.field("step_index", pa.int32()),
+        pa.field("is_last", pa.bool_()),
+        pa.field("prefix_consistent", pa.bool_()),
+        pa.field("prefix_break_reason", pa.string()),
+        pa.field("shared_prefix_tokens", pa.int32()),
+        pa.field("trajectory_inferred", pa.bool_()),
+        pa.field("reopened", pa.bool_()),
+        pa.field("close_reason", pa.string()),
+        pa.field("source_version", pa.int64()),
+    ]
+)
+"""One row per LLM call of a closed trajectory (state = prompt ids, action = response ids).
+
+``shared_prefix_tokens``: tokens shared with the previous step's prompt + response (prefix-tree
+saving); ``reopened``: emitted after its trajectory had already been emitted; ``close_reason``:
+completed | aborted | timeout (why the trajectory was closed)."""
+
+OPEN_STATE = pa.schema(
+    [
+        pa.field("state", pa.string(), nullable=False),
+        *[f for f in STEPS if f.name not in ("step_id", "is_last", "prefix_consistent",
+                                             "prefix_break_reason", "shared_prefix_tokens")],
+        pa.field("closed_at", _TS),
+        pa.field("emitted_turn_ids", _STRINGS),
+    ]
+)  # fmt: skip
+"""The step extractor's carried-over state (table ``steps_open``, overwritten each run).
+
+``state = open``: a turn of a trajectory not closed yet (full turn columns, trajectory_id
+resolved, step_index null). ``state = closed``: the tail of an emitted trajectory, kept for the
+reopen window: its last emitted step (step_index, turn_id, token ids), ``closed_at``,
+``close_reason`` and ``emitted_turn_ids`` (to drop duplicate re-deliveries)."""
+
+TRAJECTORIES = pa.schema(
+    [
+        pa.field("trajectory_id", pa.string(), nullable=False),
+        pa.field("group_id", pa.string()),
+        pa.field("channel", pa.string()),
+        pa.field("agent", pa.string()),
+        pa.field("num_steps", pa.int32()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("response_tokens", pa.int64()),
+        pa.field("started_at", _TS),
+        pa.field("ended_at", _TS),
+        pa.field("duration_s", pa.float64()),
+        pa.field("complete", pa.bool_()),
+        pa.field("outcome", pa.string()),
+        pa.field("outcome_reward", pa.float64()),
+        pa.field("policy_versions", pa.list_(pa.int64())),
+        pa.field("shared_prefix_tokens_saved", pa.int64()),
+        pa.field("trajectory_inferred", pa.bool_()),
+        pa.field("prefix_consistent", pa.bool_()),
+    ]
+)
+
+REWARDED_STEPS = pa.schema(
+    [
+        *STEPS,
+        pa.field("step_reward", pa.float64()),
+        pa.field("outcome_reward", pa.float64()),
+        pa.field("reward", pa.float64()),
+        pa.field("reward_present", pa.bool_()),
+        pa.field("reward_sources", _STRINGS),
+    ]
+)
+"""``step_reward``: immediate reward aimed at the turn; ``outcome_reward``: the trajectory's
+outcome (trajectory/group/event rewards); ``reward``: credited per the credit-assignment rule."""
+
+SCORED_STEPS = pa.schema(
+    [
+        *REWARDED_STEPS,
+        pa.field("quality_score", pa.float64()),
+        pa.field("quality_reasons", _STRINGS),
+    ]
+)
+
+CURATED_STEPS = pa.schema(
+    [
+        *SCORED_STEPS,
+        pa.field("quality_label", pa.string()),
+        pa.field("trainable", pa.bool_()),
+        pa.field("tags", _STRINGS),
+        pa.field("label_note", pa.string()),
+    ]
+)
+
+BATCH_ROWS = pa.schema(
+    [
+        pa.field("batch_id", pa.string(), nullable=False),
+        pa.field("recipe", pa.string()),
+        pa.field("group_id", pa.string()),
+        pa.field("trajectory_id", pa.string()),
+        pa.field("step_index", pa.int32()),
+        pa.field("is_last", pa.bool_()),
+        pa.field("num_steps", pa.int32()),
+        pa.field("group_size", pa.int32()),
+        pa.field("turn_id", pa.string()),
+        pa.field("prompt_token_ids", _TOKENS),
+        pa.field("response_token_ids", _TOKENS),
+        pa.field("response_logprobs", _LOGPROBS),
+        pa.field("reward", pa.float64()),
+        pa.field("outcome_reward", pa.float64()),
+        pa.field("policy_version", pa.int64()),
+        pa.field("request_messages", pa.string()),
+        pa.field("response_message", pa.string()),
+        pa.field("metadata", pa.string()),
+        pa.field("source_version", pa.int64()),
+        pa.field("source_versions", pa.string()),
+    ]
+)
+"""Framework-neutral rows of one batch (grpo, rloo, ppo, reinforce_pp, sft): one per step,
+contiguous per trajectory in step order. No advantages: the trainer computes them.
+``source_version``: turns version the step came from; ``source_versions``: JSON of the
+input table versions the batch was planned from."""
+
+DPO_PAIRS = pa.schema(
+    [
+        pa.field("batch_id", pa.string(), nullable=False),
+        pa.field("recipe", pa.string()),
+        pa.field("group_id", pa.string()),
+        pa.field("trajectory_id", pa.string()),
+        pa.field("step_index", pa.int32()),
+        pa.field("turn_id", pa.string()),
+        pa.field("rejected_turn_id", pa.string()),
+        pa.field("prompt_token_ids", _TOKENS),
+        pa.field("chosen_token_ids", _TOKENS),
+        pa.field("rejected_token_ids", _TOKENS),
+        pa.field("chosen_reward", pa.float64()),
+        pa.field("rejected_reward", pa.float64()),
+        pa.field("policy_version", pa.int64()),
+        pa.field("request_messages", pa.string()),
+        pa.field("chosen_message", pa.string()),
+        pa.field("rejected_message", pa.string()),
+        pa.field("metadata", pa.string()),
+        pa.field("source_version", pa.int64()),
+        pa.field("source_versions", pa.string()),
+    ]
+)
+"""DPO batch rows: a chosen and a rejected action from the same state (same group, same
+prompt_token_ids); ``turn_id`` is the chosen step's turn."""
+
+DROPPED = pa.schema(
+    [
+        pa.field("turn_id", pa.string()),
+        pa.field("trajectory_id", pa.string()),
+        pa.field("group_id", pa.string()),
+        pa.field("reason", pa.string()),
+    ]
+)
+"""Steps a batch plan left out and why (inspector batch preview)."""
+
+LEDGER = pa.schema(
+    [
+        pa.field("recipe", pa.string(), nullable=False),
+        pa.field("batch_id", pa.string(), nullable=False),
+        pa.field("turn_id", pa.string(), nullable=False),
+        pa.field("trajectory_id", pa.string()),
+        pa.field("group_id", pa.string()),
+        pa.field("planned_at", _TS),
+    ]
+)
+"""``batch_ledger/<recipe>``: which steps a recipe already consumed (a step goes into at most one
+batch of a recipe)."""
+
+
+def polars_schema(schema: pa.Schema) -> pl.Schema:
+    """The polars schema of an Arrow schema (for empty frames and casts)."""
+    return pl.Schema(pl.DataFrame(schema=schema).schema)  # type: ignore[arg-type]
+
+
+def empty(schema: pa.Schema) -> pl.DataFrame:
+    """An empty frame with the table's columns, so "nothing new" flows through every transform."""
+    return pl.from_arrow(schema.empty_table())  # type: ignore[return-value]
+
+
+def conform(frame: pl.DataFrame | pl.LazyFrame, schema: pa.Schema) -> pa.Table:
+    """Select the schema's columns in order and cast them to its exact Arrow types for writing."""
+    if isinstance(frame, pl.LazyFrame):
+        frame = frame.collect()
+    missing = [name for name in schema.names if name not in frame.columns]
+    if missing:
+        raise ValueError(f"missing columns for {schema.names[:3]}...: {missing}")
+    return frame.select(schema.names).to_arrow().cast(schema)
