@@ -203,12 +203,21 @@ batch of a recipe)."""
 
 def polars_schema(schema: pa.Schema) -> pl.Schema:
     """The polars schema of an Arrow schema (for empty frames and casts)."""
-    return pl.Schema(pl.DataFrame(schema=schema).schema)  # type: ignore[arg-type]
+    return empty(schema).schema
 
 
 def empty(schema: pa.Schema) -> pl.DataFrame:
     """An empty frame with the table's columns, so "nothing new" flows through every transform."""
     return pl.from_arrow(schema.empty_table())  # type: ignore[return-value]
+
+
+def fit(frame: pl.DataFrame, schema: pa.Schema) -> pl.DataFrame:
+    """``frame`` with exactly ``schema``'s columns, in order and type; absent columns are null."""
+    target = polars_schema(schema)
+    return frame.select(
+        pl.col(name).cast(dtype) if name in frame.columns else pl.lit(None, dtype).alias(name)
+        for name, dtype in target.items()
+    )
 
 
 def conform(frame: pl.DataFrame | pl.LazyFrame, schema: pa.Schema) -> pa.Table:

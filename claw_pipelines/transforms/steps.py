@@ -24,9 +24,24 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import polars as pl
+
+from claw_pipelines.derived_schemas import (
+    OPEN_STATE,
+    STEP_SOURCE_COLUMNS,
+    STEPS,
+    empty,
+    fit,
+)
+from claw_pipelines.transforms.inference import infer_trajectories
+from claw_pipelines.transforms.prefixes import (
+    PREV_PROMPT,
+    PREV_RESPONSE,
+    PREV_SOURCE,
+    check_prefixes,
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,105 @@ class StepExtraction:
     """Rows in ``derived_schemas.STEPS``."""
     open_state: pl.DataFrame
     """Rows in ``derived_schemas.OPEN_STATE``."""
+
+
+_PENDING = [*STEP_SOURCE_COLUMNS, "source_version", "trajectory_inferred"]
+_TAIL = ["prompt_token_ids", "response_token_ids", "token_source", "step_index", "close_reason"]
+
+
+def _collect(frame: pl.LazyFrame | pl.DataFrame | None) -> pl.DataFrame | None:
+    return frame.collect() if isinstance(frame, pl.LazyFrame) else frame
+
+
+def _new_turns(turns: pl.DataFrame | None, source_version: int | None) -> pl.DataFrame:
+    if turns is None or turns.height == 0:
+        return empty(OPEN_STATE).select(_PENDING)
+    version = (
+        pl.col("_commit_version")
+        if "_commit_version" in turns.columns
+        else pl.lit(source_version, dtype=pl.Int64)
+    )
+    return (
+        turns.with_columns(
+            version.cast(pl.Int64).alias("source_version"),
+            pl.col("trajectory_id").is_null().alias("trajectory_inferred"),
+        )
+        .unique("turn_id", keep="first", maintain_order=True)
+        .pipe(fit, OPEN_STATE)
+        .select(_PENDING)
+    )
+
+
+def _first_events(events: pl.DataFrame | None) -> pl.DataFrame:
+    """The first lifecycle event per trajectory (later ones cannot close it again)."""
+    if events is None or events.height == 0:
+        return pl.DataFrame(
+            schema={"trajectory_id": pl.String, "group_id": pl.String, "event": pl.String}
+        )
+    return (
+        events.sort("created_at", "event_id")
+        .unique("trajectory_id", keep="first", maintain_order=True)
+        .select("trajectory_id", "group_id", "event")
+    )
+
+
+def _last_per_trajectory(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.sort("trajectory_id", "started_at", "turn_id").unique(
+        "trajectory_id", keep="last", maintain_order=True
+    )
+
+
+def _resolve_identity(
+    turns: pl.DataFrame, open_rows: pl.DataFrame, tails: pl.DataFrame, key_tokens: int
+) -> pl.DataFrame:
+    """Give identity-less turns the trajectory they continue (or a new inferred one)."""
+    anonymous = turns.filter(pl.col("trajectory_inferred"))
+    if anonymous.height == 0:
+        return turns
+    known = pl.concat(
+        [
+            _last_per_trajectory(open_rows.filter(pl.col("trajectory_inferred"))).select(
+                "turn_id", "trajectory_id", "prompt_token_ids", "response_token_ids", "started_at"
+            ),
+            tails.filter(pl.col("trajectory_inferred") & (pl.col("step_index") >= 0)).select(
+                "turn_id", "trajectory_id", "prompt_token_ids", "response_token_ids", "started_at"
+            ),
+        ]
+    )
+    inferred = infer_trajectories(anonymous, known, key_tokens=key_tokens)
+    return (
+        turns.join(inferred.rename({"trajectory_id": "_inferred"}), on="turn_id", how="left")
+        .with_columns(pl.coalesce("trajectory_id", "_inferred").alias("trajectory_id"))
+        .drop("_inferred")
+    )
+
+
+def _emit(pending: pl.DataFrame, closing: pl.DataFrame) -> pl.DataFrame:
+    """Number, link and prefix-check the pending turns of the closing trajectories."""
+    position = pl.int_range(pl.len()).over("trajectory_id")
+    tail_index = pl.col("_tail_step_index").fill_null(-1)
+
+    def previous(column: str) -> pl.Expr:
+        return (
+            pl.when(position == 0)
+            .then(pl.col(f"_tail_{column}"))
+            .otherwise(pl.col(column).shift(1).over("trajectory_id"))
+        )
+
+    frame = (
+        pending.join(closing, on="trajectory_id")
+        .sort("trajectory_id", "started_at", "turn_id")
+        .with_columns(
+            (tail_index + 1 + position).cast(pl.Int32).alias("step_index"),
+            (position == pl.len().over("trajectory_id") - 1).alias("is_last"),
+            (tail_index >= 0).alias("reopened"),
+            previous("prompt_token_ids").alias(PREV_PROMPT),
+            previous("response_token_ids").alias(PREV_RESPONSE),
+            previous("token_source").alias(PREV_SOURCE),
+            pl.col("turn_id").alias("step_id"),
+        )
+    )
+    return fit(check_prefixes(frame), STEPS)
 
 
 def extract_steps(
@@ -58,4 +172,83 @@ def extract_steps(
     rows since their watermark. Turns without a trajectory_id are assigned to inferred
     trajectories by token prefix (see ``claw_pipelines.transforms.inference``).
     """
-    raise NotImplementedError
+    state = _collect(open_state)
+    state = empty(OPEN_STATE) if state is None else fit(state, OPEN_STATE)
+    open_rows = state.filter(pl.col("state") == "open")
+    tails = state.filter(
+        (pl.col("state") == "closed")
+        & (pl.col("closed_at") >= pl.lit(now) - timedelta(seconds=reopen_window_s))
+    )
+    seen = pl.concat(
+        [
+            open_rows.select("turn_id"),
+            tails.select(pl.col("emitted_turn_ids").alias("turn_id")).explode(
+                "turn_id", empty_as_null=False
+            ),
+        ]
+    )
+    turns = _new_turns(_collect(new_turns), source_version).join(seen, on="turn_id", how="anti")
+    turns = _resolve_identity(turns, open_rows, tails, prefix_key_tokens)
+    pending = pl.concat([open_rows.select(_PENDING), turns])
+    events = _first_events(_collect(new_events))
+
+    idle_since = pl.lit(now) - timedelta(seconds=idle_timeout_s)
+    closing = (
+        pending.group_by("trajectory_id")
+        .agg(pl.col("ended_at").max().alias("_last_end"))
+        .join(tails.select("trajectory_id", *[pl.col(c).alias(f"_tail_{c}") for c in _TAIL]),
+              on="trajectory_id", how="left")
+        .join(events.select("trajectory_id", "event"), on="trajectory_id", how="left")
+        .with_columns(
+            pl.when(pl.col("_tail_step_index").is_not_null())
+            .then(pl.col("_tail_close_reason"))
+            .when(pl.col("event").is_not_null())
+            .then(pl.col("event"))
+            .when(pl.col("_last_end") < idle_since)
+            .then(pl.lit("timeout"))
+            .alias("close_reason")
+        )
+        .filter(pl.col("close_reason").is_not_null())
+        .drop("_last_end", "event", "_tail_close_reason")
+    )  # fmt: skip
+    steps = _emit(pending, closing)
+
+    emitted = steps.group_by("trajectory_id").agg(pl.col("turn_id").alias("_new_ids"))
+    new_tails = (
+        steps.filter(pl.col("is_last"))
+        .join(emitted, on="trajectory_id")
+        .join(tails.select("trajectory_id", "emitted_turn_ids"), on="trajectory_id", how="left")
+        .with_columns(
+            pl.concat_list(pl.col("emitted_turn_ids").fill_null([]), "_new_ids").alias(
+                "emitted_turn_ids"
+            )
+        )
+    )
+    event_only = (
+        events.join(pending.select("trajectory_id").unique(), on="trajectory_id", how="anti")
+        .join(tails.select("trajectory_id"), on="trajectory_id", how="anti")
+        .select(
+            "trajectory_id",
+            "group_id",
+            pl.col("event").alias("close_reason"),
+            pl.lit(-1, pl.Int32).alias("step_index"),
+            pl.lit(False).alias("trajectory_inferred"),
+            pl.lit([], pl.List(pl.String)).alias("emitted_turn_ids"),
+        )
+    )
+    closed = pl.concat([new_tails, event_only], how="diagonal_relaxed").with_columns(
+        pl.lit("closed").alias("state"), pl.lit(now).alias("closed_at")
+    )
+    next_state = pl.concat(
+        [
+            fit(
+                pending.join(
+                    closing.select("trajectory_id"), on="trajectory_id", how="anti"
+                ).with_columns(pl.lit("open").alias("state")),
+                OPEN_STATE,
+            ),
+            tails.join(steps.select("trajectory_id").unique(), on="trajectory_id", how="anti"),
+            fit(closed, OPEN_STATE),
+        ]
+    )
+    return StepExtraction(steps=steps, open_state=next_state)

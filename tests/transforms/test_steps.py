@@ -1,0 +1,140 @@
+"""Incremental step extraction: order, dedupe, closing, reopening, prefix checks, inference."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from transform_rows import SYSTEM, at, chain, event, events, turn, turns
+
+from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform
+from claw_pipelines.transforms import extract_steps
+
+
+def _run(new, state=None, evts=None, now=30.0, **kwargs):
+    return extract_steps(new, state, evts, now=at(now), idle_timeout_s=600, **kwargs)
+
+
+def test_out_of_order_and_duplicate_turns_become_ordered_unique_steps():
+    rows = chain("A", 3, group_id="g")
+    shuffled = turns(rows[2], rows[0], rows[1], rows[0])
+    result = _run(shuffled, evts=events(event("A")), source_version=7)
+    steps = result.steps
+    assert steps["step_id"].to_list() == ["A-0", "A-1", "A-2"]
+    assert steps["step_index"].to_list() == [0, 1, 2]
+    assert steps["is_last"].to_list() == [False, False, True]
+    assert steps["prefix_consistent"].all()
+    assert steps["group_id"].unique().to_list() == ["g"]
+    assert steps["close_reason"].unique().to_list() == ["completed"]
+    assert steps["source_version"].unique().to_list() == [7]
+    assert steps["shared_prefix_tokens"].to_list() == [0, 23, 27]
+    conform(steps, STEPS)
+    conform(result.open_state, OPEN_STATE)
+
+
+def test_open_trajectory_is_carried_until_its_event_then_emitted_once():
+    rows = chain("A", 3)
+    first = _run(turns(rows[0], rows[2]))
+    assert first.steps.height == 0
+    assert first.open_state["turn_id"].sort().to_list() == ["A-0", "A-2"]
+    second = _run(turns(rows[1], rows[0]), first.open_state, events(event("A", "aborted")))
+    assert second.steps["step_id"].to_list() == ["A-0", "A-1", "A-2"]
+    assert second.steps["close_reason"].unique().to_list() == ["aborted"]
+    third = _run(None, second.open_state, events(event("A")))
+    assert third.steps.height == 0
+
+
+def test_idle_trajectory_closes_by_timeout():
+    state = _run(turns(*chain("A", 2))).open_state
+    assert _run(None, state, now=300).steps.height == 0
+    closed = _run(None, state, now=1000).steps
+    assert closed["close_reason"].unique().to_list() == ["timeout"]
+
+
+def test_reopened_trajectory_appends_without_duplicating():
+    rows = chain("A", 4)
+    first = _run(turns(*rows[:2]), evts=events(event("A")))
+    assert first.steps["step_index"].to_list() == [0, 1]
+    late = _run(turns(rows[2], rows[1], rows[3]), first.open_state, now=60)
+    assert late.steps["step_id"].to_list() == ["A-2", "A-3"]
+    assert late.steps["step_index"].to_list() == [2, 3]
+    assert late.steps["reopened"].all()
+    assert late.steps["prefix_consistent"].all()
+    tail = late.open_state.filter(pl.col("trajectory_id") == "A")
+    assert tail["emitted_turn_ids"].to_list() == [["A-0", "A-1", "A-2", "A-3"]]
+    again = _run(turns(rows[0]), late.open_state, now=90)
+    assert again.steps.height == 0
+
+
+def test_event_before_turns_emits_turns_on_arrival():
+    first = _run(None, evts=events(event("A")))
+    assert first.open_state.filter(pl.col("state") == "closed")["step_index"].to_list() == [-1]
+    second = _run(turns(*chain("A", 2)), first.open_state)
+    assert second.steps["step_index"].to_list() == [0, 1]
+    assert not second.steps["reopened"].any()
+
+
+def _pair(second_prompt, first_prompt=None, first_response=None, **fields):
+    first_prompt = first_prompt or [*SYSTEM, 1, 2]
+    first_response = first_response or [3, 4, 5]
+    rows = [
+        turn("s0", first_prompt, first_response, trajectory_id="T"),
+        turn("s1", second_prompt, [9], start=5, trajectory_id="T", **fields),
+    ]
+    steps = _run(turns(*rows), evts=events(event("T"))).steps
+    return steps.filter(pl.col("step_id") == "s1").row(0, named=True)
+
+
+@pytest.mark.parametrize(
+    ("second_prompt", "fields", "reason", "shared"),
+    [
+        ([*SYSTEM, 1, 2, 3, 4, 5, 6], {}, None, 25),
+        ([*SYSTEM, 1, 2, 7, 8, 6], {}, "template_change", 22),
+        ([*SYSTEM, 1, 2, 3, 8, 6], {}, "retokenized", 23),
+        ([*SYSTEM, 1, 2, 7, 8, 6], {"token_source": "retokenized"}, "retokenized", 22),
+        ([*SYSTEM, 1, 7, 3, 4, 5, 6], {}, "context_edit", 21),
+        ([*SYSTEM, 1, 2, 3], {}, "context_edit", 23),
+        (None, {}, "missing_tokens", 0),
+    ],
+)
+def test_prefix_break_reasons(second_prompt, fields, reason, shared):
+    step = _pair(second_prompt, **fields)
+    assert step["prefix_break_reason"] == reason
+    assert step["prefix_consistent"] == (reason is None)
+    assert step["shared_prefix_tokens"] == shared
+
+
+def test_identity_less_turns_are_inferred_by_prefix_across_runs():
+    a = chain(None, 3, prefix="a", base=10)
+    b = chain(None, 2, prefix="b", base=20, start=1)
+    retry = turn("a-1-retry", a[1]["prompt_token_ids"], [77], start=12)
+    first = _run(turns(a[0], b[1], a[1], b[0], retry))
+    state = first.open_state
+    inferred = dict(zip(state["turn_id"], state["trajectory_id"], strict=True))
+    assert inferred["a-0"] == inferred["a-1"] == "inferred-a-0"
+    assert inferred["b-0"] == inferred["b-1"] == "inferred-b-0"
+    assert inferred["a-1-retry"] == "inferred-a-1-retry"
+    second = _run(turns(a[2]), state, now=5000)
+    by_trajectory = second.steps.group_by("trajectory_id").agg(pl.col("step_id").sort())
+    got = dict(by_trajectory.iter_rows())
+    assert got["inferred-a-0"] == ["a-0", "a-1", "a-2"]
+    assert got["inferred-b-0"] == ["b-0", "b-1"]
+    assert second.steps["trajectory_inferred"].all()
+    assert second.steps.filter(pl.col("trajectory_id") == "inferred-a-0")["prefix_consistent"].all()
+
+
+def test_late_identity_less_turn_continues_a_closed_inferred_trajectory():
+    a = chain(None, 3, prefix="a", base=10)
+    closed = _run(turns(*a[:2]), now=5000)
+    assert closed.steps.height == 2
+    late = _run(turns(a[2]), closed.open_state, now=5010)
+    assert late.steps.select("trajectory_id", "step_index", "reopened").row(0) == (
+        "inferred-a-0",
+        2,
+        True,
+    )
+
+
+def test_empty_inputs_give_empty_outputs():
+    result = _run(None)
+    assert result.steps.height == 0 and result.open_state.height == 0
+    assert result.steps.columns == STEPS.names
