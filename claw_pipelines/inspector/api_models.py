@@ -1,0 +1,154 @@
+"""Pydantic shapes of the JSON endpoints (used by the page's JavaScript and the benchmark)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class TrajectoryRow(BaseModel):
+    trajectory_id: str
+    group_id: str | None
+    channel: str | None
+    agent: str | None
+    model: str | None
+    status: str
+    num_steps: int
+    errors: int
+    truncated: int
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_s: float | None
+    policy_versions: list[int]
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    reward: float | None
+    reward_count: int
+    reward_sources: list[str]
+    quality: float | None
+    quality_min: float | None
+    label: str | None
+    trainable: bool | None
+    tags: list[str] | None
+    label_note: str | None
+    labelled_steps: int
+    untrainable_steps: int
+    task: str | None
+    last_response: str | None
+
+
+class TrajectoryList(BaseModel):
+    total: int
+    matched: int
+    page: int
+    size: int
+    rows: list[TrajectoryRow]
+
+
+class Token(BaseModel):
+    id: int
+    text: str | None
+    logprob: float | None
+    prob: float | None
+
+
+class RewardOut(BaseModel):
+    target: str = "step"
+    name: str
+    value: float
+    source: str
+    created_at: datetime | None
+
+
+class StepOut(BaseModel):
+    turn_id: str
+    step_index: int
+    status: str | None
+    error: str | None
+    finish_reason: str | None
+    token_source: str | None
+    model: str | None
+    backend: str | None
+    policy_version: int | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_ms: int | None
+    latency_ms: float | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    messages: list[dict[str, Any]]
+    response: dict[str, Any]
+    response_token_ids: list[int] | None
+    response_tokens: list[Token] | None
+    """Decoded tokens with logprobs (None when the IDs are not the embedded engine's)."""
+    prompt_token_count: int
+    prefix_consistent: bool | None
+    prefix_break_reason: str | None
+    prefix_from_pipeline: bool
+    rewards: list[RewardOut]
+    credited_reward: float | None
+    quality_score: float | None
+    quality_reasons: list[str] | None
+    label: str | None
+    trainable: bool | None
+    tags: list[str] | None
+    label_note: str | None
+    label_author: str | None
+    metadata: Any
+    sampling_params: Any
+
+
+class TrajectoryDetail(BaseModel):
+    summary: TrajectoryRow
+    trajectory_rewards: list[RewardOut]
+    steps: list[StepOut]
+    in_steps_table: bool
+    """Whether the pipeline's `steps` table has this trajectory yet (it only holds closed ones)."""
+
+
+class PromptTokens(BaseModel):
+    turn_id: str
+    ids: list[int]
+    tokens: list[Token] | None
+
+
+class GroupOut(BaseModel):
+    group_id: str
+    rollouts: list[TrajectoryDetail]
+    reward_mean: float | None
+    reward_std: float | None
+
+
+class GroupPlan(BaseModel):
+    group_id: str | None
+    rollouts: int
+    steps: int
+    reward_min: float | None
+    reward_max: float | None
+    reward_mean: float | None
+    reward_std: float | None
+    trajectory_id: list[str]
+
+
+class DroppedReason(BaseModel):
+    reason: str | None
+    steps: int
+    trajectories: int
+    examples: list[str | None]
+
+
+class BatchPreviewOut(BaseModel):
+    recipe: str
+    algorithm: str
+    group_size: int
+    groups_per_batch: int
+    dagster_url: str
+    ready: bool | None
+    batch_id: str | None
+    rows: int
+    groups: list[GroupPlan]
+    dropped: list[DroppedReason]
+    why_empty: str | None
+    planned_at: datetime

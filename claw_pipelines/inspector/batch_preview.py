@@ -1,0 +1,163 @@
+"""What each recipe's next batch would hold right now, planned by the pipeline's own planner.
+
+The preview runs ``plan_batch`` over `scored_steps` with the latest labels applied by
+``curate_steps`` (so a label shows up here before Dagster refreshes `curated_steps`), against the
+recipe's consumption ledger. Plans are cached per input versions: they are recomputed only when
+`scored_steps`, `labels` or the ledger changed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.util import find_spec
+from pathlib import Path
+
+import polars as pl
+
+from claw_pipelines.inspector.tables import LakeState
+from claw_pipelines.lake import Lake
+from claw_pipelines.recipes import BatchPlan, Recipe, load_recipes, plan_batch
+from claw_pipelines.transforms import curate_steps
+
+DAGSTER_URL_ENV = "CLAW_DAGSTER_URL"
+
+
+def dagster_asset_url(recipe: str) -> str:
+    base = os.environ.get(DAGSTER_URL_ENV, "http://127.0.0.1:3000").rstrip("/")
+    return f"{base}/assets/batch_{recipe}"
+
+
+def recipes_file() -> Path:
+    """assets/batches.yaml, found without importing the Dagster code location."""
+    spec = find_spec("assets")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the 'assets' package (assets/batches.yaml) is not importable")
+    return Path(next(iter(spec.submodule_search_locations))) / "batches.yaml"
+
+
+def read_recipes() -> dict[str, Recipe]:
+    return load_recipes(recipes_file())
+
+
+@dataclass(frozen=True)
+class Preview:
+    recipe: Recipe
+    dagster_url: str
+    plan: BatchPlan | None
+    groups: pl.DataFrame
+    dropped: pl.DataFrame
+    why_empty: str | None
+    planned_at: datetime
+
+
+def group_table(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per group in the plan: rollouts, steps and the spread of trajectory rewards."""
+    outcome = (
+        pl.coalesce("outcome_reward", "reward") if "outcome_reward" in rows.columns else "reward"
+    )
+    per_trajectory = rows.group_by("group_id", "trajectory_id").agg(
+        pl.len().alias("steps"),
+        pl.col("reward").sum().alias("credited"),
+        pl.first(outcome).alias("r"),
+    )
+    return (
+        per_trajectory.group_by("group_id")
+        .agg(
+            pl.len().alias("rollouts"),
+            pl.col("steps").sum(),
+            pl.col("r").min().alias("reward_min"),
+            pl.col("r").max().alias("reward_max"),
+            pl.col("r").mean().alias("reward_mean"),
+            pl.col("r").std(ddof=0).alias("reward_std"),
+            pl.col("trajectory_id").sort(),
+        )
+        .sort("group_id")
+    )
+
+
+def dropped_table(dropped: pl.DataFrame) -> pl.DataFrame:
+    """Why steps were left out, with counts and a few examples."""
+    return (
+        dropped.group_by("reason")
+        .agg(
+            pl.len().alias("steps"),
+            pl.col("trajectory_id").n_unique().alias("trajectories"),
+            pl.col("trajectory_id").unique().sort().head(5).alias("examples"),
+        )
+        .sort("steps", descending=True)
+    )
+
+
+def _empty_preview(recipe: Recipe, why: str) -> Preview:
+    return Preview(
+        recipe,
+        dagster_asset_url(recipe.name),
+        None,
+        pl.DataFrame(),
+        pl.DataFrame(),
+        why,
+        datetime.now(UTC),
+    )
+
+
+def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
+    scored = lake.scan("scored_steps")
+    if scored is None:
+        return _empty_preview(
+            recipe,
+            "no scored_steps table yet: Dagster has not materialized the pipeline "
+            "(run `claw up`, or `dagster dev -w workspace.yaml`)",
+        )
+    labels = state["labels"].drop("_commit_version")
+    policy_versions = state["turns"]["policy_version"].drop_nulls()
+    plan = plan_batch(
+        recipe,
+        curate_steps(scored, labels if labels.height else None),
+        lake.scan(f"batch_ledger/{recipe.name}"),
+        datetime.now(UTC),
+        latest_policy_version=policy_versions.max() if policy_versions.len() else None,
+    )
+    why = None
+    if plan.rows.is_empty():
+        why = "no complete, rewarded groups left that pass the recipe's filters"
+    return Preview(
+        recipe,
+        dagster_asset_url(recipe.name),
+        plan,
+        group_table(plan.rows) if plan.rows.height else pl.DataFrame(),
+        dropped_table(plan.dropped) if plan.dropped.height else pl.DataFrame(),
+        why,
+        datetime.now(UTC),
+    )
+
+
+class PreviewCache:
+    """Plans keyed by the versions they were computed from."""
+
+    INPUTS = ("scored_steps", "labels")
+
+    def __init__(self, lake: Lake) -> None:
+        self.lake = lake
+        self._lock = threading.Lock()
+        self._plans: dict[str, tuple[tuple, Preview]] = {}
+
+    def get(self, state: LakeState, recipe: Recipe) -> Preview:
+        key = (
+            *(state.versions.get(t) for t in self.INPUTS),
+            state.versions.get(f"batch_ledger/{recipe.name}"),
+            recipe.model_dump_json(),
+        )
+        with self._lock:
+            cached = self._plans.get(recipe.name)
+            if cached is not None and cached[0] == key:
+                return cached[1]
+            result = preview(self.lake, state, recipe)
+            self._plans[recipe.name] = (key, result)
+            return result
+
+    def cached(self, recipe: str) -> Preview | None:
+        entry = self._plans.get(recipe)
+        return None if entry is None else entry[1]

@@ -1,0 +1,132 @@
+"""Turning stored step rows into what the page shows: chat messages, tool calls, decoded tokens.
+
+Token text comes from the embedded engine's tokenizer. Its IDs only mean something for turns the
+embedded engine answered, so a step is decoded only when all its IDs fall inside that vocabulary;
+otherwise the page shows the raw IDs (a real backend's IDs would decode to nonsense).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from typing import Any
+
+import polars as pl
+
+from claw_pipelines.engine import tokenizer
+
+
+@lru_cache(maxsize=1)
+def vocabulary() -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "id": pl.Series(range(tokenizer.VOCAB_SIZE), dtype=pl.Int32),
+            "text": [tokenizer.token_str(i) for i in range(tokenizer.VOCAB_SIZE)],
+        }
+    )
+
+
+def token_frame(steps: pl.DataFrame, ids: str, logprobs: str | None) -> pl.DataFrame:
+    """One row per token of each step (turn_id, pos, id, logprob, text, prob).
+
+    Logprobs are matched by position; a misaligned or missing list leaves them null.
+    """
+    lp = pl.col(logprobs) if logprobs else pl.lit(None, dtype=pl.List(pl.Float32))
+    return (
+        steps.select(
+            "turn_id",
+            pl.col(ids).alias("id"),
+            pl.int_ranges(pl.col(ids).list.len()).alias("pos"),
+            lp.alias("_lp"),
+        )
+        .explode("id", "pos")
+        .drop_nulls("id")
+        .with_columns(pl.col("_lp").list.get(pl.col("pos"), null_on_oob=True).alias("logprob"))
+        .drop("_lp")
+        .join(vocabulary(), on="id", how="left")
+        .with_columns(pl.col("logprob").exp().alias("prob"))
+        .sort("turn_id", "pos")
+    )
+
+
+def tokens_by_step(steps: pl.DataFrame, ids: str, logprobs: str | None) -> dict[str, dict]:
+    """Per turn: its tokens and whether every one decoded."""
+    tokens = token_frame(steps, ids, logprobs)
+    grouped = tokens.group_by("turn_id").agg(
+        pl.struct("id", "text", "logprob", "prob").alias("tokens"),
+        pl.col("text").is_not_null().all().alias("decoded"),
+    )
+    return {row["turn_id"]: row for row in grouped.to_dicts()}
+
+
+def token_colour(prob: float | None) -> str:
+    """Background for a token: red (unlikely) through yellow to green (certain)."""
+    if prob is None or math.isnan(prob):
+        return "transparent"
+    return f"hsl({round(120 * max(0.0, min(1.0, prob)))}, 75%, 82%)"
+
+
+def parse_json(text: str | None) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def content_text(content: Any) -> str:
+    """A message's content as text (OpenAI content may be a list of typed parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            part.get("text", json.dumps(part)) if isinstance(part, dict) else str(part)
+            for part in content
+        )
+    return json.dumps(content)
+
+
+def messages(request_messages: str | None) -> list[dict]:
+    parsed = parse_json(request_messages)
+    if not isinstance(parsed, list):
+        return []
+    return [
+        {
+            "role": m.get("role", "?"),
+            "content": content_text(m.get("content")),
+            "tool_calls": tool_calls(m.get("tool_calls")),
+            "tool_call_id": m.get("tool_call_id"),
+            "name": m.get("name"),
+        }
+        for m in parsed
+        if isinstance(m, dict)
+    ]
+
+
+def tool_calls(calls: Any) -> list[dict]:
+    if not isinstance(calls, list):
+        return []
+    out = []
+    for call in calls:
+        function = call.get("function", {}) if isinstance(call, dict) else {}
+        arguments = function.get("arguments")
+        parsed = parse_json(arguments) if isinstance(arguments, str) else arguments
+        out.append(
+            {
+                "id": call.get("id") if isinstance(call, dict) else None,
+                "name": function.get("name", "?"),
+                "arguments": json.dumps(parsed, indent=1)
+                if not isinstance(parsed, str)
+                else parsed,
+            }
+        )
+    return out
+
+
+def pretty(text: str | None) -> str:
+    parsed = parse_json(text)
+    return "" if parsed is None else json.dumps(parsed, indent=2, ensure_ascii=False)

@@ -1,0 +1,354 @@
+"""The inspector's web server: FastAPI + Jinja2 pages with a little vanilla JavaScript.
+
+Why this stack: curators need a few dense, linkable pages (lists, one trajectory, a group, a
+batch plan) more than a rich client. Server-rendered HTML needs no build step and no CDN (this
+machine has no internet beyond package registries), every page is a URL that can be shared, Jinja
+autoescaping covers all user content, and the same FastAPI app serves the JSON endpoints that the
+page's small script polls for live figures and that the benchmark times. Data apps like Streamlit
+re-run a script per interaction and hold state per session; here one in-memory index, refreshed
+from the Delta change feeds in a background thread, serves every request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import jinja2
+import polars as pl
+import uvicorn
+from fastapi import Body, FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
+
+from claw_pipelines.inspector import render
+from claw_pipelines.inspector.api_models import (
+    BatchPreviewOut,
+    DroppedReason,
+    GroupOut,
+    GroupPlan,
+    PromptTokens,
+    TrajectoryDetail,
+    TrajectoryList,
+    TrajectoryRow,
+)
+from claw_pipelines.inspector.batch_preview import (
+    Preview,
+    PreviewCache,
+    dagster_asset_url,
+    read_recipes,
+)
+from claw_pipelines.inspector.curation import (
+    LabelRequest,
+    LabelResult,
+    UnknownTargets,
+    write_labels,
+)
+from claw_pipelines.inspector.filters import Page, TrajectoryFilter, apply, facets, paginate
+from claw_pipelines.inspector.overview import Overview, RecipeStatus, compute, recipe_counts
+from claw_pipelines.inspector.tables import LakeIndex
+from claw_pipelines.inspector.trajectory import prompt_tokens, trajectory_detail
+from claw_pipelines.lake import Lake
+from claw_pipelines.recipes import Recipe
+
+HERE = Path(__file__).parent
+REFRESH_S = 1.0
+"""How often the background thread looks for new Delta versions."""
+
+
+class Inspector:
+    """The lake index, the recipes and their cached batch plans, refreshed in the background."""
+
+    def __init__(self, lake: Lake) -> None:
+        self.lake = lake
+        try:
+            self.recipes: dict[str, Recipe] = read_recipes()
+            self.recipes_error: str | None = None
+        except Exception as error:  # a broken batches.yaml must not take the inspector down
+            self.recipes, self.recipes_error = {}, f"cannot load assets/batches.yaml: {error}"
+        self.index = LakeIndex(lake, list(self.recipes))
+        self.previews = PreviewCache(lake)
+        self.preview_errors: dict[str, str] = {}
+        self.refresh_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> None:
+        try:
+            state = self.index.refresh()
+            self.refresh_error = None
+        except Exception as error:  # keep serving the last good state, and say why it is stale
+            self.refresh_error = f"{type(error).__name__}: {error}"
+            return
+        for name, recipe in self.recipes.items():
+            try:
+                self.previews.get(state, recipe)
+                self.preview_errors.pop(name, None)
+            except Exception as error:  # shown on the batch page instead of a plan
+                self.preview_errors[name] = f"{type(error).__name__}: {error}"
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.refresh()
+            self._stop.wait(max(0.05, REFRESH_S - (time.monotonic() - started)))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="inspector-refresh", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def overview(self) -> Overview:
+        state = self.index.state
+        statuses = []
+        for name in self.recipes:
+            produced, in_batches, consumed = recipe_counts(state, name)
+            cached = self.previews.cached(name)
+            plan = cached.plan if cached else None
+            statuses.append(
+                RecipeStatus(
+                    recipe=name,
+                    ready_groups=None if plan is None else plan.rows["group_id"].n_unique(),
+                    batch_ready=None if plan is None else plan.ready,
+                    batches_produced=produced,
+                    steps_in_batches=in_batches,
+                    steps_consumed=consumed,
+                    dagster_url=dagster_asset_url(name),
+                )
+            )
+        return compute(state, datetime.now(UTC), statuses)
+
+
+def query_filter(request: Request) -> tuple[TrajectoryFilter, Page]:
+    """Filter and page from the query string; empty form fields mean "not set"."""
+    params = {k: v for k, v in request.query_params.items() if v.strip() != ""}
+    try:
+        return TrajectoryFilter.model_validate(params), Page.model_validate(params)
+    except ValidationError as error:
+        raise HTTPException(
+            422, detail=error.errors(include_url=False, include_context=False)
+        ) from None
+
+
+def preview_out(preview: Preview) -> BatchPreviewOut:
+    recipe = preview.recipe
+    plan = preview.plan
+    return BatchPreviewOut(
+        recipe=recipe.name,
+        algorithm=recipe.algorithm,
+        group_size=recipe.group_size,
+        groups_per_batch=recipe.groups_per_batch,
+        dagster_url=preview.dagster_url,
+        ready=None if plan is None else plan.ready,
+        batch_id=None if plan is None else plan.batch_id,
+        rows=0 if plan is None else plan.rows.height,
+        groups=[GroupPlan(**g) for g in preview.groups.to_dicts()],
+        dropped=[DroppedReason(**d) for d in preview.dropped.to_dicts()],
+        why_empty=preview.why_empty,
+        planned_at=preview.planned_at,
+    )
+
+
+def create_app(lake: Lake | None = None, *, background: bool = True) -> FastAPI:
+    """The app over ``lake`` (default: CLAW_LAKE_URI). ``background=False`` leaves refreshing
+    to the caller (tests call ``app.state.inspector.refresh()``)."""
+    inspector = Inspector(lake or Lake.from_settings())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        inspector.refresh()
+        if background:
+            inspector.start()
+        yield
+        inspector.stop()
+
+    app = FastAPI(title="claw inspector", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
+    app.state.inspector = inspector
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.globals["token_colour"] = render.token_colour
+    templates = Jinja2Templates(env=env)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        state = inspector.index.state
+        return templates.TemplateResponse(
+            request,
+            name,
+            {
+                "lake_root": inspector.lake.root,
+                "refreshed_at": state.refreshed_at,
+                "refresh_error": inspector.refresh_error,
+                "recipes": list(inspector.recipes),
+                **context,
+            },
+            status_code=status_code,
+        )
+
+    def listing(request: Request) -> tuple[TrajectoryFilter, Page, pl.DataFrame, int]:
+        f, p = query_filter(request)
+        state = inspector.index.state
+        matched = apply(state.summary, f)
+        return f, p, paginate(matched, p), matched.height
+
+    def detail_or_404(trajectory_id: str) -> TrajectoryDetail:
+        detail = trajectory_detail(inspector.lake, inspector.index.state, trajectory_id)
+        if detail is None:
+            raise HTTPException(404, f"no trajectory {trajectory_id!r} in the turns table")
+        return detail
+
+    def group_or_404(group_id: str) -> GroupOut:
+        summary = inspector.index.state.summary
+        members = summary.filter(pl.col("group_id") == group_id).sort("started_at")
+        if members.is_empty():
+            raise HTTPException(404, f"no group {group_id!r} in the turns table")
+        rewards = members["reward"].drop_nulls()
+        return GroupOut(
+            group_id=group_id,
+            rollouts=[detail_or_404(t) for t in members["trajectory_id"]],
+            reward_mean=rewards.mean() if rewards.len() else None,  # type: ignore[arg-type]
+            reward_std=rewards.std(ddof=0) if rewards.len() else None,  # type: ignore[arg-type]
+        )
+
+    def preview_or_404(recipe: str) -> BatchPreviewOut:
+        if recipe not in inspector.recipes:
+            raise HTTPException(404, f"no recipe {recipe!r} in assets/batches.yaml")
+        try:
+            return preview_out(
+                inspector.previews.get(inspector.index.state, inspector.recipes[recipe])
+            )
+        except Exception as error:  # the planner's failure is shown, not hidden behind a 500
+            raise HTTPException(
+                503, f"planning {recipe} failed: {type(error).__name__}: {error}"
+            ) from None
+
+    @app.get("/api/health")
+    def health() -> dict[str, Any]:
+        return {"ok": True, "versions": inspector.index.state.versions}
+
+    @app.get("/api/overview")
+    def overview_json() -> Overview:
+        return inspector.overview()
+
+    @app.get("/api/trajectories")
+    def trajectories_json(request: Request) -> TrajectoryList:
+        _, p, rows, matched = listing(request)
+        return TrajectoryList(
+            total=inspector.index.state.summary.height,
+            matched=matched,
+            page=p.page,
+            size=p.size,
+            rows=[TrajectoryRow(**r) for r in rows.drop("search_text").to_dicts()],
+        )
+
+    @app.get("/api/trajectories/{trajectory_id}")
+    def trajectory_json(trajectory_id: str) -> TrajectoryDetail:
+        return detail_or_404(trajectory_id)
+
+    @app.get("/api/trajectories/{trajectory_id}/summary")
+    def trajectory_summary_json(trajectory_id: str) -> TrajectoryRow:
+        rows = inspector.index.state.summary.filter(pl.col("trajectory_id") == trajectory_id)
+        if rows.is_empty():
+            raise HTTPException(404, f"no trajectory {trajectory_id!r}")
+        return TrajectoryRow(**rows.drop("search_text").row(0, named=True))
+
+    @app.get("/api/steps/{turn_id}/prompt_tokens")
+    def prompt_tokens_json(turn_id: str) -> PromptTokens:
+        result = prompt_tokens(inspector.lake, inspector.index.state, turn_id)
+        if result is None:
+            raise HTTPException(404, f"no turn {turn_id!r}")
+        return result
+
+    @app.get("/api/groups/{group_id}")
+    def group_json(group_id: str) -> GroupOut:
+        return group_or_404(group_id)
+
+    @app.post("/api/labels")
+    def labels_json(request: Annotated[LabelRequest, Body()]) -> LabelResult:
+        try:
+            result = write_labels(inspector.lake, request, inspector.index.state)
+        except UnknownTargets as error:
+            raise HTTPException(404, str(error)) from None
+        inspector.refresh()
+        return result
+
+    @app.get("/api/batches/{recipe}")
+    def batch_json(recipe: str) -> BatchPreviewOut:
+        return preview_or_404(recipe)
+
+    @app.get("/", response_class=HTMLResponse)
+    def overview_page(request: Request) -> HTMLResponse:
+        return page(request, "overview.html", overview=inspector.overview())
+
+    @app.get("/trajectories", response_class=HTMLResponse)
+    def trajectories_page(request: Request) -> HTMLResponse:
+        f, p, rows, matched = listing(request)
+        state = inspector.index.state
+        return page(
+            request,
+            "trajectories.html",
+            filter=f,
+            page_info=p,
+            rows=rows.to_dicts(),
+            matched=matched,
+            total=state.summary.height,
+            facets=facets(state.summary),
+            prev_url=str(request.url.include_query_params(page=p.page - 1)) if p.page > 1 else None,
+            next_url=(
+                str(request.url.include_query_params(page=p.page + 1))
+                if p.page * p.size < matched
+                else None
+            ),
+            turns_missing=not state.has("turns"),
+        )
+
+    @app.get("/trajectories/{trajectory_id}", response_class=HTMLResponse)
+    def trajectory_page(request: Request, trajectory_id: str) -> HTMLResponse:
+        return page(request, "trajectory.html", detail=detail_or_404(trajectory_id))
+
+    @app.get("/groups/{group_id}", response_class=HTMLResponse)
+    def group_page(request: Request, group_id: str) -> HTMLResponse:
+        return page(request, "group.html", group=group_or_404(group_id))
+
+    @app.get("/batches", response_class=HTMLResponse)
+    def batches_page(request: Request) -> HTMLResponse:
+        first = next(iter(inspector.recipes), None)
+        if first is None:
+            error = inspector.recipes_error or "assets/batches.yaml declares no recipes"
+            return page(request, "batch.html", preview=None, error=error)
+        return batch_page(request, first)
+
+    @app.get("/batches/{recipe}", response_class=HTMLResponse)
+    def batch_page(request: Request, recipe: str) -> HTMLResponse:
+        try:
+            return page(request, "batch.html", preview=preview_or_404(recipe), error=None)
+        except HTTPException as error:
+            return page(request, "batch.html", error.status_code, preview=None, error=error.detail)
+
+    @app.exception_handler(HTTPException)
+    async def html_errors(request: Request, error: HTTPException) -> Any:
+        if request.url.path.startswith("/api/"):
+            return await http_exception_handler(request, error)
+        return page(request, "error.html", error.status_code, error=error.detail)
+
+    return app
+
+
+def serve(host: str = "127.0.0.1", port: int = 8120) -> None:
+    """Run the inspector over CLAW_LAKE_URI until interrupted."""
+    uvicorn.run(create_app(), host=host, port=port, log_level="warning")

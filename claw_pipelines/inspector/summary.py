@@ -1,0 +1,317 @@
+"""One row per trajectory, built from the light columns of the lake tables (pure polars).
+
+The list page filters and paginates this frame in memory. It is rebuilt only for the trajectories
+that new rows touched, so a refresh costs what arrived, not what the lake holds.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+SNIPPET_CHARS = 160
+"""Task and answer text kept per trajectory: enough for free-text search and the list."""
+
+TURN_COLUMNS = [
+    "turn_id",
+    "trajectory_id",
+    "group_id",
+    "channel",
+    "agent",
+    "policy_version",
+    "model",
+    "status",
+    "finish_reason",
+    "token_source",
+    "prompt_tokens",
+    "completion_tokens",
+    "started_at",
+    "ended_at",
+    "request_messages",
+    "response_text",
+    "_commit_version",
+]
+"""What the index reads from new `turns` rows; token IDs are read only when a trajectory opens."""
+
+
+def _snippet(expr: pl.Expr) -> pl.Expr:
+    return expr.str.replace_all(r"\s+", " ").str.slice(0, SNIPPET_CHARS)
+
+
+def task_text(messages: pl.Expr) -> pl.Expr:
+    """The first user message of a JSON chat (the task a rollout was given)."""
+    first_role = messages.str.json_path_match("$[0].role")
+    return (
+        pl.when(first_role == "user")
+        .then(messages.str.json_path_match("$[0].content"))
+        .otherwise(messages.str.json_path_match("$[1].content"))
+    )
+
+
+def turn_index_rows(raw: pl.DataFrame) -> pl.DataFrame:
+    """Light per-turn rows from newly landed `turns` rows.
+
+    Turns without identity get a trajectory of their own (`turn:<id>`) until step extraction infers
+    one. Only the earliest turn of each trajectory in the chunk has its messages parsed (task text).
+    """
+    return (
+        raw.lazy()
+        .with_columns(
+            pl.coalesce("trajectory_id", pl.lit("turn:") + pl.col("turn_id")).alias(
+                "trajectory_id"
+            ),
+            _snippet(pl.col("response_text")).alias("response_snippet"),
+        )
+        .with_columns(
+            (pl.col("started_at") == pl.col("started_at").min().over("trajectory_id")).alias(
+                "_first"
+            )
+        )
+        .with_columns(
+            pl.when("_first").then(_snippet(task_text(pl.col("request_messages")))).alias("task"),
+        )
+        .drop("request_messages", "response_text", "_first", "_change_type", strict=False)
+        .with_columns(pl.col("_commit_version").cast(pl.Int64))
+        .collect()
+    )
+
+
+def latest(frame: pl.DataFrame, key: str, order: str = "_commit_version") -> pl.DataFrame:
+    """Keep the newest row per key: derived tables may re-emit a row when an asset re-runs."""
+    return frame.sort(order, nulls_last=False).unique(subset=key, keep="last", maintain_order=True)
+
+
+def latest_labels(labels: pl.DataFrame, kind: str) -> pl.DataFrame:
+    """The label in force per target of one kind (latest wins, history stays in the table)."""
+    return latest(labels.filter(pl.col("target_kind") == kind), "target_id", order="created_at")
+
+
+def trajectories_of(turns: pl.DataFrame, groups: pl.Series, turn_ids: pl.Series) -> pl.Series:
+    """Trajectory ids that contain one of these turns or belong to one of these groups."""
+    hit = turns.filter(
+        pl.col("group_id").is_in(groups.implode()) | pl.col("turn_id").is_in(turn_ids.implode())
+    )
+    return hit.get_column("trajectory_id").unique()
+
+
+def summarize(
+    turns: pl.DataFrame,
+    events: pl.DataFrame,
+    rewards: pl.DataFrame,
+    labels: pl.DataFrame,
+    scored: pl.DataFrame,
+    trajectories: pl.DataFrame,
+) -> pl.DataFrame:
+    """One row per trajectory in ``turns``: identity, size, status, reward, quality and label.
+
+    ``reward`` is the outcome the batch planner sees: the completion event's reward, else the
+    latest trajectory reward, else a group reward, else the sum of per-turn rewards.
+    """
+    base = (
+        turns.lazy()
+        .group_by("trajectory_id")
+        .agg(
+            pl.col("group_id").drop_nulls().first(),
+            pl.col("channel").drop_nulls().first(),
+            pl.col("agent").drop_nulls().first(),
+            pl.col("model").drop_nulls().first(),
+            pl.len().alias("num_steps"),
+            (pl.col("status") == "error").sum().alias("errors"),
+            (pl.col("finish_reason") == "length").sum().alias("truncated"),
+            pl.col("started_at").min(),
+            pl.col("ended_at").max(),
+            pl.col("policy_version").drop_nulls().unique().sort().alias("policy_versions"),
+            pl.col("prompt_tokens").sum(),
+            pl.col("completion_tokens").sum(),
+            pl.col("task").drop_nulls().first(),
+            pl.col("response_snippet").sort_by("started_at").last().alias("last_response"),
+        )
+        .with_columns(
+            (pl.col("ended_at") - pl.col("started_at"))
+            .dt.total_milliseconds()
+            .truediv(1000)
+            .alias("duration_s")
+        )
+    )
+    event = (
+        latest(events, "trajectory_id", order="created_at")
+        .lazy()
+        .select("trajectory_id", pl.col("event"), pl.col("reward").alias("event_reward"))
+    )
+    derived = trajectories.lazy().select(
+        "trajectory_id",
+        pl.col("complete").alias("derived_complete"),
+        pl.col("outcome_reward").alias("derived_reward"),
+    )
+    traj_rewards = (
+        rewards.lazy()
+        .filter(pl.col("trajectory_id").is_not_null())
+        .group_by("trajectory_id")
+        .agg(
+            pl.col("value").sort_by("created_at").last().alias("trajectory_reward"),
+            pl.len().alias("trajectory_reward_count"),
+            pl.col("source").unique().alias("trajectory_reward_sources"),
+        )
+    )
+    group_rewards = (
+        rewards.lazy()
+        .filter(pl.col("group_id").is_not_null())
+        .group_by("group_id")
+        .agg(
+            pl.col("value").sort_by("created_at").last().alias("group_reward"),
+            pl.col("source").unique().alias("group_reward_sources"),
+        )
+    )
+    turn_rewards = (
+        rewards.lazy()
+        .filter(pl.col("turn_id").is_not_null())
+        .select("turn_id", "value", "source")
+        .join(turns.lazy().select("turn_id", "trajectory_id"), on="turn_id")
+        .group_by("trajectory_id")
+        .agg(
+            pl.col("value").sum().alias("step_reward_sum"),
+            pl.len().alias("step_reward_count"),
+            pl.col("source").unique().alias("step_reward_sources"),
+        )
+    )
+    quality = (
+        scored.lazy()
+        .join(turns.lazy().select("turn_id", "trajectory_id"), on="turn_id")
+        .group_by("trajectory_id")
+        .agg(
+            pl.col("quality_score").mean().alias("quality"),
+            pl.col("quality_score").min().alias("quality_min"),
+        )
+    )
+    trajectory_label = (
+        latest_labels(labels, "trajectory")
+        .lazy()
+        .select(
+            pl.col("target_id").alias("trajectory_id"),
+            pl.col("quality_label").alias("label"),
+            "trainable",
+            "tags",
+            pl.col("note").alias("label_note"),
+        )
+    )
+    step_labels = (
+        latest_labels(labels, "step")
+        .lazy()
+        .join(
+            turns.lazy().select(pl.col("turn_id").alias("target_id"), "trajectory_id"),
+            on="target_id",
+        )
+        .group_by("trajectory_id")
+        .agg(
+            pl.len().alias("labelled_steps"),
+            (pl.col("trainable") == False).sum().alias("untrainable_steps"),  # noqa: E712
+        )
+    )
+    summary = (
+        base.join(event, on="trajectory_id", how="left")
+        .join(derived, on="trajectory_id", how="left")
+        .join(traj_rewards, on="trajectory_id", how="left")
+        .join(group_rewards, on="group_id", how="left")
+        .join(turn_rewards, on="trajectory_id", how="left")
+        .join(quality, on="trajectory_id", how="left")
+        .join(trajectory_label, on="trajectory_id", how="left")
+        .join(step_labels, on="trajectory_id", how="left")
+        .with_columns(
+            pl.when(pl.col("event") == "aborted")
+            .then(pl.lit("aborted"))
+            .when((pl.col("event") == "completed") | pl.col("derived_complete").fill_null(False))
+            .then(pl.lit("completed"))
+            .otherwise(pl.lit("open"))
+            .alias("status"),
+            pl.coalesce(
+                "event_reward",
+                "trajectory_reward",
+                "group_reward",
+                "step_reward_sum",
+                "derived_reward",
+            ).alias("reward"),
+            (
+                pl.col("trajectory_reward_count").fill_null(0)
+                + pl.col("step_reward_count").fill_null(0)
+                + pl.col("group_reward").is_not_null().cast(pl.UInt32)
+                + pl.col("event_reward").is_not_null().cast(pl.UInt32)
+            ).alias("reward_count"),
+            pl.concat_list(
+                pl.col("trajectory_reward_sources").fill_null(pl.lit([], dtype=pl.List(pl.String))),
+                pl.col("step_reward_sources").fill_null(pl.lit([], dtype=pl.List(pl.String))),
+                pl.col("group_reward_sources").fill_null(pl.lit([], dtype=pl.List(pl.String))),
+                pl.when(pl.col("event_reward").is_not_null())
+                .then(pl.lit(["env"]))
+                .otherwise(pl.lit([], dtype=pl.List(pl.String))),
+            )
+            .list.unique()
+            .list.sort()
+            .alias("reward_sources"),
+            pl.col("labelled_steps").fill_null(0),
+            pl.col("untrainable_steps").fill_null(0),
+        )
+        .with_columns(
+            pl.concat_str(
+                [
+                    "trajectory_id",
+                    "group_id",
+                    "channel",
+                    "agent",
+                    "model",
+                    "task",
+                    "last_response",
+                    "label",
+                    "label_note",
+                    pl.col("tags").list.join(" "),
+                ],
+                separator="\n",
+                ignore_nulls=True,
+            )
+            .str.to_lowercase()
+            .alias("search_text")
+        )
+        .select(SUMMARY_COLUMNS)
+    )
+    return summary.collect()
+
+
+SUMMARY_COLUMNS = [
+    "trajectory_id",
+    "group_id",
+    "channel",
+    "agent",
+    "model",
+    "status",
+    "num_steps",
+    "errors",
+    "truncated",
+    "started_at",
+    "ended_at",
+    "duration_s",
+    "policy_versions",
+    "prompt_tokens",
+    "completion_tokens",
+    "reward",
+    "reward_count",
+    "reward_sources",
+    "quality",
+    "quality_min",
+    "label",
+    "trainable",
+    "tags",
+    "label_note",
+    "labelled_steps",
+    "untrainable_steps",
+    "task",
+    "last_response",
+    "search_text",
+]
+
+
+def upsert(summary: pl.DataFrame, fresh: pl.DataFrame, affected: pl.Series) -> pl.DataFrame:
+    """Replace the rows of the ``affected`` trajectories by ``fresh``; newest-started first.
+
+    A trajectory may disappear from ``fresh`` (a turn first seen alone was later inferred into
+    another trajectory), so removal goes by ``affected``, not by ``fresh``.
+    """
+    kept = summary.filter(~pl.col("trajectory_id").is_in(affected.implode()))
+    return pl.concat([kept, fresh], how="vertical_relaxed").sort("started_at", descending=True)

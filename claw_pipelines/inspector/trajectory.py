@@ -1,0 +1,334 @@
+"""One trajectory step by step: its turns' full rows, prefix consistency, rewards, quality, labels.
+
+Heavy columns (messages, token IDs, logprobs) are never held in memory; opening a trajectory reads
+only the commits its turns landed in (their versions are in the index), through the change data
+feed, with a predicate on the turn ids. Open trajectories come from `turns` too, so they are live.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+from deltalake.exceptions import DeltaError
+
+from claw_pipelines.inspector import render
+from claw_pipelines.inspector.api_models import (
+    PromptTokens,
+    RewardOut,
+    StepOut,
+    Token,
+    TrajectoryDetail,
+    TrajectoryRow,
+)
+from claw_pipelines.inspector.summary import latest_labels
+from claw_pipelines.inspector.tables import LakeState
+from claw_pipelines.lake import Lake
+
+STEP_COLUMNS = [
+    "turn_id",
+    "trajectory_id",
+    "group_id",
+    "channel",
+    "agent",
+    "policy_version",
+    "model",
+    "backend",
+    "status",
+    "error",
+    "finish_reason",
+    "token_source",
+    "prompt_token_ids",
+    "response_token_ids",
+    "response_logprobs",
+    "request_messages",
+    "request_tools",
+    "sampling_params",
+    "response_message",
+    "response_text",
+    "prompt_tokens",
+    "completion_tokens",
+    "started_at",
+    "ended_at",
+    "first_token_at",
+    "latency_ms",
+    "metadata",
+]
+
+
+def _quoted(values: pl.Series) -> str:
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in values.to_list())
+
+
+def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
+    """Full `turns` rows for ``located`` (turn_id, _commit_version), one CDF read per commit.
+
+    If a commit's files were vacuumed away the rows are found by a filtered scan instead.
+    """
+    table = lake.open("turns")
+    if table is None or located.is_empty():
+        return pl.DataFrame()
+    present = {f.name for f in table.schema().fields}
+    columns = [c for c in STEP_COLUMNS if c in present]
+    frames = []
+    for (version,), part in located.group_by("_commit_version"):
+        predicate = f"_change_type = 'insert' AND turn_id IN ({_quoted(part['turn_id'])})"
+        try:
+            reader = table.load_cdf(
+                starting_version=version,
+                ending_version=version,
+                columns=columns,
+                predicate=predicate,
+            )
+            frames.append(pl.DataFrame(reader.read_all()).select(columns))
+        except DeltaError:
+            scan = lake.scan("turns")
+            wanted = part["turn_id"].implode()
+            frames.append(scan.filter(pl.col("turn_id").is_in(wanted)).select(columns).collect())
+    return pl.concat(frames, how="vertical_relaxed").unique("turn_id", keep="first")
+
+
+def prefix_check(steps: pl.LazyFrame) -> pl.LazyFrame:
+    """Whether each step's prompt IDs extend the previous step's prompt + response IDs exactly.
+
+    ``prefix_consistent`` is null on a trajectory's first step; a break says which part differs:
+    the earlier prompt itself (context edit or template change) or the earlier response
+    (retokenized or edited before it was sent back).
+    """
+    prompt = pl.col("prompt_token_ids")
+    prev_prompt = prompt.shift(1).over("trajectory_id", order_by="step_index")
+    prev_response = (
+        pl.col("response_token_ids").shift(1).over("trajectory_id", order_by="step_index")
+    )
+    expected = pl.concat_list(prev_prompt, prev_response)
+    extends_prompt = prompt.list.head(prev_prompt.list.len()) == prev_prompt
+    consistent = prompt.list.head(expected.list.len()) == expected
+    return steps.with_columns(
+        pl.when(pl.col("step_index") == 0)
+        .then(None)
+        .otherwise(consistent.fill_null(False))
+        .alias("prefix_consistent_computed"),
+        pl.when((pl.col("step_index") == 0) | consistent.fill_null(False))
+        .then(None)
+        .when(prompt.is_null() | prev_prompt.is_null() | prev_response.is_null())
+        .then(pl.lit("token IDs missing"))
+        .when(~extends_prompt)
+        .then(pl.lit("context edit: prompt does not extend the previous prompt"))
+        .otherwise(
+            pl.lit("previous response not reproduced token for token (retokenized or edited)")
+        )
+        .alias("prefix_break_reason_computed"),
+    )
+
+
+def step_frame(turns: pl.DataFrame, state: LakeState) -> pl.DataFrame:
+    """The trajectory's steps with everything the page shows, in step order.
+
+    The pipeline's own step index and prefix verdict win when `steps` has the trajectory;
+    otherwise (open trajectories, or before Dagster ran) they are computed here the same way.
+    """
+    ids = turns["turn_id"].implode()
+    steps = (
+        state["steps"].filter(pl.col("turn_id").is_in(ids)).drop("_commit_version", "trajectory_id")
+    )
+    scored = (
+        state["scored_steps"]
+        .filter(pl.col("turn_id").is_in(ids))
+        .select(
+            "turn_id", pl.col("reward").alias("credited_reward"), "quality_score", "quality_reasons"
+        )
+    )
+    step_rewards = (
+        state["rewards"]
+        .filter(pl.col("turn_id").is_in(ids))
+        .sort("created_at")
+        .group_by("turn_id")
+        .agg(pl.struct("name", "value", "source", "created_at").alias("rewards"))
+    )
+    labels = latest_labels(state["labels"].filter(pl.col("target_id").is_in(ids)), "step").select(
+        pl.col("target_id").alias("turn_id"),
+        pl.col("quality_label").alias("label"),
+        "trainable",
+        "tags",
+        pl.col("note").alias("label_note"),
+        pl.col("author").alias("label_author"),
+        pl.col("created_at").alias("labelled_at"),
+    )
+    frame = (
+        turns.lazy()
+        .join(steps.lazy(), on="turn_id", how="left")
+        .with_columns(
+            pl.coalesce(
+                pl.col("step_index").cast(pl.Int64),
+                pl.col("started_at").rank("ordinal").cast(pl.Int64) - 1,
+            ).alias("step_index")
+        )
+        .pipe(prefix_check)
+        .with_columns(
+            pl.coalesce("prefix_consistent", "prefix_consistent_computed").alias(
+                "prefix_consistent"
+            ),
+            pl.when(pl.col("prefix_consistent").is_not_null())
+            .then(pl.col("prefix_break_reason"))
+            .otherwise(pl.col("prefix_break_reason_computed"))
+            .alias("prefix_break_reason"),
+            pl.col("prefix_consistent").is_not_null().alias("prefix_from_pipeline"),
+        )
+        .drop("prefix_consistent_computed", "prefix_break_reason_computed")
+        .join(scored.lazy(), on="turn_id", how="left")
+        .join(step_rewards.lazy(), on="turn_id", how="left")
+        .join(labels.lazy(), on="turn_id", how="left")
+        .with_columns(
+            ((pl.col("ended_at") - pl.col("started_at")).dt.total_milliseconds()).alias(
+                "duration_ms"
+            )
+        )
+        .sort("step_index")
+    )
+    return frame.collect()
+
+
+def trajectory_rewards(state: LakeState, trajectory_id: str, group_id: str | None) -> pl.DataFrame:
+    """Rewards aimed at the whole trajectory or its group, and the completion event's reward."""
+    rewards = state["rewards"].filter(
+        (pl.col("trajectory_id") == trajectory_id)
+        | (pl.col("group_id").is_not_null() & (pl.col("group_id") == group_id))
+    )
+    events = state["trajectory_events"].filter(
+        (pl.col("trajectory_id") == trajectory_id) & pl.col("reward").is_not_null()
+    )
+    return pl.concat(
+        [
+            rewards.select(
+                pl.when(pl.col("trajectory_id").is_not_null())
+                .then(pl.lit("trajectory"))
+                .otherwise(pl.lit("group"))
+                .alias("target"),
+                "name",
+                "value",
+                "source",
+                "created_at",
+            ),
+            events.select(
+                pl.lit("trajectory").alias("target"),
+                pl.concat_str(pl.lit("event:"), "event").alias("name"),
+                pl.col("reward").alias("value"),
+                pl.lit("env").alias("source"),
+                "created_at",
+            ),
+        ]
+    ).sort("created_at")
+
+
+def load_trajectory(lake: Lake, state: LakeState, trajectory_id: str) -> pl.DataFrame:
+    """The steps of one trajectory (empty if the index does not know it)."""
+    located = state["turns"].filter(pl.col("trajectory_id") == trajectory_id)
+    turns = read_turns(lake, located.select("turn_id", "_commit_version"))
+    if turns.is_empty():
+        return turns
+    turns = turns.with_columns(pl.lit(trajectory_id).alias("trajectory_id"))
+    return step_frame(turns, state)
+
+
+def _rewards(items: list[dict] | None, target: str = "step") -> list[RewardOut]:
+    return [RewardOut(**{"target": target, **r}) for r in items or []]
+
+
+def to_steps(frame: pl.DataFrame) -> list[StepOut]:
+    """The page's step models (one trajectory's worth of rows, so a short loop)."""
+    tokens = render.tokens_by_step(frame, "response_token_ids", "response_logprobs")
+    steps = []
+    for row in frame.to_dicts():
+        decoded = tokens.get(row["turn_id"])
+        response = render.parse_json(row["response_message"])
+        response = response if isinstance(response, dict) else {}
+        steps.append(
+            StepOut(
+                **{k: row.get(k) for k in STEP_FIELDS},
+                messages=render.messages(row["request_messages"]),
+                response={
+                    "content": render.content_text(response.get("content"))
+                    or (row["response_text"] or ""),
+                    "tool_calls": render.tool_calls(response.get("tool_calls")),
+                    "reasoning": response.get("reasoning_content"),
+                },
+                response_tokens=(
+                    [Token(**t) for t in decoded["tokens"]]
+                    if decoded and decoded["decoded"]
+                    else None
+                ),
+                prompt_token_count=len(row["prompt_token_ids"] or []),
+                rewards=_rewards(row["rewards"]),
+                metadata=render.parse_json(row["metadata"]),
+                sampling_params=render.parse_json(row["sampling_params"]),
+            )
+        )
+    return steps
+
+
+STEP_FIELDS = [
+    "turn_id",
+    "step_index",
+    "status",
+    "error",
+    "finish_reason",
+    "token_source",
+    "model",
+    "backend",
+    "policy_version",
+    "started_at",
+    "ended_at",
+    "duration_ms",
+    "latency_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "response_token_ids",
+    "prefix_consistent",
+    "prefix_break_reason",
+    "prefix_from_pipeline",
+    "credited_reward",
+    "quality_score",
+    "quality_reasons",
+    "label",
+    "trainable",
+    "tags",
+    "label_note",
+    "label_author",
+]
+
+
+def summary_row(state: LakeState, trajectory_id: str) -> TrajectoryRow | None:
+    row = state.summary.filter(pl.col("trajectory_id") == trajectory_id)
+    return TrajectoryRow(**row.row(0, named=True)) if row.height else None
+
+
+def trajectory_detail(lake: Lake, state: LakeState, trajectory_id: str) -> TrajectoryDetail | None:
+    """Everything the trajectory page shows, or None if the index has never seen it."""
+    summary = summary_row(state, trajectory_id)
+    if summary is None:
+        return None
+    frame = load_trajectory(lake, state, trajectory_id)
+    return TrajectoryDetail(
+        summary=summary,
+        trajectory_rewards=_rewards(
+            trajectory_rewards(state, trajectory_id, summary.group_id).to_dicts(), "trajectory"
+        ),
+        steps=to_steps(frame) if frame.height else [],
+        in_steps_table=bool(frame.height)
+        and bool(state["steps"]["turn_id"].is_in(frame["turn_id"].implode()).any()),
+    )
+
+
+def prompt_tokens(lake: Lake, state: LakeState, turn_id: str) -> PromptTokens | None:
+    """A step's prompt token IDs (decoded when they are the embedded engine's), read on demand."""
+    located = (
+        state["turns"].filter(pl.col("turn_id") == turn_id).select("turn_id", "_commit_version")
+    )
+    turns = read_turns(lake, located)
+    if turns.is_empty():
+        return None
+    ids = turns["prompt_token_ids"][0]
+    decoded = render.tokens_by_step(turns, "prompt_token_ids", None).get(turn_id)
+    return PromptTokens(
+        turn_id=turn_id,
+        ids=list(ids) if ids is not None else [],
+        tokens=[Token(**t) for t in decoded["tokens"]] if decoded and decoded["decoded"] else None,
+    )
