@@ -1,0 +1,291 @@
+"""``claw demo``: real agent traffic through the capture proxy, shaped like GRPO rollouts.
+
+Each task is asked ``rollouts`` times (one group); each rollout is a tool-using agent written
+against the plain ``openai`` SDK whose only integration is its ``base_url``
+(``/t/<trajectory>/<group>/v1``), which is the zero-code-change path the proxy must support. The
+agent runs the calculator locally, scores its final answer with a rule reward and reports the
+trajectory as complete, so every stage of the pipeline gets data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import polars as pl
+from deltalake.exceptions import DeltaError
+from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageFunctionToolCall
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from claw_pipelines.engine.tasks import Task, evaluate, generate_tasks, parse_final_answer
+from claw_pipelines.lake import Lake
+from claw_pipelines.schemas import new_id
+
+MODEL = "policy"
+AGENT = "demo-calculator"
+DATA_SOURCE = "arith"
+BATCH_TABLE = "batches/grpo"
+MAX_TURNS = 4
+MAX_TOKENS = 192
+MAX_ERRORS_SHOWN = 5
+DEFAULT_KEY = "sk-claw-local"
+SYSTEM_PROMPT = (
+    "You are a careful math assistant. Use the calculator tool when it helps, "
+    "and end with 'The answer is N.'"
+)
+CALCULATOR_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+
+def calculator(arguments: str) -> str:
+    """Run one calculator call from its JSON arguments; failures become the tool's answer."""
+    try:
+        return str(evaluate(str(json.loads(arguments)["expression"])))
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"error: {exc}"
+
+
+def reward(final_text: str | None, ground_truth: int) -> float:
+    """The rule reward: 1.0 when the stated final answer is the ground truth, else 0.0."""
+    return 1.0 if parse_final_answer(final_text) == ground_truth else 0.0
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One trajectory to play: its task and its identity (group shared by the task's rollouts)."""
+
+    task: Task
+    group_id: str
+    trajectory_id: str
+
+    def claw_metadata(self) -> dict[str, str]:
+        return {
+            "ground_truth": str(self.task.answer),
+            "data_source": DATA_SOURCE,
+            "task_id": self.task.task_id,
+            "agent": AGENT,
+        }
+
+
+def plan_rollouts(
+    tasks: Sequence[Task], rollouts: int, make_id: Callable[[], str] = new_id
+) -> list[Rollout]:
+    """``rollouts`` trajectories per task, one group per task."""
+    plan = []
+    for task in tasks:
+        group_id = make_id()
+        plan.extend(Rollout(task, group_id, make_id()) for _ in range(rollouts))
+    return plan
+
+
+@dataclass(frozen=True)
+class Episode:
+    """What the agent did: how many LLM turns it took and the text it ended with."""
+
+    turns: int
+    final_text: str | None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    rollout: Rollout
+    turns: int
+    reward: float | None
+    error: str | None = None
+
+
+def assistant_message(message: ChatCompletionMessage) -> dict[str, Any]:
+    """The assistant turn as the agent sends it back (content and tool calls unchanged)."""
+    turn: dict[str, Any] = {"role": "assistant", "content": message.content}
+    if message.tool_calls:
+        turn["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+            for call in message.tool_calls
+            if isinstance(call, ChatCompletionMessageFunctionToolCall)
+        ]
+    return turn
+
+
+def tool_results(message: ChatCompletionMessage) -> list[dict[str, Any]]:
+    return [
+        {"role": "tool", "tool_call_id": call.id, "content": calculator(call.function.arguments)}
+        for call in message.tool_calls or []
+        if isinstance(call, ChatCompletionMessageFunctionToolCall)
+    ]
+
+
+async def play(client: AsyncOpenAI, task: Task, extra_body: dict[str, Any]) -> Episode:
+    """The agent loop: ask, run the calculator when the model calls it, stop at a plain answer."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": task.question},
+    ]
+    for turn in range(1, MAX_TURNS + 1):
+        response = await client.chat.completions.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            tools=[CALCULATOR_TOOL],  # type: ignore[list-item]
+            logprobs=True,
+            max_tokens=MAX_TOKENS,
+            extra_body=extra_body,
+        )
+        message = response.choices[0].message
+        messages.append(assistant_message(message))
+        if not message.tool_calls:
+            return Episode(turn, message.content)
+        messages.extend(tool_results(message))
+    return Episode(MAX_TURNS, None)
+
+
+async def run_rollout(
+    client: AsyncOpenAI, http: httpx.AsyncClient, proxy_url: str, rollout: Rollout
+) -> Outcome:
+    """Play one rollout through the proxy and report it complete (or aborted) with its reward."""
+    agent = client.with_options(
+        base_url=f"{proxy_url}/t/{rollout.trajectory_id}/{rollout.group_id}/v1"
+    )
+    extra_body = {"return_token_ids": True, "metadata": {"claw": rollout.claw_metadata()}}
+    try:
+        episode = await play(agent, rollout.task, extra_body)
+    except Exception as exc:  # counted and reported; one failed rollout must not stop the demo
+        await _complete(http, proxy_url, rollout, None, "aborted")
+        return Outcome(rollout, 0, None, f"{type(exc).__name__}: {exc}")
+    value = reward(episode.final_text, rollout.task.answer)
+    error = await _complete(http, proxy_url, rollout, value, "completed")
+    return Outcome(rollout, episode.turns, value, error)
+
+
+async def _complete(
+    http: httpx.AsyncClient, proxy_url: str, rollout: Rollout, value: float | None, status: str
+) -> str | None:
+    """POST the trajectory's end; returns an error description instead of raising."""
+    url = f"{proxy_url}/claw/v1/trajectories/{rollout.trajectory_id}/complete"
+    body = {"reward": value, "status": status, "group_id": rollout.group_id}
+    try:
+        response = await http.post(url, json=body)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        return f"complete failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+@dataclass(frozen=True)
+class Summary:
+    trajectories: int
+    errors: int
+    turns: int
+    rewards: list[float]
+    mixed_groups: int
+    groups: int
+    batches: int | None
+
+    @property
+    def mean_reward(self) -> float | None:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+
+def summarize(outcomes: Sequence[Outcome], batches: int | None) -> Summary:
+    """Counts for the final table; a group is "mixed" when its rewards differ (GRPO signal)."""
+    rewards = [o.reward for o in outcomes if o.reward is not None]
+    by_group: dict[str, set[float]] = {}
+    for outcome in outcomes:
+        if outcome.reward is not None:
+            by_group.setdefault(outcome.rollout.group_id, set()).add(outcome.reward)
+    return Summary(
+        trajectories=len(outcomes),
+        errors=sum(o.error is not None for o in outcomes),
+        turns=sum(o.turns for o in outcomes),
+        rewards=rewards,
+        mixed_groups=sum(len(values) > 1 for values in by_group.values()),
+        groups=len({o.rollout.group_id for o in outcomes}),
+        batches=batches,
+    )
+
+
+def count_batches(lake: Lake, table: str = BATCH_TABLE) -> int | None:
+    """Distinct batches materialized so far; None when the table cannot be read (yet)."""
+    try:
+        frame = lake.scan(table)
+        if frame is None:
+            return None
+        return frame.select(pl.col("batch_id").n_unique()).collect().item()
+    except (pl.exceptions.PolarsError, DeltaError, OSError):
+        return None
+
+
+def summary_table(summary: Summary) -> Table:
+    table = Table(title="claw demo")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    ok = summary.trajectories - summary.errors
+    table.add_row("trajectories", f"{ok} ok / {summary.errors} with errors")
+    mean_turns = summary.turns / summary.trajectories if summary.trajectories else 0.0
+    table.add_row("turns (LLM calls)", f"{summary.turns} ({mean_turns:.2f} per trajectory)")
+    mean = summary.mean_reward
+    table.add_row("mean reward", "n/a" if mean is None else f"{mean:.3f}")
+    counts = Counter(summary.rewards)
+    distribution = ", ".join(f"{value:g}: {counts[value]}" for value in sorted(counts))
+    table.add_row("reward distribution", distribution or "n/a")
+    table.add_row("groups with mixed rewards", f"{summary.mixed_groups} / {summary.groups}")
+    batches = summary.batches
+    table.add_row(f"batches ({BATCH_TABLE})", "not yet" if not batches else str(batches))
+    return table
+
+
+async def _run_all(
+    plan: Sequence[Rollout], proxy_url: str, key: str, concurrency: int, console: Console
+) -> list[Outcome]:
+    gate = asyncio.Semaphore(concurrency)
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key=key, max_retries=0, timeout=120) as client,
+        httpx.AsyncClient(headers=headers, timeout=30) as http,
+    ):
+        with Progress(console=console) as progress:
+            bar = progress.add_task("rollouts", total=len(plan))
+
+            async def one(rollout: Rollout) -> Outcome:
+                async with gate:
+                    outcome = await run_rollout(client, http, proxy_url, rollout)
+                progress.advance(bar)
+                return outcome
+
+            return await asyncio.gather(*(one(rollout) for rollout in plan))
+
+
+def run_demo(prompts: int, rollouts: int, proxy_url: str, concurrency: int) -> Summary:
+    """Play ``prompts`` x ``rollouts`` trajectories through the proxy and print a summary."""
+    console = Console()
+    key = os.environ.get("LITELLM_MASTER_KEY", DEFAULT_KEY)
+    plan = plan_rollouts(generate_tasks(prompts, seed=secrets.randbits(31)), rollouts)
+    outcomes = asyncio.run(_run_all(plan, proxy_url.rstrip("/"), key, max(1, concurrency), console))
+    errors = Counter(outcome.error for outcome in outcomes if outcome.error)
+    for error, count in errors.most_common(MAX_ERRORS_SHOWN):
+        console.print(f"[red]{count} x[/red] {error}")
+    summary = summarize(outcomes, count_batches(Lake.from_settings()))
+    console.print(summary_table(summary))
+    return summary

@@ -1,0 +1,301 @@
+"""The embedded engine's HTTP server (``claw sim``): vLLM's OpenAI-compatible routes on FastAPI.
+
+It is a simulator and says so in ``/v1/models``. Bodies are parsed by hand rather than by FastAPI
+so that malformed JSON and invalid parameters come back as vLLM does: HTTP 400 with
+``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from claw_pipelines.engine.answer_log import AnswerLog
+from claw_pipelines.engine.chat_template import render
+from claw_pipelines.engine.policy import respond_chat, respond_text
+from claw_pipelines.engine.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorInfo,
+    ErrorResponse,
+    NamedToolChoice,
+    TokenizeRequest,
+    TokenizeResponse,
+    UsageInfo,
+)
+from claw_pipelines.engine.responses import (
+    Choice,
+    Head,
+    chat_chunks,
+    chat_response,
+    completion_chunks,
+    completion_response,
+    usage,
+)
+from claw_pipelines.engine.sampling import choice_rng, realize
+from claw_pipelines.engine.tokenizer import (
+    ENDOFTEXT_ID,
+    IM_END_ID,
+    VOCAB_SIZE,
+    decode,
+    encode,
+    token_str,
+)
+
+MODEL_NAME = "claw-sim"
+MAX_MODEL_LEN = 4096
+OWNED_BY = "claw-sim (simulator)"
+DESCRIPTION = (
+    "Simulated policy engine: no GPU, no model weights. A seeded stochastic policy answers "
+    "arithmetic questions in vLLM's OpenAI-compatible shapes (token IDs, logprobs, tool calls)."
+)
+LOG_ENV = "CLAW_ENGINE_LOG"
+LATENCY_ENV = "CLAW_ENGINE_LATENCY_MS"
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+class BadRequest(Exception):
+    """A client error, answered with HTTP 400 in vLLM's error shape."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def error_response(message: str, param: str | None = None, code: int = 400) -> JSONResponse:
+    error = ErrorInfo(message=message, type="BadRequestError", param=param, code=code)
+    return JSONResponse(ErrorResponse(error=error).model_dump(), status_code=code)
+
+
+@dataclass
+class Engine:
+    """Per-process state: the seed, the request counter that varies rollouts, the answer log."""
+
+    seed: int
+    log: AnswerLog | None = None
+    latency_s: float = 0.0
+    counter: Iterator[int] = field(default_factory=itertools.count)
+
+    def request_key(self, seed: int | None) -> str:
+        """A request's own ``seed`` makes it reproducible alone; otherwise the counter varies it."""
+        return f"seed={seed}" if seed is not None else f"request={next(self.counter)}"
+
+    async def delay(self) -> None:
+        if self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
+
+    def record(self, head: Head, choices: Sequence[Choice], stream: bool) -> None:
+        if self.log is not None:
+            self.log.write(head.id, choices, stream)
+
+
+def output_budget(prompt_tokens: int, requested: int | None) -> int:
+    """How many tokens may be generated; vLLM rejects prompts that leave no room."""
+    room = MAX_MODEL_LEN - prompt_tokens
+    if room <= 0 or (requested is not None and requested > room):
+        asked = prompt_tokens + (requested or 0)
+        raise BadRequest(
+            f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
+            f"requested {asked} tokens ({prompt_tokens} in the messages, {requested or 0} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            "max_tokens",
+        )
+    return room if requested is None else requested
+
+
+async def parse_body(request: Request, model: type[Body]) -> Body:
+    try:
+        payload = json.loads(await request.body())
+    except ValueError as exc:
+        raise BadRequest(f"Malformed JSON body: {exc}") from exc
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise BadRequest(f"{param or 'body'}: {first['msg']}", param) from exc
+
+
+def check_token_ids(ids: list[int]) -> list[int]:
+    bad = [i for i in ids if not 0 <= i < VOCAB_SIZE]
+    if bad:
+        raise BadRequest(f"token ids out of vocabulary (size {VOCAB_SIZE}): {bad[:5]}", "tokens")
+    return ids
+
+
+def _head(prefix: str, model: str | None) -> Head:
+    return Head(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model or MODEL_NAME)
+
+
+def _sse(chunks: Iterator[BaseModel]) -> Iterator[str]:
+    for chunk in chunks:
+        yield f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+
+
+def _usage_chunk(head: Head, obj: str, info: UsageInfo) -> str:
+    chunk = {"id": head.id, "object": obj, "created": head.created, "model": head.model}
+    body = {**chunk, "choices": [], "usage": info.model_dump(exclude_none=True)}
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def create_app(seed: int = 0, log_file: Path | None = None, latency_ms: float = 0.0) -> FastAPI:
+    """The engine app; ``log_file`` gets one JSON line per answered choice."""
+    engine = Engine(seed, AnswerLog(log_file) if log_file else None, latency_ms / 1000.0)
+    app = FastAPI(title="claw-sim (simulated vLLM engine)")
+
+    @app.exception_handler(BadRequest)
+    async def _bad_request(_: Request, exc: BadRequest) -> JSONResponse:
+        return error_response(exc.message, exc.param)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = {
+            "id": MODEL_NAME,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": OWNED_BY,
+            "root": MODEL_NAME,
+            "parent": None,
+            "max_model_len": MAX_MODEL_LEN,
+            "description": DESCRIPTION,
+            "simulator": True,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> TokenizeResponse:
+        body = await parse_body(request, TokenizeRequest)
+        text = (
+            body.prompt
+            if body.messages is None
+            else render(body.messages, body.tools, body.add_generation_prompt)
+        )
+        ids = encode(text)
+        strs = [token_str(i) for i in ids] if body.return_token_strs else None
+        return TokenizeResponse(
+            count=len(ids), max_model_len=MAX_MODEL_LEN, tokens=ids, token_strs=strs
+        )
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> DetokenizeResponse:
+        body = await parse_body(request, DetokenizeRequest)
+        return DetokenizeResponse(prompt=decode(check_token_ids(body.tokens)))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await parse_body(request, ChatCompletionRequest)
+        prompt_ids = encode(render(body.messages, body.tools, body.add_generation_prompt))
+        budget = output_budget(len(prompt_ids), body.output_limit)
+        tool_choice = (
+            body.tool_choice.function.name
+            if isinstance(body.tool_choice, NamedToolChoice)
+            else body.tool_choice
+        )
+        key = engine.request_key(body.seed)
+        top_k = (body.top_logprobs or 0) if body.logprobs else None
+        choices = []
+        for index in range(body.n):
+            rng = choice_rng(engine.seed, key, index)
+            draft = respond_chat(body.messages, body.tools or [], tool_choice, budget, rng)
+            sample = realize(draft, IM_END_ID, budget, top_k or 0, rng)
+            choices.append(Choice(index, prompt_ids, sample))
+        head = _head("chatcmpl", body.model)
+        with_ids = bool(body.return_token_ids)
+        await engine.delay()
+        if not body.stream:
+            engine.record(head, choices, stream=False)
+            response = chat_response(head, prompt_ids, choices, top_k, with_ids)
+            return JSONResponse(response.model_dump())
+
+        async def stream() -> AsyncIterator[str]:
+            for choice in choices:
+                for line in _sse(chat_chunks(head, choice, top_k, with_ids)):
+                    yield line
+            if body.include_usage:
+                yield _usage_chunk(head, "chat.completion.chunk", usage(len(prompt_ids), choices))
+            engine.record(head, choices, stream=True)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await parse_body(request, CompletionRequest)
+        prompts = _prompt_ids(body.prompt)
+        key = engine.request_key(body.seed)
+        top_k = body.logprobs
+        choices = []
+        for prompt_index, prompt_ids in enumerate(prompts):
+            budget = output_budget(len(prompt_ids), body.output_limit)
+            for n in range(body.n):
+                index = prompt_index * body.n + n
+                rng = choice_rng(engine.seed, key, index)
+                draft = respond_text(decode(prompt_ids), budget, rng)
+                sample = realize(draft, ENDOFTEXT_ID, budget, top_k or 0, rng)
+                choices.append(Choice(index, prompt_ids, sample))
+        head = _head("cmpl", body.model)
+        with_ids = bool(body.return_token_ids)
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        await engine.delay()
+        if not body.stream:
+            engine.record(head, choices, stream=False)
+            response = completion_response(head, prompt_tokens, choices, top_k, with_ids)
+            return JSONResponse(response.model_dump())
+
+        async def stream() -> AsyncIterator[str]:
+            for choice in choices:
+                for line in _sse(completion_chunks(head, choice, top_k, with_ids)):
+                    yield line
+            if body.include_usage:
+                yield _usage_chunk(head, "text_completion", usage(prompt_tokens, choices))
+            engine.record(head, choices, stream=True)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return app
+
+
+def _prompt_ids(prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+    """vLLM's prompt forms: text, token IDs, or a batch of either."""
+    if isinstance(prompt, str):
+        return [encode(prompt)]
+    if all(isinstance(item, int) for item in prompt):
+        return [check_token_ids(prompt)]
+    return [encode(item) if isinstance(item, str) else check_token_ids(item) for item in prompt]
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8001,
+    seed: int = 0,
+    log_file: Path | None = None,
+    latency_ms: float | None = None,
+) -> None:
+    """Run the engine until interrupted (env defaults: CLAW_ENGINE_LOG, CLAW_ENGINE_LATENCY_MS)."""
+    log_file = log_file or (Path(os.environ[LOG_ENV]) if os.environ.get(LOG_ENV) else None)
+    if latency_ms is None:
+        latency_ms = float(os.environ.get(LATENCY_ENV, "0"))
+    app = create_app(seed=seed, log_file=log_file, latency_ms=latency_ms)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
