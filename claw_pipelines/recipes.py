@@ -15,7 +15,7 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, Field
 
-from claw_pipelines.reward_rules import CreditAssignment
+from claw_pipelines.transforms.credit import CreditAssignment
 
 Algorithm = Literal["grpo", "rloo", "ppo", "reinforce_pp", "dpo", "sft"]
 ExportFormat = Literal["verl", "trl", "jsonl"]

@@ -8,26 +8,28 @@ The judge is off by default: it costs a model call per scored trajectory.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+import httpx
 import polars as pl
+import yaml
 from pydantic import BaseModel, Field
+
+from claw_pipelines.derived_schemas import polars_schema
+from claw_pipelines.schemas import Reward
+from claw_pipelines.settings import LOCAL_MASTER_KEY as LOCAL_KEY
+from claw_pipelines.transforms.credit import CreditAssignment
+from claw_pipelines.transforms.messages import claw_field, malformed_tool_calls, tool_calls
 
 ModelJudge = Callable[[pl.DataFrame], pl.Series]
 """Scores the last steps of trajectories: gets rows with request_messages, response_text,
 ground_truth; returns one float (or null) per row, in order."""
 
 RuleName = Literal["exact_match", "numeric_match", "regex_match", "tool_call_success"]
-
-
-class CreditAssignment(BaseModel):
-    """last_step: outcome on the final step; broadcast: outcome on every step; discounted:
-    G_t = r_t + gamma * G_{t+1} with the outcome added to the final step's r."""
-
-    method: Literal["last_step", "broadcast", "discounted"] = "last_step"
-    gamma: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
 class RewardRule(BaseModel):
@@ -60,23 +62,149 @@ class RewardConfig(BaseModel):
     """assets/rewards.yaml."""
 
     credit_assignment: CreditAssignment = CreditAssignment()
-    source_priority: list[str] = ["human", "env", "rule", "model"]
+    source_priority: list[str] = Field(
+        default=["human", "env", "rule", "model"],
+        description="Per target, the first source present wins; within it the latest value.",
+    )
     rules: list[RewardRule] = []
     judge: JudgeConfig = JudgeConfig()
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> RewardConfig:
-        raise NotImplementedError
+        return cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
+
+
+def _normalized(text: pl.Expr) -> pl.Expr:
+    return text.str.strip_chars().str.to_lowercase().str.replace_all(r"\s+", " ")
+
+
+_NUMBER = r"-?\d+(?:,\d{3})*(?:\.\d+)?"
+
+
+def _last_number(text: pl.Expr) -> pl.Expr:
+    return text.str.extract_all(_NUMBER).list.last().str.replace_all(",", "").cast(pl.Float64)
+
+
+def _rule_value(rule: RewardRule) -> pl.Expr:
+    """The rule's score (1.0 / 0.0, null without ground truth) on a final-step row."""
+    truth = pl.col("ground_truth")
+    response = pl.col("response_text").fill_null("")
+    if rule.rule == "exact_match":
+        hit = _normalized(response) == _normalized(truth)
+    elif rule.rule == "numeric_match":
+        gap = (_last_number(response) - truth.cast(pl.Float64, strict=False)).abs()
+        hit = (gap <= rule.tolerance).fill_null(False)
+    elif rule.rule == "regex_match":
+        pattern = pl.lit(rule.pattern) if rule.pattern is not None else truth
+        hit = response.str.contains(pattern, strict=False).fill_null(False)
+        truth = pattern
+    else:
+        called = pl.col("_tool_names").list.contains(truth) | truth.is_null()
+        hit = (pl.col("_failures") == 0) & (pl.col("_tool_names").list.len() > 0) & called
+        truth = pl.lit(True)
+    return pl.when(truth.is_null()).then(None).otherwise(hit.cast(pl.Float64))
+
+
+def _matches(data_source: str | None, agent: str | None) -> pl.Expr:
+    condition = pl.lit(True)
+    if data_source is not None:
+        condition &= pl.col("data_source") == data_source
+    if agent is not None:
+        condition &= pl.col("agent") == agent
+    return condition
+
+
+def _final_steps(steps: pl.LazyFrame) -> pl.LazyFrame:
+    """The final step of each trajectory plus what trajectory-level rules need."""
+    names = tool_calls().list.eval(pl.element().struct.field("function").struct.field("name"))
+    per_trajectory = steps.group_by("trajectory_id").agg(
+        ((pl.col("status") == "error").cast(pl.Int64) + malformed_tool_calls())
+        .sum()
+        .alias("_failures"),
+        names.list.explode(keep_nulls=False, empty_as_null=False).alias("_tool_names"),
+    )
+    return (
+        steps.sort("trajectory_id", "step_index")
+        .group_by("trajectory_id")
+        .last()
+        .join(per_trajectory, on="trajectory_id")
+        .with_columns(
+            claw_field("ground_truth").alias("ground_truth"),
+            claw_field("data_source").alias("data_source"),
+        )
+    )
+
+
+def _reward_rows(frame: pl.LazyFrame, name: str, source: str, value: pl.Expr) -> pl.LazyFrame:
+    """Trajectory-targeted rows in the ``rewards`` columns; ids are deterministic so recomputing
+    the same trajectory yields the same rows."""
+    return frame.select(
+        (pl.lit(f"{source}:{name}:") + pl.col("trajectory_id")).alias("reward_id"),
+        pl.lit(None, pl.String).alias("turn_id"),
+        "trajectory_id",
+        pl.lit(None, pl.String).alias("group_id"),
+        value.alias("value"),
+        pl.lit(name).alias("name"),
+        pl.lit(source).alias("source"),
+        pl.col("ended_at").alias("created_at"),
+        pl.lit(None, pl.String).alias("metadata"),
+    ).filter(pl.col("value").is_not_null())
 
 
 def rule_rewards(
     steps: pl.LazyFrame | pl.DataFrame, config: RewardConfig, *, judge: ModelJudge | None = None
 ) -> pl.LazyFrame:
     """Rewards rows (``schemas.Reward`` columns, trajectory-targeted) produced by the rules and the
-    judge for the final step of each trajectory in ``steps``."""
-    raise NotImplementedError
+    judge for the final step of each trajectory in ``steps``.
+
+    The judge runs only when ``config.judge.enabled``; ``judge`` replaces the default
+    ``openai_judge(config.judge)`` (tests pass a local callable).
+    """
+    final = _final_steps(steps.lazy())
+    parts = [
+        _reward_rows(final.filter(_matches(r.data_source, r.agent)), r.name, "rule", _rule_value(r))
+        for r in config.rules
+    ]
+    if config.judge.enabled:
+        scored = final.filter(_matches(config.judge.data_source, config.judge.agent)).collect()
+        score = (judge or openai_judge(config.judge))(scored)
+        parts.append(
+            _reward_rows(scored.lazy().with_columns(score.alias("_score")), "judge", "model",
+                         pl.col("_score").cast(pl.Float64))
+        )  # fmt: skip
+    if not parts:
+        return pl.LazyFrame(schema=polars_schema(Reward.arrow_schema()))
+    return pl.concat(parts)
+
+
+def _judge_prompt(config: JudgeConfig, row: dict) -> str:
+    return config.prompt.format(
+        ground_truth=row.get("ground_truth") or "(none)",
+        conversation=row.get("request_messages") or "[]",
+        response=row.get("response_text") or "",
+    )
 
 
 def openai_judge(config: JudgeConfig) -> ModelJudge:
-    """A judge asking ``config.base_url`` (OpenAI-compatible) to score each row; 0..10 -> 0..1."""
-    raise NotImplementedError
+    """A judge asking ``config.base_url`` (OpenAI-compatible) to score each row; 0..10 -> 0..1.
+
+    A reply without a number scores null (no reward) rather than failing the run.
+    """
+
+    def judge(rows: pl.DataFrame) -> pl.Series:
+        headers = {"Authorization": f"Bearer {os.environ.get(config.api_key_env, LOCAL_KEY)}"}
+        scores: list[float | None] = []
+        with httpx.Client(base_url=config.base_url, headers=headers, timeout=60) as client:
+            for row in rows.iter_rows(named=True):
+                body = {
+                    "model": config.model,
+                    "messages": [{"role": "user", "content": _judge_prompt(config, row)}],
+                    "temperature": 0,
+                }
+                reply = client.post("/chat/completions", json=body).raise_for_status().json()
+                text = reply["choices"][0]["message"].get("content") or ""
+                match = re.search(r"\d+(?:\.\d+)?", text)
+                scores.append(min(float(match.group()), 10.0) / 10.0 if match else None)
+        return pl.Series("score", scores, dtype=pl.Float64)
+
+    return judge

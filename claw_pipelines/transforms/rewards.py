@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import polars as pl
 
-from claw_pipelines.reward_rules import ModelJudge, RewardConfig
+from claw_pipelines import reward_rules
+from claw_pipelines.derived_schemas import REWARDED_STEPS, polars_schema
+from claw_pipelines.transforms.credit import assign_credit
+
+
+def _lazy(frame: pl.LazyFrame | pl.DataFrame | None) -> pl.LazyFrame | None:
+    return None if frame is None else frame.lazy()
 
 
 def affected_trajectories(
@@ -25,22 +31,110 @@ def affected_trajectories(
     ``step_index``: (turn_id, trajectory_id, group_id) of all emitted steps (a narrow scan of the
     steps table), used to resolve turn- and group-targeted rewards to trajectories.
     """
-    raise NotImplementedError
+    index = step_index.lazy().select("turn_id", "trajectory_id", "group_id")
+    parts = []
+    if (steps := _lazy(new_steps)) is not None:
+        parts.append(steps.select("trajectory_id"))
+    if (events := _lazy(new_events)) is not None:
+        parts.append(events.select("trajectory_id"))
+    if (rewards := _lazy(new_rewards)) is not None:
+        parts += [
+            rewards.select("trajectory_id"),
+            rewards.select("turn_id").join(index, on="turn_id").select("trajectory_id"),
+            rewards.select("group_id").join(index, on="group_id").select("trajectory_id"),
+        ]
+    if not parts:
+        return pl.DataFrame(schema={"trajectory_id": pl.String})
+    return pl.concat(parts).drop_nulls().unique().sort("trajectory_id").collect()
+
+
+_REWARD_COLUMNS = ["reward_id", "turn_id", "trajectory_id", "group_id", "value", "source",
+                   "created_at"]  # fmt: skip
+
+
+def _all_rewards(
+    steps: pl.LazyFrame,
+    rewards: pl.LazyFrame | None,
+    events: pl.LazyFrame | None,
+    config: reward_rules.RewardConfig,
+    judge: reward_rules.ModelJudge | None,
+) -> pl.LazyFrame:
+    """Landed rewards, event rewards (source env) and rule/judge rewards in one shape."""
+    parts = [reward_rules.rule_rewards(steps, config, judge=judge).select(_REWARD_COLUMNS)]
+    if rewards is not None:
+        parts.append(rewards.select(_REWARD_COLUMNS))
+    if events is not None:
+        parts.append(
+            events.filter(pl.col("reward").is_not_null()).select(
+                pl.col("event_id").alias("reward_id"),
+                pl.lit(None, pl.String).alias("turn_id"),
+                "trajectory_id",
+                pl.lit(None, pl.String).alias("group_id"),
+                pl.col("reward").alias("value"),
+                pl.lit("env").alias("source"),
+                "created_at",
+            )
+        )
+    rank = {source: i for i, source in enumerate(config.source_priority)}
+    return pl.concat(parts, how="vertical_relaxed").with_columns(
+        pl.col("source")
+        .replace_strict(rank, default=len(rank), return_dtype=pl.Int32)
+        .alias("_rank")
+    )
+
+
+def _winner(frame: pl.LazyFrame, key: str, value: str) -> pl.LazyFrame:
+    """Per key: the value of the highest-priority source, latest within it."""
+    return (
+        frame.sort(key, "_rank", "created_at", "reward_id", descending=[False, False, True, True])
+        .group_by(key)
+        .agg(pl.col("value").first().alias(value), pl.col("source").first().alias(f"{value}_src"))
+    )
 
 
 def reward_steps(
     steps: pl.LazyFrame | pl.DataFrame,
     rewards: pl.LazyFrame | pl.DataFrame | None,
     events: pl.LazyFrame | pl.DataFrame | None,
-    config: RewardConfig,
+    config: reward_rules.RewardConfig,
     *,
-    judge: ModelJudge | None = None,
+    judge: reward_rules.ModelJudge | None = None,
 ) -> pl.LazyFrame:
     """``REWARDED_STEPS`` rows for ``steps`` (all steps of the affected trajectories).
 
     Reward sources: rewards rows (turn -> step reward; trajectory and group -> outcome), event
     rewards (source ``env``), rule rewards and the optional model judge declared in ``config``.
     Per target the highest-priority source wins (``config.source_priority``), the latest value
-    within it. ``reward`` is credited by ``config.credit_assignment``.
+    within it; a trajectory's own outcome beats its group's at equal priority only by being
+    later. ``reward_sources`` lists the winning sources of the step's reward and outcome.
+    ``reward`` is credited by ``config.credit_assignment``.
     """
-    raise NotImplementedError
+    steps = steps.lazy()
+    candidates = _all_rewards(steps, _lazy(rewards), _lazy(events), config, judge)
+    members = steps.select("trajectory_id", "group_id").unique()
+    step_rewards = _winner(
+        candidates.filter(pl.col("turn_id").is_not_null()), "turn_id", "step_reward"
+    )
+    outcome_candidates = pl.concat(
+        [
+            candidates.filter(pl.col("trajectory_id").is_not_null()),
+            candidates.filter(pl.col("group_id").is_not_null())
+            .drop("trajectory_id")
+            .join(members, on="group_id"),
+        ],
+        how="diagonal",
+    )
+    outcomes = _winner(outcome_candidates, "trajectory_id", "outcome_reward")
+    frame = (
+        steps.join(step_rewards, on="turn_id", how="left")
+        .join(outcomes, on="trajectory_id", how="left")
+        .with_columns(
+            pl.concat_list(pl.col("step_reward_src"), pl.col("outcome_reward_src"))
+            .list.drop_nulls()
+            .list.unique(maintain_order=True)
+            .alias("reward_sources")
+        )
+    )
+    return assign_credit(frame, config.credit_assignment).select(
+        pl.col(name).cast(dtype) for name, dtype in polars_schema(REWARDED_STEPS).items()
+    )

@@ -4,6 +4,24 @@ from __future__ import annotations
 
 import polars as pl
 
+from claw_pipelines.derived_schemas import TRAJECTORIES, polars_schema
+
+
+def latest_events(events: pl.LazyFrame | pl.DataFrame | None) -> pl.LazyFrame:
+    """Per trajectory: the latest lifecycle event and the latest reward an event carried."""
+    schema = {"trajectory_id": pl.String, "event": pl.String, "event_reward": pl.Float64}
+    if events is None:
+        return pl.LazyFrame(schema=schema)
+    return (
+        events.lazy()
+        .sort("created_at", "event_id")
+        .group_by("trajectory_id")
+        .agg(
+            pl.col("event").last(),
+            pl.col("reward").drop_nulls().last().alias("event_reward"),
+        )
+    )
+
 
 def summarize_trajectories(
     steps: pl.LazyFrame | pl.DataFrame, events: pl.LazyFrame | pl.DataFrame | None = None
@@ -16,4 +34,33 @@ def summarize_trajectories(
     ``shared_prefix_tokens_saved`` sums each step's prefix shared with the previous step's full
     sequence (what a prefix-tree merge of the trajectory saves).
     """
-    raise NotImplementedError
+    ordered = steps.lazy().sort("trajectory_id", "step_index")
+    summary = ordered.group_by("trajectory_id").agg(
+        pl.col("group_id").drop_nulls().first(),
+        pl.col("channel").drop_nulls().first(),
+        pl.col("agent").drop_nulls().first(),
+        pl.len().alias("num_steps"),
+        pl.col("prompt_token_ids").list.len().sum().alias("prompt_tokens"),
+        pl.col("response_token_ids").list.len().sum().alias("response_tokens"),
+        pl.col("started_at").min(),
+        pl.col("ended_at").max(),
+        pl.col("close_reason").last(),
+        pl.col("policy_version").drop_nulls().unique().sort().alias("policy_versions"),
+        pl.col("shared_prefix_tokens").sum().alias("shared_prefix_tokens_saved"),
+        pl.col("trajectory_inferred").all(),
+        pl.col("prefix_consistent").all(),
+    )
+    outcome = pl.coalesce("event", "close_reason")
+    return (
+        summary.join(latest_events(events), on="trajectory_id", how="left")
+        .with_columns(
+            ((pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6).alias(
+                "duration_s"
+            ),
+            outcome.alias("outcome"),
+            (outcome == "completed").alias("complete"),
+            pl.col("event_reward").alias("outcome_reward"),
+        )
+        .select(pl.col(name).cast(dtype) for name, dtype in polars_schema(TRAJECTORIES).items())
+        .sort("trajectory_id")
+    )

@@ -1,0 +1,151 @@
+"""Reward joins, late rewards, source priority, credit assignment, rule rewards and the judge."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from transform_rows import at, chain, event, events, rewards, turns
+
+from claw_pipelines.derived_schemas import REWARDED_STEPS, conform
+from claw_pipelines.reward_rules import RewardConfig, RewardRule, rule_rewards
+from claw_pipelines.transforms import (
+    CreditAssignment,
+    affected_trajectories,
+    extract_steps,
+    reward_steps,
+)
+
+
+def _steps(*trajectories: str, n: int = 3, group_id: str = "g", **fields) -> pl.DataFrame:
+    rows = [
+        row
+        for i, t in enumerate(trajectories)
+        for row in chain(t, n, group_id=group_id, base=100 * i, **fields)
+    ]
+    evts = events(*[event(t) for t in trajectories])
+    return extract_steps(turns(*rows), None, evts, now=at(1000)).steps
+
+
+def _rewards_by_step(frame: pl.LazyFrame) -> dict[str, tuple]:
+    df = frame.collect()
+    conform(df, REWARDED_STEPS)
+    return {r["step_id"]: (r["reward"], r["reward_present"], r["reward_sources"]) for r in
+            df.iter_rows(named=True)}  # fmt: skip
+
+
+def test_late_reward_reaches_only_the_affected_trajectories():
+    steps = _steps("A", "B")
+    config = RewardConfig()
+    before = _rewards_by_step(reward_steps(steps, None, None, config))
+    assert before["A-2"] == (None, False, [])
+    late = rewards({"trajectory_id": "A", "value": 1.0, "source": "env", "created_at": at(5000)})
+    touched = affected_trajectories(None, late, None, steps)
+    assert touched["trajectory_id"].to_list() == ["A"]
+    affected = steps.join(touched, on="trajectory_id")
+    after = _rewards_by_step(reward_steps(affected, late, None, config))
+    assert set(after) == {"A-0", "A-1", "A-2"}
+    assert after["A-2"] == (1.0, True, ["env"]) and after["A-0"] == (0.0, True, ["env"])
+    by_turn = rewards({"turn_id": "B-1", "value": 0.3}, {"group_id": "g", "value": 0.0})
+    assert affected_trajectories(None, by_turn, None, steps)["trajectory_id"].to_list() == [
+        "A",
+        "B",
+    ]
+
+
+def test_source_priority_and_latest_value_win():
+    steps = _steps("A")
+    landed = rewards(
+        {"trajectory_id": "A", "value": 0.2, "source": "env", "created_at": at(10)},
+        {"trajectory_id": "A", "value": 0.4, "source": "env", "created_at": at(20)},
+        {"group_id": "g", "value": 0.9, "source": "human", "created_at": at(5)},
+        {"turn_id": "A-0", "value": 0.1, "source": "rule", "created_at": at(5)},
+    )
+    evts = events(event("A", reward=0.7, when=15))
+    got = _rewards_by_step(reward_steps(steps, landed, evts, RewardConfig()))
+    assert got["A-2"] == (0.9, True, ["human"])
+    assert got["A-0"] == (0.1, True, ["rule", "human"])
+    env_first = RewardConfig(source_priority=["env", "human"])
+    got = _rewards_by_step(reward_steps(steps, landed, evts, env_first))
+    assert got["A-2"][0] == 0.4
+
+
+@pytest.mark.parametrize(
+    ("credit", "expected"),
+    [
+        (CreditAssignment(method="last_step"), [0.5, 0.0, 1.0]),
+        (CreditAssignment(method="broadcast"), [1.5, 1.0, 1.0]),
+        (CreditAssignment(method="discounted", gamma=0.5), [0.5 + 0.25, 0.5, 1.0]),
+    ],
+)
+def test_credit_assignment(credit, expected):
+    steps = _steps("A")
+    landed = rewards({"trajectory_id": "A", "value": 1.0}, {"turn_id": "A-0", "value": 0.5})
+    frame = reward_steps(steps, landed, None, RewardConfig(credit_assignment=credit)).collect()
+    assert frame.sort("step_index")["reward"].to_list() == pytest.approx(expected)
+
+
+def _metadata(truth: str, source: str = "math") -> str:
+    return json.dumps({"claw": {"ground_truth": truth, "data_source": source}})
+
+
+def test_rule_rewards_read_ground_truth_from_metadata():
+    rows = [
+        *chain("exact", 1, metadata=_metadata("Paris"), response_text="  paris "),
+        *chain("num", 1, base=100, metadata=_metadata("42"), response_text="so x = 41, then 42.0"),
+        *chain("wrong", 1, base=200, metadata=_metadata("7"), response_text="it is 8"),
+        *chain("other", 1, base=300, metadata=_metadata("7", "code"), response_text="7"),
+        *chain("none", 1, base=400, response_text="7"),
+    ]
+    steps = extract_steps(turns(*rows), None, None, now=at(5000)).steps
+    config = RewardConfig(
+        rules=[
+            RewardRule(name="em", rule="exact_match", data_source="math"),
+            RewardRule(name="num", rule="numeric_match", data_source="math"),
+            RewardRule(name="re", rule="regex_match", pattern=r"^\s*\d+\s*$"),
+        ]
+    )
+    got = rule_rewards(steps, config).collect()
+    values = {(r["trajectory_id"], r["name"]): r["value"] for r in got.iter_rows(named=True)}
+    assert values[("exact", "em")] == 1.0 and values[("num", "em")] == 0.0
+    assert values[("num", "num")] == 1.0 and values[("wrong", "num")] == 0.0
+    assert ("other", "num") not in values and ("none", "em") not in values
+    assert values[("none", "re")] == 1.0 and values[("wrong", "re")] == 0.0
+    assert set(got["source"]) == {"rule"}
+
+
+def _tool_message(arguments: str, name: str = "search") -> str:
+    call = {"id": "c", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return json.dumps({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def test_tool_call_success_rule():
+    rows = [
+        *chain("ok", 2, response_message=_tool_message('{"q": "x"}'), metadata=_metadata("search")),
+        *chain("bad", 2, base=100, response_message=_tool_message("{q: x")),
+        *chain("plain", 1, base=200),
+        *chain("failed", 1, base=300, response_message=_tool_message("{}"), status="error"),
+    ]
+    steps = extract_steps(turns(*rows), None, None, now=at(5000)).steps
+    config = RewardConfig(rules=[RewardRule(name="tools", rule="tool_call_success")])
+    got = dict(rule_rewards(steps, config).select("trajectory_id", "value").collect().iter_rows())
+    assert got == {"ok": 1.0, "bad": 0.0, "plain": 0.0, "failed": 0.0}
+
+
+def test_judge_is_off_by_default_and_pluggable():
+    steps = _steps("A", "B")
+    calls = []
+
+    def judge(rows: pl.DataFrame) -> pl.Series:
+        calls.append(rows.height)
+        return pl.Series([0.8] * rows.height)
+
+    assert rule_rewards(steps, RewardConfig(), judge=judge).collect().height == 0
+    assert calls == []
+    config = RewardConfig.model_validate({"judge": {"enabled": True}})
+    frame = reward_steps(steps, None, None, config, judge=judge).collect()
+    assert calls == [2]
+    last = frame.filter(pl.col("is_last"))
+    assert last["reward"].to_list() == [0.8, 0.8]
+    assert last["reward_sources"].to_list() == [["model"], ["model"]]
