@@ -1,0 +1,226 @@
+"""The proxy's ASGI entry: LiteLLM's app wrapped with what capture needs at the HTTP edge.
+
+- ``/t/<trajectory>/<group>/...`` is rewritten to ``/...`` with ``x-claw-*`` identity headers, so a
+  black-box agent only changes its ``base_url``.
+- Request bodies are checked before LiteLLM sees them: size limit (413), UTF-8 and JSON (400).
+- Streamed chat requests to exact-capture models are served from a non-streaming upstream call and
+  re-streamed in vLLM's chunk shape (LiteLLM drops ``prompt_token_ids`` from streams).
+- ``/claw/v1/...`` goes to the lifecycle/reward/step endpoints.
+- On lifespan shutdown (SIGTERM/SIGINT) the spool is committed before the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from urllib.parse import unquote
+
+from litellm.proxy.proxy_server import app as litellm_app
+
+from claw_pipelines.capture.control import build_control_app
+from claw_pipelines.capture.request_context import context_from_body, current_request
+from claw_pipelines.capture.restream import sse_from_completion
+from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.settings import get_settings
+
+Scope = dict[str, Any]
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+
+
+def split_identity_prefix(path: str) -> tuple[str, str, str] | None:
+    """``/t/<trajectory>/<group>/v1/x`` -> (trajectory, group, "/v1/x"); None if no prefix."""
+    if not path.startswith("/t/"):
+        return None
+    parts = path.split("/", 4)
+    if len(parts) < 5 or not parts[2] or not parts[3]:
+        return None
+    return unquote(parts[2]), unquote(parts[3]), "/" + parts[4]
+
+
+async def _send_json(send, status: int, payload: dict[str, Any]) -> None:
+    body = json.dumps(payload).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _error(message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+class CaptureApp:
+    """ASGI wrapper around LiteLLM's proxy app (see module docstring)."""
+
+    def __init__(self, inner, max_body_bytes: int) -> None:
+        self.inner = inner
+        self.control = build_control_app()
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await self.inner(scope, self._watch_shutdown(receive), send)
+            return
+        if scope["type"] != "http":
+            await self.inner(scope, receive, send)
+            return
+        if scope["path"].startswith("/claw/"):
+            await self.control(scope, receive, send)
+            return
+        scope = self._apply_identity_prefix(scope)
+        if scope["method"] != "POST":
+            await self.inner(scope, receive, send)
+            return
+        body = await self._read_body(receive, send)
+        if body is None:
+            return
+        request = json.loads(body) if body else None
+        buffer_stream = scope["path"] in CHAT_PATHS and self._should_buffer_stream(request)
+        current_request.set(context_from_body(request, client_stream=buffer_stream))
+        if buffer_stream:
+            await self._buffered_stream(scope, request, send)
+            return
+        await self.inner(scope, _replay(body), send)
+
+    def _watch_shutdown(self, receive):
+        async def wrapped() -> dict[str, Any]:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                await asyncio.to_thread(CaptureRuntime.shutdown_current)
+            return message
+
+        return wrapped
+
+    @staticmethod
+    def _apply_identity_prefix(scope: Scope) -> Scope:
+        split = split_identity_prefix(scope["path"])
+        if split is None:
+            return scope
+        trajectory, group, rest = split
+        headers = [
+            (k, v) for k, v in scope["headers"] if k not in (b"x-claw-trajectory", b"x-claw-group")
+        ]
+        headers += [(b"x-claw-trajectory", trajectory.encode()), (b"x-claw-group", group.encode())]
+        return {**scope, "path": rest, "raw_path": rest.encode(), "headers": headers}
+
+    async def _read_body(self, receive, send) -> bytes | None:
+        """The whole body, or None after answering 413/400 for oversize, non-UTF-8 or bad JSON."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                await _send_json(
+                    send,
+                    413,
+                    _error(
+                        f"request body exceeds {self.max_body_bytes} bytes", "request_too_large"
+                    ),
+                )
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        if not body:
+            return body
+        try:
+            json.loads(body.decode("utf-8"))
+        except UnicodeDecodeError:
+            await _send_json(
+                send, 400, _error("request body is not valid UTF-8", "invalid_request_error")
+            )
+            return None
+        except json.JSONDecodeError as error:
+            await _send_json(
+                send,
+                400,
+                _error(f"request body is not valid JSON: {error}", "invalid_request_error"),
+            )
+            return None
+        return body
+
+    @staticmethod
+    def _should_buffer_stream(request: object) -> bool:
+        if not isinstance(request, dict) or request.get("stream") is not True:
+            return False
+        options = CaptureRuntime.current().options_for(str(request.get("model", "")))
+        return options.stream_mode == "buffered"
+
+    async def _buffered_stream(self, scope: Scope, request: dict[str, Any], send) -> None:
+        include_usage = bool((request.pop("stream_options", None) or {}).get("include_usage"))
+        request["stream"] = False
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
+        upstream_body = json.dumps(request).encode()
+        headers.append((b"content-length", str(len(upstream_body)).encode()))
+        captured = _CapturedResponse()
+        await self.inner({**scope, "headers": headers}, _replay(upstream_body), captured.send)
+        if captured.status != 200:
+            await captured.forward(send)
+            return
+        stream = sse_from_completion(json.loads(captured.body), include_usage)
+        response_headers = [
+            (k, v)
+            for k, v in captured.headers
+            if k.lower() not in (b"content-length", b"content-type")
+        ]
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*response_headers, (b"content-type", b"text/event-stream")],
+            }
+        )
+        await send({"type": "http.response.body", "body": stream})
+
+
+class _CapturedResponse:
+    """Collects an inner ASGI response so it can be re-shaped before it reaches the client."""
+
+    def __init__(self) -> None:
+        self.status = 500
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: list[bytes] = []
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.headers = list(message.get("headers", []))
+        elif message["type"] == "http.response.body":
+            self.chunks.append(message.get("body", b""))
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+    async def forward(self, send) -> None:
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+def _replay(body: bytes):
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            await asyncio.Event().wait()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+app = CaptureApp(litellm_app, get_settings().max_body_bytes)

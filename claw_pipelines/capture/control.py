@@ -1,0 +1,162 @@
+"""Lifecycle, reward and white-box step endpoints served on the proxy port (``/claw/v1/...``).
+
+They land rows through the same spool as the captured turns, so they share its durability: a
+200 means the row is in this process's spool and will reach Delta.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from claw_pipelines.capture.identity import IdentityValue
+from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.schemas import Reward, RewardSource, TrajectoryEventRow, Turn, new_id, utc_now
+
+MAX_TOKENS_PER_LIST = 1_000_000
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+
+
+class CompleteTrajectory(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reward: float | None = None
+    status: Literal["completed", "aborted"] = "completed"
+    group_id: IdentityValue | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class RewardIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    turn_id: IdentityValue | None = None
+    trajectory_id: IdentityValue | None = None
+    group_id: IdentityValue | None = None
+    value: float
+    name: str = Field(default="reward", min_length=1, max_length=128)
+    source: RewardSource = "env"
+    metadata: dict[str, Any] | None = None
+
+
+class StepIn(BaseModel):
+    """A white-box step from an agent that tokenizes itself (token IDs are its engine's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_token_ids: Annotated[list[TokenId], Field(max_length=MAX_TOKENS_PER_LIST)]
+    response_token_ids: Annotated[list[TokenId], Field(max_length=MAX_TOKENS_PER_LIST)]
+    response_logprobs: Annotated[list[float], Field(max_length=MAX_TOKENS_PER_LIST)] | None = None
+    trajectory_id: IdentityValue | None = None
+    group_id: IdentityValue | None = None
+    channel: IdentityValue | None = None
+    agent: IdentityValue | None = None
+    policy_version: int | None = Field(default=None, ge=0)
+    model: str = Field(default="white-box", min_length=1, max_length=256)
+    messages: list[dict[str, Any]] | None = None
+    response_text: str | None = None
+    finish_reason: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def _master_key() -> str:
+    return os.environ.get("LITELLM_MASTER_KEY", "")
+
+
+def require_key(authorization: Annotated[str | None, Header()] = None) -> None:
+    """Same key as the proxy's OpenAI routes."""
+    token = (authorization or "").removeprefix("Bearer ").strip()
+    if not token or not hmac.compare_digest(token, _master_key()):
+        raise HTTPException(status_code=401, detail="missing or invalid proxy key")
+
+
+def _json_text(runtime: CaptureRuntime, value: object) -> str | None:
+    return None if value is None else json.dumps(runtime.redactor.data(value), ensure_ascii=False)
+
+
+def build_control_app() -> FastAPI:
+    control = FastAPI(title="claw capture control", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @control.exception_handler(RequestValidationError)
+    async def _invalid(_, error: RequestValidationError) -> JSONResponse:
+        problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]
+        return JSONResponse({"error": "invalid request", "problems": problems}, status_code=400)
+
+    @control.post(
+        "/claw/v1/trajectories/{trajectory_id}/complete", dependencies=[Depends(require_key)]
+    )
+    async def complete(trajectory_id: IdentityValue, body: CompleteTrajectory) -> dict[str, str]:
+        runtime = CaptureRuntime.current()
+        row = TrajectoryEventRow(
+            trajectory_id=trajectory_id,
+            group_id=body.group_id,
+            event=body.status,
+            reward=body.reward,
+            metadata=_json_text(runtime, body.metadata),
+        )
+        await runtime.land_durably([row])
+        return {"event_id": row.event_id, "trajectory_id": trajectory_id, "status": body.status}
+
+    @control.post("/claw/v1/rewards", dependencies=[Depends(require_key)])
+    async def reward(body: RewardIn) -> dict[str, str]:
+        runtime = CaptureRuntime.current()
+        try:
+            row = Reward(
+                **body.model_dump(exclude={"metadata"}), metadata=_json_text(runtime, body.metadata)
+            )
+        except ValueError as error:
+            raise HTTPException(status_code=400, detail=str(error)) from error
+        await runtime.land_durably([row])
+        return {"reward_id": row.reward_id}
+
+    @control.post("/claw/v1/steps", dependencies=[Depends(require_key)])
+    async def step(body: StepIn, response: Response) -> dict[str, str]:
+        runtime = CaptureRuntime.current()
+        if body.response_logprobs is not None and len(body.response_logprobs) != len(
+            body.response_token_ids
+        ):
+            raise HTTPException(400, "response_logprobs must have one value per response token")
+        now = utc_now()
+        message = {"role": "assistant", "content": body.response_text}
+        row = Turn(
+            turn_id=new_id(),
+            trajectory_id=body.trajectory_id,
+            group_id=body.group_id,
+            channel=body.channel,
+            agent=body.agent,
+            policy_version=body.policy_version,
+            model=body.model,
+            call_type="step",
+            finish_reason=body.finish_reason,
+            token_source="engine",
+            prompt_token_ids=body.prompt_token_ids,
+            response_token_ids=body.response_token_ids,
+            response_logprobs=body.response_logprobs,
+            request_messages=_json_text(runtime, body.messages),
+            response_message=_json_text(runtime, message),
+            response_text=runtime.redactor.text(body.response_text) if body.response_text else None,
+            started_at=now,
+            ended_at=now,
+            writer_id=runtime.writer.writer_id,
+            metadata=_json_text(runtime, body.metadata),
+        )
+        await runtime.land_durably([row])
+        response.headers["x-litellm-call-id"] = row.turn_id
+        return {"turn_id": row.turn_id}
+
+    @control.get("/claw/v1/status", dependencies=[Depends(require_key)])
+    async def status() -> dict[str, object]:
+        runtime = CaptureRuntime.current()
+        return {
+            "writer_id": runtime.writer.writer_id,
+            "spooled_rows": runtime.writer.active_rows(),
+            "committed_rows": runtime.flusher.committed_rows,
+        }
+
+    return control

@@ -1,0 +1,71 @@
+"""Who a turn belongs to: trajectory, group, channel, agent and policy version.
+
+An agent can say it three ways and none is required: the ``/t/<trajectory>/<group>/v1`` base-URL
+prefix (zero code change; the proxy turns it into headers), ``x-claw-*`` headers, or
+``metadata: {"claw": {...}}`` in the body. Headers win over body metadata. Values are validated
+here so a bad one is a clear 400, never a silently wrong row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+IdentityValue = Annotated[
+    str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
+]
+
+HEADER_FIELDS = {
+    "x-claw-trajectory": "trajectory_id",
+    "x-claw-group": "group_id",
+    "x-claw-policy-version": "policy_version",
+    "x-claw-channel": "channel",
+    "x-claw-agent": "agent",
+}
+IDENTITY_FIELDS = tuple(HEADER_FIELDS.values())
+
+
+class IdentityError(ValueError):
+    """The agent sent an identity value we cannot accept; the message says which and why."""
+
+
+class TurnIdentity(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    trajectory_id: IdentityValue | None = None
+    group_id: IdentityValue | None = None
+    channel: IdentityValue | None = None
+    agent: IdentityValue | None = None
+    policy_version: int | None = Field(default=None, ge=0)
+
+
+def identity_from_request(
+    headers: Mapping[str, str], claw_metadata: Mapping[str, object] | None
+) -> TurnIdentity:
+    """Merge header and body identity (headers win) and validate it."""
+    unknown = sorted(
+        name for name in headers if name.startswith("x-claw-") and name not in HEADER_FIELDS
+    )
+    if unknown:
+        raise IdentityError(
+            f"unknown identity header(s) {', '.join(unknown)}; known: {', '.join(HEADER_FIELDS)}"
+        )
+    if claw_metadata is not None and not isinstance(claw_metadata, Mapping):
+        raise IdentityError("metadata.claw must be a JSON object")
+    values: dict[str, object] = {
+        name: claw_metadata[name]
+        for name in IDENTITY_FIELDS
+        if claw_metadata and claw_metadata.get(name) is not None
+    }
+    values |= {
+        field: headers[header] for header, field in HEADER_FIELDS.items() if header in headers
+    }
+    try:
+        return TurnIdentity.model_validate(values)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
+        )
+        raise IdentityError(f"invalid claw identity: {problems}") from error

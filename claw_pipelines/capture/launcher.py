@@ -1,0 +1,111 @@
+"""``claw proxy``: start the real LiteLLM proxy (uvicorn) with capture, on loopback by default."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+import httpx
+import uvicorn
+import yaml
+
+from claw_pipelines.settings import LOCAL_MASTER_KEY
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = REPO_ROOT / "resources" / "litellm.yaml"
+DEFAULT_BACKEND = "http://127.0.0.1:8001/v1"
+DEFAULT_MODEL_NAME = "policy"
+MIN_STRONG_KEY_LENGTH = 24
+
+
+class ProxyStartError(RuntimeError):
+    """The proxy refuses to start; the message says why and what to do."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_master_key(host: str, configured: str | None) -> str:
+    """The proxy key: the configured one, or the documented local key on loopback only."""
+    if not configured:
+        if is_loopback(host):
+            return LOCAL_MASTER_KEY
+        raise ProxyStartError(
+            f"refusing to bind {host} without LITELLM_MASTER_KEY; set a strong key "
+            f"(>= {MIN_STRONG_KEY_LENGTH} characters) or bind 127.0.0.1"
+        )
+    weak = configured == LOCAL_MASTER_KEY or len(configured) < MIN_STRONG_KEY_LENGTH
+    if weak and not is_loopback(host):
+        raise ProxyStartError(
+            f"refusing to bind {host} with a weak LITELLM_MASTER_KEY; use a random key of "
+            f">= {MIN_STRONG_KEY_LENGTH} characters"
+        )
+    return configured
+
+
+def served_model(backend: str) -> str | None:
+    """The first model id an OpenAI-compatible backend serves (vLLM's served-model-name)."""
+    try:
+        response = httpx.get(backend.rstrip("/") + "/models", timeout=5.0)
+        response.raise_for_status()
+        models = response.json().get("data") or []
+    except (httpx.HTTPError, ValueError):
+        return None
+    return str(models[0]["id"]) if models else None
+
+
+def render_config(source: Path, backend: str | None, run_dir: Path, port: int) -> Path:
+    """Write the config the proxy runs with: ``--backend`` replaces the default model's server."""
+    config = yaml.safe_load(source.read_text())
+    if backend:
+        name = served_model(backend)
+        for entry in config.get("model_list") or []:
+            if entry.get("model_name") == DEFAULT_MODEL_NAME:
+                entry["litellm_params"]["api_base"] = backend
+                if name:
+                    entry["litellm_params"]["model"] = f"hosted_vllm/{name}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    target = run_dir / f"litellm-{port}.yaml"
+    target.write_text(yaml.safe_dump(config, sort_keys=False))
+    return target
+
+
+def run_proxy(
+    host: str, port: int, config: Path | None, backend: str | None, num_workers: int
+) -> None:
+    try:
+        key = resolve_master_key(host, os.environ.get("LITELLM_MASTER_KEY"))
+    except ProxyStartError as error:
+        raise SystemExit(f"claw proxy: {error}") from error
+    config_path = render_config(
+        config or DEFAULT_CONFIG, backend, Path(".claw/run").absolute(), port
+    )
+    os.environ.update(
+        {
+            "LITELLM_MASTER_KEY": key,
+            "CONFIG_FILE_PATH": str(config_path),
+            "CLAW_BACKEND_URL": backend or os.environ.get("CLAW_BACKEND_URL", DEFAULT_BACKEND),
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_TELEMETRY": "False",
+        }
+    )
+    print(
+        f"claw proxy: http://{host}:{port}  (config {config_path}, workers {num_workers})",
+        flush=True,
+    )
+    uvicorn.run(
+        "claw_pipelines.capture.asgi:app",
+        host=host,
+        port=port,
+        workers=num_workers,
+        access_log=False,
+        log_level="warning",
+        timeout_graceful_shutdown=20,
+    )

@@ -1,0 +1,120 @@
+"""The capture state of one proxy process: spool writer, flusher, redactor and per-model options.
+
+Each proxy worker process imports the callback separately, so each gets its own runtime (and its
+own spool directory); ``CaptureRuntime.current()`` creates it on first use and starts the flusher,
+which first replays whatever stopped processes left in the spool.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from claw_pipelines.capture.redact import Redactor
+from claw_pipelines.capture.spool import SpoolFlusher, SpoolWriter
+from claw_pipelines.capture.turns import PendingCall
+from claw_pipelines.lake import Lake
+from claw_pipelines.schemas import LandingRow
+from claw_pipelines.settings import ClawSettings, get_settings
+
+TOKEN_RETURNING_PREFIXES = ("hosted_vllm/",)
+MAX_PENDING_CALLS = 100_000
+
+
+class ModelCapture(BaseModel):
+    """Per-model capture options (``model_info.claw`` in litellm.yaml)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    return_token_ids: bool = False
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    stream_mode: Literal["buffered", "passthrough"] = "passthrough"
+
+
+def model_capture_options(config_path: str | None) -> dict[str, ModelCapture]:
+    """Options by served model name; token-returning backends (hosted_vllm/) default to exact mode.
+
+    ``buffered`` streams are served from a non-streaming upstream call and re-streamed to the
+    client, because LiteLLM drops ``prompt_token_ids`` from streamed responses.
+    """
+    if not config_path or not Path(config_path).is_file():
+        return {}
+    config = yaml.safe_load(Path(config_path).read_text()) or {}
+    options: dict[str, ModelCapture] = {}
+    for entry in config.get("model_list") or []:
+        upstream = str((entry.get("litellm_params") or {}).get("model", ""))
+        declared = ((entry.get("model_info") or {}).get("claw")) or {}
+        defaults = {}
+        if upstream.startswith(TOKEN_RETURNING_PREFIXES):
+            defaults = {"return_token_ids": True, "logprobs": True, "stream_mode": "buffered"}
+        options[str(entry["model_name"])] = ModelCapture.model_validate(defaults | declared)
+    return options
+
+
+class CaptureRuntime:
+    """Everything one process needs to land rows durably."""
+
+    _instance: CaptureRuntime | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self, settings: ClawSettings) -> None:
+        self.settings = settings
+        self.lake = Lake.from_settings(settings)
+        self.redactor = Redactor([os.environ.get("LITELLM_MASTER_KEY", "")])
+        self.models = model_capture_options(os.environ.get("CONFIG_FILE_PATH"))
+        self.writer = SpoolWriter(
+            settings.spool_dir.absolute(), fsync_per_answer=settings.fsync == "answer"
+        )
+        self.flusher = SpoolFlusher(
+            self.writer,
+            self.lake,
+            max_rows=settings.flush_max_rows,
+            interval_s=settings.flush_interval_s,
+            fsync_interval_s=settings.fsync_interval_ms / 1000
+            if settings.fsync == "interval"
+            else None,
+        )
+        self.pending: OrderedDict[str, PendingCall] = OrderedDict()
+        self.flusher.start()
+
+    @classmethod
+    def current(cls) -> CaptureRuntime:
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls._instance = cls(get_settings())
+            return cls._instance
+
+    @classmethod
+    def shutdown_current(cls) -> None:
+        """Commit everything spooled (graceful stop); what cannot be committed stays spooled."""
+        with cls._instance_lock:
+            if cls._instance is not None:
+                cls._instance.flusher.stop()
+                cls._instance.writer.close()
+                cls._instance = None
+
+    def options_for(self, model_name: str) -> ModelCapture:
+        return self.models.get(model_name, ModelCapture())
+
+    def remember(self, pending: PendingCall) -> None:
+        self.pending[pending.call_id] = pending
+        while len(self.pending) > MAX_PENDING_CALLS:
+            self.pending.popitem(last=False)
+
+    def land(self, rows: list[LandingRow]) -> None:
+        """Append rows to the spool (synchronous write: durable against a process crash)."""
+        for row in rows:
+            self.writer.append(row.table_name, row.model_dump_json())
+        self.flusher.nudge()
+
+    async def land_durably(self, rows: list[LandingRow]) -> None:
+        """Append rows and, with per-answer fsync, wait for the group commit."""
+        self.land(rows)
+        await self.writer.durable()

@@ -1,0 +1,306 @@
+"""The local spool: where a turn becomes durable before its answer leaves the proxy.
+
+Each proxy process owns one spool directory (named by its writer id and held with an exclusive
+``flock``). Rows are appended as JSON lines to one active segment per table with a single
+``write`` call, so a killed process leaves at most a torn last line of a turn that was never
+answered. ``SpoolFlusher`` seals segments and commits them to Delta, each commit tagged with a
+Delta app transaction ``(writer_id, segment_seq)``; a segment is deleted only after its commit,
+and a commit that landed before a crash is recognised by its transaction version and never
+applied twice. Directories whose owner died are adopted and committed by any live process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+
+from claw_pipelines.lake import Lake
+from claw_pipelines.schemas import LANDING_MODELS
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".lock"
+SEGMENT_SUFFIX = ".jsonl"
+
+
+def new_writer_id() -> str:
+    """Unique per process start: host, pid and start time (ms)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns() // 1_000_000}"
+
+
+def segment_name(table: str, seq: int) -> str:
+    return f"{table}-{seq:012d}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> tuple[str, int] | None:
+    """``turns-000000000007.jsonl`` -> ("turns", 7); None for anything else."""
+    if not name.endswith(SEGMENT_SUFFIX):
+        return None
+    table, _, seq = name.removesuffix(SEGMENT_SUFFIX).rpartition("-")
+    if table not in LANDING_MODELS or not seq.isdigit():
+        return None
+    return table, int(seq)
+
+
+@dataclass
+class _ActiveSegment:
+    seq: int
+    fd: int
+    rows: int = 0
+
+
+@dataclass
+class SpoolWriter:
+    """Appends landing rows to this process's spool directory."""
+
+    root: Path
+    writer_id: str = field(default_factory=new_writer_id)
+    fsync_per_answer: bool = False
+
+    def __post_init__(self) -> None:
+        self.directory = self.root / self.writer_id
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.directory / LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._mutex = threading.Lock()
+        self._active: dict[str, _ActiveSegment] = {}
+        self._next_seq: dict[str, int] = {}
+        self._dirty: set[int] = set()
+        self._fsync_task: asyncio.Future | None = None
+
+    def append(self, table: str, row_json: str) -> None:
+        """Write one row (a JSON object without newline) to the table's active segment."""
+        payload = (row_json + "\n").encode()
+        with self._mutex:
+            segment = self._active.get(table)
+            if segment is None:
+                segment = self._open_segment(table)
+            os.write(segment.fd, payload)
+            segment.rows += 1
+            self._dirty.add(segment.fd)
+
+    def _open_segment(self, table: str) -> _ActiveSegment:
+        seq = self._next_seq.get(table, 0)
+        self._next_seq[table] = seq + 1
+        path = self.directory / segment_name(table, seq)
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+        segment = _ActiveSegment(seq, fd)
+        self._active[table] = segment
+        return segment
+
+    def is_active(self, table: str, seq: int) -> bool:
+        """Whether ``seq`` is the table's segment still being appended to."""
+        with self._mutex:
+            segment = self._active.get(table)
+            return segment is not None and segment.seq == seq
+
+    def active_rows(self) -> int:
+        with self._mutex:
+            return sum(segment.rows for segment in self._active.values())
+
+    def seal(self) -> None:
+        """Close every non-empty active segment so the flusher may commit it."""
+        with self._mutex:
+            for table, segment in list(self._active.items()):
+                if segment.rows:
+                    os.fsync(segment.fd)
+                    os.close(segment.fd)
+                    self._dirty.discard(segment.fd)
+                    del self._active[table]
+
+    def sync(self) -> None:
+        """fsync every segment written since the last sync (one call serves many answers)."""
+        with self._mutex:
+            dirty, self._dirty = self._dirty, set()
+        for fd in dirty:
+            with contextlib.suppress(OSError):
+                os.fsync(fd)
+
+    async def durable(self) -> None:
+        """Group commit: with per-answer fsync, wait until the rows appended so far are on disk.
+
+        Concurrent answers share one fsync running in a thread, so the event loop never blocks
+        and the cost is amortised over everything appended meanwhile.
+        """
+        if not self.fsync_per_answer:
+            return
+        if self._fsync_task is None or self._fsync_task.done():
+            self._fsync_task = asyncio.ensure_future(asyncio.to_thread(self.sync))
+            await self._fsync_task
+            return
+        await self._fsync_task
+        await self.durable()
+
+    def close(self) -> None:
+        self.seal()
+        with self._mutex:
+            for segment in self._active.values():
+                os.close(segment.fd)
+            self._active.clear()
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+
+
+def read_segment(path: Path, table: str) -> pa.Table:
+    """Parse a segment into the table's Arrow schema, ignoring a torn (unanswered) last line."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+    schema = LANDING_MODELS[table].arrow_schema()
+    if not data:
+        return schema.empty_table()
+    options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error")
+    parsed = pa_json.read_json(pa.py_buffer(data), parse_options=options)
+    return parsed.select(schema.names).cast(schema)
+
+
+def dedupe_on_key(data: pa.Table, key: str) -> pa.Table:
+    """Keep the first row per key: a replayed or repeated row must not land twice."""
+    if data.num_rows < 2:
+        return data
+    indices = pa.table({key: data.column(key), "_i": pa.array(range(data.num_rows))})
+    first = indices.group_by(key, use_threads=False).aggregate([("_i", "min")]).column("_i_min")
+    return data.take(pc.take(first, pc.sort_indices(first)))
+
+
+@dataclass
+class SpoolFlusher:
+    """Commits sealed spool segments to Delta in micro-batches, in a background thread."""
+
+    writer: SpoolWriter
+    lake: Lake
+    max_rows: int = 512
+    interval_s: float = 1.0
+    fsync_interval_s: float | None = 0.1
+    adopt_every_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._commit_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.committed_rows = 0
+
+    def start(self) -> None:
+        self.adopt_orphans()
+        self._thread = threading.Thread(target=self._run, name="claw-spool-flusher", daemon=True)
+        self._thread.start()
+
+    def nudge(self) -> None:
+        """Ask for an early flush (called when the active segment is large)."""
+        if self.writer.active_rows() >= self.max_rows:
+            self._wake.set()
+
+    def _run(self) -> None:
+        last_flush = last_adopt = time.monotonic()
+        tick = self.fsync_interval_s or self.interval_s
+        while not self._stop.is_set():
+            self._wake.wait(timeout=min(tick, self.interval_s))
+            woken = self._wake.is_set()
+            self._wake.clear()
+            if self.fsync_interval_s is not None:
+                self.writer.sync()
+            now = time.monotonic()
+            try:
+                if woken or now - last_flush >= self.interval_s:
+                    self.flush()
+                    last_flush = now
+                if now - last_adopt >= self.adopt_every_s:
+                    self.adopt_orphans()
+                    last_adopt = now
+            except Exception:
+                log.exception("spool flush failed; segments stay on disk and will be retried")
+
+    def flush(self) -> int:
+        """Seal the active segments and commit every sealed segment of this writer."""
+        self.writer.seal()
+        return self.commit_directory(self.writer.directory, self.writer.writer_id)
+
+    def commit_directory(self, directory: Path, writer_id: str) -> int:
+        """Commit the sealed segments in ``directory`` per table, oldest first, then delete them."""
+        own = directory == self.writer.directory
+        by_table: dict[str, list[tuple[int, Path]]] = {}
+        for path in directory.iterdir():
+            parsed = parse_segment_name(path.name)
+            if parsed is None:
+                continue
+            table, seq = parsed
+            if own and self.writer.is_active(table, seq):
+                continue
+            by_table.setdefault(table, []).append((seq, path))
+        committed = 0
+        with self._commit_lock:
+            for table, segments in by_table.items():
+                committed += self._commit_segments(table, sorted(segments), writer_id)
+        self.committed_rows += committed
+        return committed
+
+    def _commit_segments(self, table: str, segments: list[tuple[int, Path]], writer_id: str) -> int:
+        already = self.lake.committed_app_version(table, writer_id)
+        pending = [(seq, path) for seq, path in segments if already is None or seq > already]
+        for seq, path in segments:
+            if already is not None and seq <= already:
+                path.unlink(missing_ok=True)
+        if not pending:
+            return 0
+        model = LANDING_MODELS[table]
+        parts = [read_segment(path, table) for _, path in pending]
+        data = dedupe_on_key(pa.concat_tables(parts), model.key)
+        if data.num_rows:
+            self.lake.append(
+                table,
+                data,
+                app_id=writer_id,
+                app_version=pending[-1][0],
+                metadata={"claw.writer_id": writer_id, "claw.segments": str(len(pending))},
+            )
+        for _, path in pending:
+            path.unlink(missing_ok=True)
+        return data.num_rows
+
+    def adopt_orphans(self) -> int:
+        """Commit and remove the spool directories of processes that are gone."""
+        adopted = 0
+        root = self.writer.root
+        for directory in sorted(p for p in root.iterdir() if p.is_dir()):
+            if directory == self.writer.directory:
+                continue
+            lock_path = directory / LOCK_NAME
+            try:
+                fd = os.open(lock_path, os.O_RDWR)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                adopted += self.commit_directory(directory, directory.name)
+                shutil.rmtree(directory, ignore_errors=True)
+            finally:
+                os.close(fd)
+        if adopted:
+            log.info("adopted %d spooled rows from stopped writers", adopted)
+        return adopted
+
+    def stop(self) -> None:
+        """Stop the thread and commit everything still spooled (graceful shutdown)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.flush()

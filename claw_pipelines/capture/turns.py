@@ -1,0 +1,284 @@
+"""Build ``Turn`` rows from what the proxy saw: the request, then a response, a stream or an error.
+
+Token IDs are taken only from what the engine returned (vLLM's ``prompt_token_ids`` and
+``choices[i].token_ids``, which LiteLLM moves to ``provider_specific_fields``); response text is
+never re-tokenized into "engine" IDs. Everything written passes through the ``Redactor``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from claw_pipelines.capture.identity import IDENTITY_FIELDS, TurnIdentity
+from claw_pipelines.capture.redact import Redactor
+from claw_pipelines.schemas import Turn, utc_now
+
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logprobs",
+    "top_logprobs",
+    "return_token_ids",
+    "tool_choice",
+    "response_format",
+)
+
+
+def _json(value: object) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _field(obj: object, name: str) -> Any:
+    """Attribute or key access, for LiteLLM objects that may also arrive as plain dicts."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    value = getattr(obj, name, None)
+    if value is None:
+        extra = getattr(obj, "model_extra", None) or {}
+        value = extra.get(name)
+    return value
+
+
+def _dump(obj: object) -> Any:
+    return obj.model_dump() if hasattr(obj, "model_dump") else obj
+
+
+@dataclass
+class PendingCall:
+    """What is known about a call when it enters the proxy, kept until its answer is spooled."""
+
+    call_id: str
+    identity: TurnIdentity
+    model: str
+    call_type: str
+    stream: bool
+    started_at: datetime
+    request_messages: str | None
+    request_tools: str | None
+    sampling_params: str | None
+    metadata: str | None
+
+
+def pending_call(
+    call_id: str,
+    data: dict[str, Any],
+    identity: TurnIdentity,
+    body_metadata: dict[str, Any] | None,
+    client_stream: bool,
+    redactor: Redactor,
+) -> PendingCall:
+    """Snapshot the request side of a call (scrubbed) at the moment the proxy accepts it."""
+    messages = data.get("messages")
+    if messages is None and data.get("prompt") is not None:
+        messages = [{"role": "user", "content": data["prompt"]}]
+    metadata = dict(body_metadata or {})
+    claw = metadata.get("claw")
+    if isinstance(claw, dict):
+        metadata["claw"] = {k: v for k, v in claw.items() if k not in IDENTITY_FIELDS}
+    sampling = {key: data[key] for key in SAMPLING_KEYS if data.get(key) is not None}
+    return PendingCall(
+        call_id=call_id,
+        identity=identity,
+        model=str(data.get("model", "")),
+        call_type="completion" if "prompt" in data and "messages" not in data else "chat",
+        stream=client_stream,
+        started_at=utc_now(),
+        request_messages=_json(redactor.data(messages)),
+        request_tools=_json(redactor.data(data.get("tools"))),
+        sampling_params=_json(sampling or None),
+        metadata=_json(redactor.data(metadata) if metadata else None),
+    )
+
+
+def _backend(hidden_params: dict[str, Any] | None) -> str | None:
+    if not hidden_params:
+        return None
+    provider = hidden_params.get("custom_llm_provider")
+    api_base = hidden_params.get("api_base")
+    return ":".join(str(p) for p in (provider, api_base) if p) or None
+
+
+def _logprob_values(logprobs: object) -> list[float] | None:
+    content = _field(logprobs, "content") if logprobs is not None else None
+    if content is None:
+        return None
+    return [float(_field(entry, "logprob")) for entry in content]
+
+
+def _token_source(prompt_ids: list[int] | None, response_ids: list[int] | None) -> str:
+    return "engine" if prompt_ids is not None and response_ids is not None else "none"
+
+
+def _base_turn(pending: PendingCall, turn_id: str, **values: Any) -> Turn:
+    ended_at = utc_now()
+    return Turn(
+        turn_id=turn_id,
+        **pending.identity.model_dump(),
+        call_type=pending.call_type,
+        stream=pending.stream,
+        started_at=pending.started_at,
+        ended_at=ended_at,
+        latency_ms=(ended_at - pending.started_at).total_seconds() * 1000,
+        request_messages=pending.request_messages,
+        request_tools=pending.request_tools,
+        sampling_params=pending.sampling_params,
+        metadata=pending.metadata,
+        **values,
+    )
+
+
+def turns_from_response(
+    pending: PendingCall, response: object, redactor: Redactor, writer_id: str
+) -> list[Turn]:
+    """One turn per choice of a complete (non-streamed upstream) response."""
+    prompt_ids = _field(response, "prompt_token_ids")
+    usage = _field(response, "usage")
+    hidden = getattr(response, "_hidden_params", None)
+    turns = []
+    for index, choice in enumerate(_field(response, "choices") or []):
+        provider_fields = _field(choice, "provider_specific_fields") or {}
+        response_ids = provider_fields.get("token_ids", _field(choice, "token_ids"))
+        message = _dump(_field(choice, "message")) or {}
+        if not message and _field(choice, "text") is not None:
+            message = {"role": "assistant", "content": _field(choice, "text")}
+        message = {k: v for k, v in message.items() if v is not None}
+        turns.append(
+            _base_turn(
+                pending,
+                pending.call_id if index == 0 else f"{pending.call_id}.{index}",
+                model=str(_field(response, "model") or pending.model),
+                backend=_backend(hidden),
+                status="success",
+                finish_reason=_field(choice, "finish_reason"),
+                token_source=_token_source(prompt_ids, response_ids),
+                prompt_token_ids=prompt_ids,
+                response_token_ids=response_ids,
+                response_logprobs=_logprob_values(_field(choice, "logprobs")),
+                response_message=_json(redactor.data(message)),
+                response_text=redactor.text(message.get("content") or "") or None,
+                prompt_tokens=_field(usage, "prompt_tokens") if usage else None,
+                completion_tokens=_field(usage, "completion_tokens") if usage else None,
+                writer_id=writer_id,
+            )
+        )
+    return turns
+
+
+def error_turn(
+    pending: PendingCall, error: BaseException, redactor: Redactor, writer_id: str
+) -> Turn:
+    """The row for a call that failed: the error is data too (backends time out, reject, crash)."""
+    message = f"{type(error).__name__}: {error}"
+    return _base_turn(
+        pending,
+        pending.call_id,
+        model=pending.model,
+        status="error",
+        error=redactor.text(message)[:4000],
+        token_source="none",
+        writer_id=writer_id,
+    )
+
+
+@dataclass
+class _StreamedChoice:
+    content: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    saw_token_ids: bool = False
+    saw_logprobs: bool = False
+    finish_reason: str | None = None
+
+
+@dataclass
+class StreamAccumulator:
+    """Assembles a streamed answer chunk by chunk, keeping per-chunk token IDs and logprobs."""
+
+    choices: dict[int, _StreamedChoice] = field(default_factory=dict)
+    prompt_token_ids: list[int] | None = None
+    model: str | None = None
+    usage: object = None
+    first_token_at: datetime | None = None
+
+    def add(self, chunk: object) -> None:
+        self.model = self.model or _field(chunk, "model")
+        self.prompt_token_ids = self.prompt_token_ids or _field(chunk, "prompt_token_ids")
+        if _field(chunk, "usage") is not None:
+            self.usage = _field(chunk, "usage")
+        for choice in _field(chunk, "choices") or []:
+            state = self.choices.setdefault(_field(choice, "index") or 0, _StreamedChoice())
+            delta = _field(choice, "delta")
+            content = _field(delta, "content") if delta is not None else None
+            if content:
+                state.content.append(content)
+                self.first_token_at = self.first_token_at or utc_now()
+            for call in (_field(delta, "tool_calls") if delta is not None else None) or []:
+                self._add_tool_call(state, call)
+            token_ids = _field(choice, "token_ids")
+            if token_ids is None:
+                token_ids = (_field(choice, "provider_specific_fields") or {}).get("token_ids")
+            if token_ids is not None:
+                state.saw_token_ids = True
+                state.token_ids.extend(token_ids)
+            values = _logprob_values(_field(choice, "logprobs"))
+            if values is not None:
+                state.saw_logprobs = True
+                state.logprobs.extend(values)
+            state.finish_reason = _field(choice, "finish_reason") or state.finish_reason
+
+    @staticmethod
+    def _add_tool_call(state: _StreamedChoice, call: object) -> None:
+        index = _field(call, "index") or 0
+        entry = state.tool_calls.setdefault(
+            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        )
+        entry["id"] = _field(call, "id") or entry["id"]
+        function = _field(call, "function")
+        if function is not None:
+            entry["function"]["name"] += _field(function, "name") or ""
+            entry["function"]["arguments"] += _field(function, "arguments") or ""
+
+    def turns(self, pending: PendingCall, redactor: Redactor, writer_id: str) -> list[Turn]:
+        turns = []
+        for index in sorted(self.choices):
+            state = self.choices[index]
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(state.content)}
+            if state.tool_calls:
+                message["tool_calls"] = [state.tool_calls[i] for i in sorted(state.tool_calls)]
+            response_ids = state.token_ids if state.saw_token_ids else None
+            turns.append(
+                _base_turn(
+                    pending,
+                    pending.call_id if index == 0 else f"{pending.call_id}.{index}",
+                    model=str(self.model or pending.model),
+                    status="success",
+                    finish_reason=state.finish_reason,
+                    token_source=_token_source(self.prompt_token_ids, response_ids),
+                    prompt_token_ids=self.prompt_token_ids,
+                    response_token_ids=response_ids,
+                    response_logprobs=state.logprobs if state.saw_logprobs else None,
+                    response_message=_json(redactor.data(message)),
+                    response_text=redactor.text(message["content"]) or None,
+                    first_token_at=self.first_token_at,
+                    prompt_tokens=_field(self.usage, "prompt_tokens") if self.usage else None,
+                    completion_tokens=_field(self.usage, "completion_tokens")
+                    if self.usage
+                    else None,
+                    writer_id=writer_id,
+                )
+            )
+        return turns
