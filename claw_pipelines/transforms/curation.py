@@ -4,6 +4,23 @@ from __future__ import annotations
 
 import polars as pl
 
+from claw_pipelines.derived_schemas import CURATED_STEPS, polars_schema
+
+_FIELDS = {"quality_label": "quality_label", "trainable": "trainable", "tags": "tags",
+           "note": "label_note"}  # fmt: skip
+
+
+def latest_labels(labels: pl.LazyFrame | pl.DataFrame, kind: str, key: str) -> pl.LazyFrame:
+    """The latest label (created_at, then label_id) per target of ``kind``, keyed as ``key``."""
+    return (
+        labels.lazy()
+        .filter(pl.col("target_kind") == kind)
+        .sort("created_at", "label_id")
+        .group_by("target_id")
+        .agg(pl.col(field).last().alias(f"_{kind}_{field}") for field in _FIELDS)
+        .rename({"target_id": key})
+    )
+
 
 def curate_steps(
     scored: pl.LazyFrame | pl.DataFrame, labels: pl.LazyFrame | pl.DataFrame | None
@@ -13,4 +30,28 @@ def curate_steps(
     Per target the latest label wins (created_at, then label_id); a step label overrides its
     trajectory's label field by field (fields the step label leaves null fall back).
     """
-    raise NotImplementedError
+    frame = scored.lazy()
+    if labels is None:
+        curated = frame.with_columns(
+            pl.lit(None, pl.String).alias("quality_label"),
+            pl.lit(True).alias("trainable"),
+            pl.lit([], pl.List(pl.String)).alias("tags"),
+            pl.lit(None, pl.String).alias("label_note"),
+        )
+    else:
+        curated = (
+            frame.join(latest_labels(labels, "step", "turn_id"), on="turn_id", how="left")
+            .join(latest_labels(labels, "trajectory", "trajectory_id"), on="trajectory_id",
+                  how="left")
+            .with_columns(
+                pl.coalesce(f"_step_{field}", f"_trajectory_{field}").alias(column)
+                for field, column in _FIELDS.items()
+            )
+            .with_columns(
+                pl.col("trainable").fill_null(True),
+                pl.col("tags").fill_null(pl.lit([], pl.List(pl.String))),
+            )
+        )  # fmt: skip
+    return curated.select(
+        pl.col(name).cast(dtype) for name, dtype in polars_schema(CURATED_STEPS).items()
+    )

@@ -1,20 +1,95 @@
-"""Quality scoring of rewarded steps: a score in [0, 1] and the reasons that lowered it."""
+"""Quality scoring of rewarded steps: a score in [0, 1] and the reasons that lowered it.
+
+Each signal is a boolean polars expression on a step; a step's score is
+``clip(1 - sum(weight of each tripped signal), 0, 1)`` and ``quality_reasons`` names the tripped
+signals, so a curator sees why a step scored low and a recipe can filter on the score.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import polars as pl
-from pydantic import BaseModel
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from claw_pipelines.derived_schemas import SCORED_STEPS, polars_schema
+from claw_pipelines.transforms.messages import malformed_tool_calls, tool_call_count
+
+
+class QualityWeights(BaseModel):
+    """How much each signal lowers the score (0 disables it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    not_engine_tokens: float = 0.5
+    logprobs_missing: float = 0.2
+    logprobs_misaligned: float = 0.5
+    truncated: float = 0.2
+    empty_response: float = 0.8
+    repetitive: float = 0.4
+    malformed_tool_call: float = 0.4
+    error: float = 0.8
+    prefix_break: float = 0.1
+    stale: float = 0.2
+    length_outlier: float = 0.1
 
 
 class QualityConfig(BaseModel):
     """Signal weights and thresholds (assets/quality.yaml). A step's score is
     ``max(0, 1 - sum(weights of the signals it trips))``."""
 
+    model_config = ConfigDict(extra="forbid")
+
+    weights: QualityWeights = QualityWeights()
+    repetition_ngram: int = Field(default=4, ge=1, description="n of the repeated n-gram ratio.")
+    repetition_threshold: float = Field(
+        default=0.5, ge=0, le=1, description="Share of repeated n-grams that trips 'repetitive'."
+    )
+    max_policy_lag: int = Field(default=4, ge=0, description="Versions behind the latest = stale.")
+    length_z: float = Field(default=3.0, gt=0, description="|z| of response length = outlier.")
+    length_min_population: int = Field(
+        default=20, ge=2, description="Fewer steps than this: no length statistics, no outliers."
+    )
+
     @classmethod
     def from_yaml(cls, path: str | Path) -> QualityConfig:
-        raise NotImplementedError
+        return cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
+
+
+def repeated_ngram_ratio(tokens: pl.Expr, n: int) -> pl.Expr:
+    """Share of the sequence's n-grams that repeat an earlier one (0 when shorter than n)."""
+    grams = pl.struct([pl.element().shift(-i).alias(f"t{i}") for i in range(n)])
+    distinct = tokens.list.eval(
+        grams.filter(pl.element().shift(-(n - 1)).is_not_null()).n_unique()
+    ).list.first()
+    total = tokens.list.len().cast(pl.Int64) - (n - 1)
+    return pl.when(total > 0).then(1 - distinct.cast(pl.Float64) / total).otherwise(0.0)
+
+
+def _signals(
+    config: QualityConfig, latest_policy_version: pl.Expr, length_stats: pl.Expr
+) -> dict[str, pl.Expr]:
+    response = pl.col("response_token_ids")
+    response_len = response.list.len().fill_null(0)
+    logprobs = pl.col("response_logprobs")
+    mean, std = length_stats.struct.field("mean"), length_stats.struct.field("std")
+    return {
+        "not_engine_tokens": pl.col("token_source") != "engine",
+        "logprobs_missing": logprobs.is_null() & (response_len > 0),
+        "logprobs_misaligned": logprobs.is_not_null() & (logprobs.list.len() != response_len),
+        "truncated": pl.col("finish_reason") == "length",
+        "empty_response": (response_len == 0)
+        & (pl.col("response_text").fill_null("").str.strip_chars() == "")
+        & (tool_call_count() == 0),
+        "repetitive": repeated_ngram_ratio(response, config.repetition_ngram)
+        > config.repetition_threshold,
+        "malformed_tool_call": malformed_tool_calls() > 0,
+        "error": pl.col("status") == "error",
+        "prefix_break": ~pl.col("prefix_consistent"),
+        "stale": (latest_policy_version - pl.col("policy_version")) > config.max_policy_lag,
+        "length_outlier": ((response_len - mean).abs() / std) > config.length_z,
+    }
 
 
 def score_steps(
@@ -22,9 +97,54 @@ def score_steps(
     config: QualityConfig,
     *,
     latest_policy_version: int | None = None,
+    response_length_stats: tuple[float, float] | None = None,
 ) -> pl.LazyFrame:
     """``derived_schemas.SCORED_STEPS`` rows: adds ``quality_score`` and ``quality_reasons``.
 
     Staleness is measured against ``latest_policy_version`` (default: the max in ``rewarded``).
+    Length outliers use ``response_length_stats`` (mean, std over a reference population, e.g.
+    the scored_steps table) when given, else the frame itself once it holds
+    ``length_min_population`` steps; incremental runs should pass the table's statistics.
     """
-    raise NotImplementedError
+    frame = rewarded.lazy()
+    latest = (
+        pl.col("policy_version").max()
+        if latest_policy_version is None
+        else pl.lit(latest_policy_version, pl.Int64)
+    )
+    if response_length_stats is None:
+        lengths = pl.col("response_token_ids").list.len().cast(pl.Float64)
+        enough = pl.len() >= config.length_min_population
+        stats = pl.struct(
+            pl.when(enough).then(lengths.mean()).alias("mean"),
+            pl.when(enough).then(lengths.std()).alias("std"),
+        )
+    else:
+        mean, std = response_length_stats
+        stats = pl.struct(
+            pl.lit(mean, pl.Float64).alias("mean"), pl.lit(std, pl.Float64).alias("std")
+        )
+    weights = config.weights.model_dump()
+    signals = {
+        name: expr.fill_null(False)
+        for name, expr in _signals(config, latest, stats).items()
+        if weights[name] > 0
+    }
+    if not signals:
+        scored = frame.with_columns(
+            pl.lit(1.0).alias("quality_score"),
+            pl.lit([], pl.List(pl.String)).alias("quality_reasons"),
+        )
+    else:
+        penalty = pl.sum_horizontal(
+            [expr.cast(pl.Float64) * weights[name] for name, expr in signals.items()]
+        )
+        reasons = pl.concat_list(
+            [pl.when(expr).then(pl.lit(name)).otherwise(None) for name, expr in signals.items()]
+        ).list.drop_nulls()
+        scored = frame.with_columns(
+            (1.0 - penalty).clip(0.0, 1.0).alias("quality_score"), reasons.alias("quality_reasons")
+        )
+    return scored.select(
+        pl.col(name).cast(dtype) for name, dtype in polars_schema(SCORED_STEPS).items()
+    )
