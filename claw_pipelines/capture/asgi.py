@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any
-from urllib.parse import unquote
 
 from litellm.proxy.proxy_server import app as litellm_app
 
 from claw_pipelines.capture.control import build_control_app
+from claw_pipelines.capture.identity import split_identity_prefix
 from claw_pipelines.capture.request_context import context_from_body, current_request
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
@@ -26,16 +26,6 @@ from claw_pipelines.settings import get_settings
 
 Scope = dict[str, Any]
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
-
-
-def split_identity_prefix(path: str) -> tuple[str, str, str] | None:
-    """``/t/<trajectory>/<group>/v1/x`` -> (trajectory, group, "/v1/x"); None if no prefix."""
-    if not path.startswith("/t/"):
-        return None
-    parts = path.split("/", 4)
-    if len(parts) < 5 or not parts[2] or not parts[3]:
-        return None
-    return unquote(parts[2]), unquote(parts[3]), "/" + parts[4]
 
 
 async def _send_json(send, status: int, payload: dict[str, Any]) -> None:

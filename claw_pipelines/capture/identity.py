@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Annotated
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -69,3 +70,13 @@ def identity_from_request(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
         )
         raise IdentityError(f"invalid claw identity: {problems}") from error
+
+
+def split_identity_prefix(path: str) -> tuple[str, str, str] | None:
+    """``/t/<trajectory>/<group>/v1/x`` -> (trajectory, group, "/v1/x"); None if no prefix."""
+    if not path.startswith("/t/"):
+        return None
+    parts = path.split("/", 4)
+    if len(parts) < 5 or not parts[2] or not parts[3]:
+        return None
+    return unquote(parts[2]), unquote(parts[3]), "/" + parts[4]

@@ -1,0 +1,145 @@
+"""``claw up``: engine, capture proxy, Dagster and inspector on loopback, stopped together.
+
+The same start functions serve the tests and benchmarks, so what they exercise is what a user
+runs. Every service is its own process group; stopping kills the group (Dagster's ``dev`` can
+hang on SIGTERM, so it is killed after a grace period).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from claw_pipelines.processes import Service, start_service
+from claw_pipelines.settings import LOCAL_MASTER_KEY
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "claw_pipelines.cli"]
+
+
+def start_engine(port: int, workdir: Path, env: dict[str, str] | None = None) -> Service:
+    log_file = workdir / "engine-answers.jsonl"
+    return start_service(
+        "engine",
+        [*CLI, "sim", "--port", str(port), "--log-file", str(log_file)],
+        f"http://127.0.0.1:{port}",
+        workdir / "logs" / "engine.log",
+        env=env,
+        cwd=workdir,
+    )
+
+
+def start_proxy(
+    port: int,
+    workdir: Path,
+    backend: str,
+    env: dict[str, str] | None = None,
+    num_workers: int = 1,
+    host: str = "127.0.0.1",
+) -> Service:
+    command = [*CLI, "proxy", "--host", host, "--port", str(port), "--backend", backend]
+    return start_service(
+        "proxy",
+        [*command, "--num-workers", str(num_workers)],
+        f"http://127.0.0.1:{port}",
+        workdir / "logs" / "proxy.log",
+        env=env,
+        cwd=workdir,
+    )
+
+
+def start_dagster(port: int, workdir: Path, env: dict[str, str] | None = None) -> Service:
+    """``dagster dev`` (webserver + daemon) on the project's workspace, state under workdir."""
+    dagster_home = workdir / "dagster"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    instance_config = REPO_ROOT / "resources" / "dagster.yaml"
+    if instance_config.exists():
+        shutil.copy(instance_config, dagster_home / "dagster.yaml")
+    command = ["dagster", "dev", "-w", str(REPO_ROOT / "workspace.yaml"), "-h", "127.0.0.1"]
+    return start_service(
+        "dagster",
+        [str(Path(sys.executable).parent / command[0]), *command[1:], "-p", str(port)],
+        f"http://127.0.0.1:{port}",
+        workdir / "logs" / "dagster.log",
+        env={**(env or {}), "DAGSTER_HOME": str(dagster_home)},
+        cwd=REPO_ROOT,
+    )
+
+
+def start_inspector(port: int, workdir: Path, env: dict[str, str] | None = None) -> Service:
+    return start_service(
+        "inspector",
+        [*CLI, "inspect", "--port", str(port)],
+        f"http://127.0.0.1:{port}",
+        workdir / "logs" / "inspector.log",
+        env=env,
+        cwd=workdir,
+    )
+
+
+@dataclass
+class Stack:
+    services: list[Service] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for service in reversed(self.services):
+            service.stop(grace_s=5 if service.name == "dagster" else 15)
+
+
+def run_stack(
+    host: str, proxy_port: int, dagster_port: int, inspector_port: int, engine_port: int
+) -> None:
+    """Start everything, print the URLs, and run until Ctrl-C (or SIGTERM), then stop it all."""
+    workdir = Path.cwd()
+    claw_dir = workdir / ".claw"
+    env = {
+        "CLAW_LAKE_URI": os.environ.get("CLAW_LAKE_URI", str(claw_dir / "lake")),
+        "CLAW_SPOOL_DIR": os.environ.get("CLAW_SPOOL_DIR", str(claw_dir / "spool")),
+        "CLAW_DAGSTER_URL": f"http://127.0.0.1:{dagster_port}",
+        "LITELLM_MASTER_KEY": os.environ.get("LITELLM_MASTER_KEY", LOCAL_MASTER_KEY),
+    }
+    stack = Stack()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        engine = start_engine(engine_port, claw_dir, env)
+        stack.services.append(engine)
+        engine.wait_ready("/health", timeout_s=60)
+        proxy = start_proxy(proxy_port, claw_dir, f"{engine.url}/v1", env, host=host)
+        stack.services.append(proxy)
+        dagster = start_dagster(dagster_port, claw_dir, env)
+        stack.services.append(dagster)
+        inspector = start_inspector(inspector_port, claw_dir, env)
+        stack.services.append(inspector)
+        proxy.wait_ready("/health/liveliness", timeout_s=180)
+        inspector.wait_ready("/api/health", timeout_s=60)
+        dagster.wait_ready("/server_info", timeout_s=240)
+        key_hint = (
+            repr(LOCAL_MASTER_KEY)
+            if env["LITELLM_MASTER_KEY"] == LOCAL_MASTER_KEY
+            else "from LITELLM_MASTER_KEY"
+        )
+        print(
+            "\nclaw-pipelines is up (Ctrl-C stops everything):\n"
+            f"  capture proxy   {proxy.url}/v1   model 'policy', key {key_hint}\n"
+            f"  embedded engine {engine.url}/v1  (simulator)\n"
+            f"  Dagster UI      {dagster.url}\n"
+            f"  inspector       {inspector.url}\n"
+            f"  lake            {env['CLAW_LAKE_URI']}\n"
+            f"  logs            {claw_dir / 'logs'}\n"
+            "Try: claw demo\n",
+            flush=True,
+        )
+        while all(service.alive() for service in stack.services):
+            time.sleep(1)
+        dead = [s for s in stack.services if not s.alive()]
+        for service in dead:
+            print(f"{service.name} exited; log tail:\n{service.log_tail()}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\nstopping…", flush=True)
+    finally:
+        stack.stop()

@@ -1,0 +1,298 @@
+"""The real LiteLLM proxy + embedded engine: what agents send lands in Delta exactly once."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import httpx
+import openai
+import polars as pl
+import pytest
+from stack_fixtures import CaptureStack
+
+QUESTION = "What is 17 + 25?"
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+
+def client_for(stack: CaptureStack, base_path: str = "/v1", **headers: str) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=stack.proxy_url + base_path,
+        api_key=stack.key,
+        default_headers=headers or None,
+        max_retries=0,
+        timeout=60,
+    )
+
+
+def chat(client: openai.OpenAI, **kwargs: object) -> tuple[str, object]:
+    """One non-streamed call; returns (turn id from x-litellm-call-id, parsed completion)."""
+    messages = kwargs.pop("messages", [{"role": "user", "content": QUESTION}])
+    raw = client.chat.completions.with_raw_response.create(
+        model="policy", messages=messages, **kwargs
+    )
+    return raw.headers["x-litellm-call-id"], raw.parse()
+
+
+def landed(stack: CaptureStack, turn_ids: list[str]) -> pl.DataFrame:
+    turns = stack.wait_for_rows(lambda df: set(turn_ids) <= set(df["turn_id"]))
+    return turns.filter(pl.col("turn_id").is_in(turn_ids))
+
+
+def assert_matches_engine(stack: CaptureStack, row: dict, response_id: str) -> None:
+    sent = stack.engine_answers()[response_id]
+    assert row["token_source"] == "engine"
+    assert row["prompt_token_ids"] == sent["prompt_token_ids"]
+    assert row["response_token_ids"] == sent["token_ids"]
+    assert row["response_logprobs"] == pytest.approx(sent["logprobs"], rel=1e-6)
+    assert row["finish_reason"] == sent["finish_reason"]
+
+
+def test_non_streaming_turns_land_with_the_engines_exact_ids(capture_stack: CaptureStack) -> None:
+    client = client_for(capture_stack)
+    calls = [chat(client, max_tokens=64) for _ in range(5)]
+    rows = landed(capture_stack, [turn_id for turn_id, _ in calls])
+    assert rows.height == 5
+    by_id = {row["turn_id"]: row for row in rows.iter_rows(named=True)}
+    for turn_id, completion in calls:
+        row = by_id[turn_id]
+        assert row["stream"] is False and row["status"] == "success"
+        assert completion.model_extra["prompt_token_ids"] == row["prompt_token_ids"]
+        assert_matches_engine(capture_stack, row, completion.id)
+
+
+def test_streamed_turns_land_with_the_engines_exact_ids(capture_stack: CaptureStack) -> None:
+    client = client_for(capture_stack)
+    seen = []
+    for _ in range(3):
+        raw = client.chat.completions.with_raw_response.create(
+            model="policy",
+            messages=[{"role": "user", "content": QUESTION}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(raw.parse())
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        prompt_ids = chunks[0].model_extra["prompt_token_ids"]
+        seen.append((raw.headers["x-litellm-call-id"], chunks[0].id, text, prompt_ids))
+    rows = landed(capture_stack, [s[0] for s in seen])
+    by_id = {row["turn_id"]: row for row in rows.iter_rows(named=True)}
+    for turn_id, response_id, text, prompt_ids in seen:
+        row = by_id[turn_id]
+        assert row["stream"] is True
+        assert row["prompt_token_ids"] == prompt_ids
+        assert (row["response_text"] or "") == text
+        assert_matches_engine(capture_stack, row, response_id)
+
+
+def test_tool_calling_trajectory_by_path_prefix(capture_stack: CaptureStack) -> None:
+    """A multi-turn tool trajectory identified only by base_url; its prompts extend each other."""
+    trajectory, group = f"traj-{uuid.uuid4().hex[:8]}", "group-tools"
+    client = client_for(capture_stack, f"/t/{trajectory}/{group}/v1")
+    messages: list[dict] = [{"role": "user", "content": QUESTION}]
+    turn_ids = []
+    tool_turn = None
+    for _ in range(12):
+        turn_id, completion = chat(client, messages=messages, tools=[CALCULATOR])
+        turn_ids.append(turn_id)
+        message = completion.choices[0].message
+        if message.tool_calls:
+            tool_turn = turn_id
+            messages.append(
+                message.model_dump(exclude_none=True, exclude={"provider_specific_fields"})
+            )
+            call = message.tool_calls[0]
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "42"})
+            continue
+        if tool_turn is not None:
+            break
+        messages = [{"role": "user", "content": QUESTION}]
+    assert tool_turn is not None, "the simulated policy never called the calculator"
+    rows = landed(capture_stack, turn_ids).sort("started_at")
+    assert set(rows["trajectory_id"]) == {trajectory}
+    assert set(rows["group_id"]) == {group}
+    tool_row = rows.filter(pl.col("turn_id") == tool_turn).row(0, named=True)
+    assert tool_row["finish_reason"] == "tool_calls"
+    tool_call = json.loads(tool_row["response_message"])["tool_calls"][0]
+    assert tool_call["function"]["name"] == "calculator"
+    after = rows.filter(pl.col("started_at") > tool_row["started_at"]).row(0, named=True)
+    previous = tool_row["prompt_token_ids"] + tool_row["response_token_ids"]
+    assert after["prompt_token_ids"][: len(previous)] == previous
+
+
+def test_identity_from_headers_and_metadata(capture_stack: CaptureStack) -> None:
+    by_headers = client_for(
+        capture_stack,
+        **{
+            "x-claw-trajectory": "traj-h",
+            "x-claw-group": "group-h",
+            "x-claw-policy-version": "7",
+            "x-claw-channel": "eval",
+            "x-claw-agent": "solver",
+        },
+    )
+    header_turn, _ = chat(by_headers)
+    metadata = {"claw": {"trajectory_id": "traj-m", "group_id": "group-m", "ground_truth": "42"}}
+    metadata_turn, _ = chat(client_for(capture_stack), extra_body={"metadata": metadata})
+    anonymous_turn, _ = chat(client_for(capture_stack))
+    rows = {
+        r["turn_id"]: r
+        for r in landed(capture_stack, [header_turn, metadata_turn, anonymous_turn]).iter_rows(
+            named=True
+        )
+    }
+    assert (rows[header_turn]["trajectory_id"], rows[header_turn]["group_id"]) == (
+        "traj-h",
+        "group-h",
+    )
+    assert rows[header_turn]["policy_version"] == 7
+    assert (rows[header_turn]["channel"], rows[header_turn]["agent"]) == ("eval", "solver")
+    assert rows[metadata_turn]["trajectory_id"] == "traj-m"
+    assert json.loads(rows[metadata_turn]["metadata"]) == {"claw": {"ground_truth": "42"}}
+    assert rows[anonymous_turn]["trajectory_id"] is None
+
+
+def test_planted_secrets_reach_no_table_and_no_log(capture_stack: CaptureStack) -> None:
+    planted = "sk-planted-" + uuid.uuid4().hex
+    client = client_for(capture_stack, **{"x-api-key": planted})
+    turn_id, _ = chat(
+        client,
+        messages=[{"role": "user", "content": f"my key is {planted}. {QUESTION}"}],
+        extra_body={"metadata": {"api_key": planted, "note": f"Bearer {planted}"}},
+    )
+    rows = landed(capture_stack, [turn_id])
+    assert rows.height == 1
+    for secret in (planted, capture_stack.key):
+        for table in ("turns", "rewards", "trajectory_events", "labels"):
+            scan = capture_stack.lake.scan(table)
+            if scan is None:
+                continue
+            text = scan.collect().select(pl.all().cast(pl.String, strict=False)).write_csv()
+            assert secret not in text, f"secret found in {table}"
+        for log in (capture_stack.workdir / "logs").glob("*.log"):
+            assert secret not in log.read_text(errors="replace"), f"secret found in {log.name}"
+
+
+def post(stack: CaptureStack, path: str, content: bytes, **headers: str) -> httpx.Response:
+    return httpx.post(
+        stack.proxy_url + path,
+        content=content,
+        headers={
+            "authorization": f"Bearer {stack.key}",
+            "content-type": "application/json",
+            **headers,
+        },
+        timeout=60,
+    )
+
+
+def test_bad_input_gets_a_clear_error_and_loses_nothing(capture_stack: CaptureStack) -> None:
+    kept_turn, _ = chat(client_for(capture_stack))
+    landed(capture_stack, [kept_turn])
+    body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    cases = {
+        "malformed json": (
+            post(capture_stack, "/v1/chat/completions", b'{"model": "policy",'),
+            400,
+        ),
+        "non utf-8": (post(capture_stack, "/v1/chat/completions", b'{"model": "\xff\xfe"}'), 400),
+        "oversize": (
+            post(capture_stack, "/v1/chat/completions", b"{" + b" " * (9 * 2**20) + b"}"),
+            413,
+        ),
+        "unknown identity": (
+            post(capture_stack, "/v1/chat/completions", body, **{"x-claw-trajectroy": "t"}),
+            400,
+        ),
+        "bad policy version": (
+            post(capture_stack, "/v1/chat/completions", body, **{"x-claw-policy-version": "v1"}),
+            400,
+        ),
+        "no key": (httpx.post(capture_stack.proxy_url + "/v1/chat/completions", content=body), 401),
+    }
+    for name, (response, status) in cases.items():
+        assert response.status_code == status, (
+            f"{name}: {response.status_code} {response.text[:200]}"
+        )
+        assert response.text, name
+    assert "not valid JSON" in cases["malformed json"][0].text
+    assert "x-claw-trajectroy" in cases["unknown identity"][0].text
+    after_turn, _ = chat(client_for(capture_stack))
+    rows = landed(capture_stack, [kept_turn, after_turn])
+    assert rows.height == 2
+
+
+def test_backend_error_lands_an_error_row(capture_stack: CaptureStack) -> None:
+    client = client_for(capture_stack)
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.chat.completions.with_raw_response.create(
+            model="policy", messages=[{"role": "user", "content": "hi"}], temperature=-1
+        )
+    error_id = raised.value.response.headers.get("x-litellm-call-id")
+    assert error_id
+    rows = landed(capture_stack, [error_id])
+    row = rows.row(0, named=True)
+    assert row["status"] == "error" and row["error"]
+    assert row["prompt_token_ids"] is None and row["token_source"] == "none"
+
+
+def test_lifecycle_reward_and_step_endpoints(capture_stack: CaptureStack) -> None:
+    turn_id, _ = chat(client_for(capture_stack, "/t/traj-life/group-life/v1"))
+    complete = post(
+        capture_stack,
+        "/claw/v1/trajectories/traj-life/complete",
+        json.dumps({"reward": 1.0, "group_id": "group-life"}).encode(),
+    )
+    assert complete.status_code == 200, complete.text
+    reward = post(
+        capture_stack,
+        "/claw/v1/rewards",
+        json.dumps({"turn_id": turn_id, "value": 0.5, "name": "judge", "source": "model"}).encode(),
+    )
+    assert reward.status_code == 200, reward.text
+    step = post(
+        capture_stack,
+        "/claw/v1/steps",
+        json.dumps(
+            {
+                "trajectory_id": "traj-white",
+                "prompt_token_ids": [1, 2, 3],
+                "response_token_ids": [4, 5],
+                "response_logprobs": [-0.1, -0.2],
+            }
+        ).encode(),
+    )
+    assert step.status_code == 200, step.text
+    assert step.headers["x-litellm-call-id"] == step.json()["turn_id"]
+    two_targets = post(
+        capture_stack,
+        "/claw/v1/rewards",
+        json.dumps({"turn_id": "a", "trajectory_id": "b", "value": 1}).encode(),
+    )
+    assert two_targets.status_code == 400
+    assert (
+        httpx.post(capture_stack.proxy_url + "/claw/v1/rewards", json={"value": 1}).status_code
+        == 401
+    )
+
+    white = landed(capture_stack, [step.json()["turn_id"]]).row(0, named=True)
+    assert white["call_type"] == "step" and white["response_token_ids"] == [4, 5]
+    events = capture_stack.wait_for_rows(
+        lambda df: "traj-life" in set(df["trajectory_id"]), "trajectory_events"
+    ).filter(pl.col("trajectory_id") == "traj-life")
+    rewards = capture_stack.wait_for_rows(
+        lambda df: turn_id in set(df["turn_id"]), "rewards"
+    ).filter(pl.col("turn_id") == turn_id)
+    assert events.row(0, named=True)["reward"] == 1.0
+    assert rewards.row(0, named=True)["source"] == "model"

@@ -1,0 +1,149 @@
+"""Pure parts of the capture path: redaction, identity, path prefix, re-streaming, spool."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from claw_pipelines.capture.identity import (
+    IdentityError,
+    identity_from_request,
+    split_identity_prefix,
+)
+from claw_pipelines.capture.launcher import ProxyStartError, resolve_master_key
+from claw_pipelines.capture.redact import REDACTED, Redactor
+from claw_pipelines.capture.restream import sse_from_completion
+from claw_pipelines.capture.spool import SpoolFlusher, SpoolWriter, read_segment
+from claw_pipelines.lake import Lake
+from claw_pipelines.schemas import Turn, utc_now
+from claw_pipelines.settings import LOCAL_MASTER_KEY
+
+
+def test_redactor_scrubs_credential_keys_and_values() -> None:
+    redactor = Redactor(["my-master-key-123"])
+    scrubbed = redactor.data(
+        {
+            "Authorization": "Bearer abcdefgh123",
+            "nested": {"api_key": "x", "note": "use sk-live-abcdef123456 now"},
+            "messages": [{"content": "the key is my-master-key-123"}],
+            "prompt_token_ids": [1, 2],
+        }
+    )
+    assert scrubbed["Authorization"] == REDACTED
+    assert scrubbed["nested"]["api_key"] == REDACTED
+    assert "sk-live" not in scrubbed["nested"]["note"]
+    assert "my-master-key-123" not in json.dumps(scrubbed)
+    assert scrubbed["prompt_token_ids"] == [1, 2]
+
+
+def test_identity_headers_win_over_metadata() -> None:
+    identity = identity_from_request(
+        {"x-claw-trajectory": "t-h", "x-claw-policy-version": "3"},
+        {"trajectory_id": "t-m", "group_id": "g-m", "ground_truth": "4"},
+    )
+    assert identity.trajectory_id == "t-h"
+    assert identity.group_id == "g-m"
+    assert identity.policy_version == 3
+
+
+@pytest.mark.parametrize(
+    ("headers", "metadata", "message"),
+    [
+        ({"x-claw-policy-version": "v2"}, None, "policy_version"),
+        ({"x-claw-trajectroy": "t"}, None, "unknown identity header"),
+        ({}, {"trajectory_id": "a" * 300}, "trajectory_id"),
+        ({}, "not-an-object", "metadata.claw"),
+    ],
+)
+def test_identity_rejects_bad_values(headers: dict, metadata: object, message: str) -> None:
+    with pytest.raises(IdentityError, match=message):
+        identity_from_request(headers, metadata)  # type: ignore[arg-type]
+
+
+def test_identity_prefix_is_split_and_decoded() -> None:
+    assert split_identity_prefix("/t/traj%201/g1/v1/chat/completions") == (
+        "traj 1",
+        "g1",
+        "/v1/chat/completions",
+    )
+    assert split_identity_prefix("/v1/chat/completions") is None
+    assert split_identity_prefix("/t//g/v1") is None
+
+
+def test_master_key_rules() -> None:
+    assert resolve_master_key("127.0.0.1", None) == LOCAL_MASTER_KEY
+    with pytest.raises(ProxyStartError):
+        resolve_master_key("0.0.0.0", None)
+    with pytest.raises(ProxyStartError):
+        resolve_master_key("0.0.0.0", LOCAL_MASTER_KEY)
+    strong = "sk-" + "x" * 40
+    assert resolve_master_key("0.0.0.0", strong) == strong
+
+
+def test_restream_carries_prompt_and_response_ids() -> None:
+    completion = {
+        "id": "c1",
+        "created": 1,
+        "model": "m",
+        "prompt_token_ids": [1, 2],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hi"},
+                "finish_reason": "stop",
+                "logprobs": {"content": [{"token": "hi", "logprob": -0.5}]},
+                "provider_specific_fields": {"token_ids": [7], "stop_reason": None},
+            }
+        ],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+    }
+    events = sse_from_completion(completion, include_usage=True).decode().split("\n\n")
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events if e and e != "data: [DONE]"]
+    assert chunks[0]["prompt_token_ids"] == [1, 2]
+    assert chunks[1]["choices"][0]["token_ids"] == [7]
+    assert chunks[2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[3]["usage"]["total_tokens"] == 3
+    assert events[-2] == "data: [DONE]"
+
+
+def _turn_json(turn_id: str) -> str:
+    now = utc_now()
+    return Turn(
+        turn_id=turn_id, model="m", started_at=now, ended_at=now, prompt_token_ids=[1]
+    ).model_dump_json()
+
+
+def test_torn_last_line_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "turns-000000000000.jsonl"
+    path.write_text(_turn_json("a") + "\n" + _turn_json("b")[:40])
+    assert read_segment(path, "turns").column("turn_id").to_pylist() == ["a"]
+
+
+def test_commit_is_never_applied_twice(tmp_path: Path) -> None:
+    """A crash after the Delta commit but before the segment is deleted must not duplicate it."""
+    lake = Lake(str(tmp_path / "lake"))
+    writer = SpoolWriter(tmp_path / "spool")
+    flusher = SpoolFlusher(writer, lake)
+    writer.append("turns", _turn_json("a"))
+    writer.append("turns", _turn_json("a"))
+    writer.seal()
+    segment = next(writer.directory.glob("turns-*.jsonl"))
+    kept = segment.read_bytes()
+    assert flusher.flush() == 1
+    segment.write_bytes(kept)
+    assert flusher.flush() == 0
+    assert not segment.exists()
+    assert lake.scan("turns").collect().height == 1
+
+
+def test_orphaned_spool_is_adopted(tmp_path: Path) -> None:
+    lake = Lake(str(tmp_path / "lake"))
+    dead = SpoolWriter(tmp_path / "spool")
+    dead.append("turns", _turn_json("left-behind"))
+    dead.close()
+    live = SpoolWriter(tmp_path / "spool")
+    assert SpoolFlusher(live, lake).adopt_orphans() == 1
+    assert not dead.directory.exists()
+    assert lake.scan("turns").collect()["turn_id"].to_list() == ["left-behind"]
