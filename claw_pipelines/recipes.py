@@ -7,48 +7,88 @@ batch deterministically, so re-planning from pinned input versions reproduces th
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
 import polars as pl
-from pydantic import BaseModel, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
-from claw_pipelines.transforms.credit import CreditAssignment
+from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, fit
+from claw_pipelines.transforms.credit import CreditAssignment, assign_credit
 
 Algorithm = Literal["grpo", "rloo", "ppo", "reinforce_pp", "dpo", "sft"]
 ExportFormat = Literal["verl", "trl", "jsonl"]
 
 
+GROUPED: frozenset[str] = frozenset({"grpo", "rloo"})
+
+
 class RecipeFilters(BaseModel):
-    min_quality: float | None = None
+    """Which curated steps may enter a batch; a trajectory enters only if all its steps pass."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_quality: float | None = Field(default=None, ge=0, le=1)
     require_reward: bool = True
-    max_policy_lag: int | None = None
-    max_prompt_len: int | None = None
-    max_response_len: int | None = None
-    drop_zero_variance: bool = True
+    max_policy_lag: int | None = Field(default=None, ge=0)
+    max_prompt_len: int | None = Field(default=None, ge=1)
+    max_response_len: int | None = Field(default=None, ge=1)
+    drop_zero_variance: bool = Field(
+        default=True, description="grpo/rloo: drop groups whose trajectory scores are all equal."
+    )
     min_reward: float | None = Field(
-        default=None, description="sft: keep trajectories at least this good."
+        default=None,
+        description="sft: keep trajectories scoring at least this (rejection sampling).",
     )
 
 
 class Recipe(BaseModel):
-    name: str
+    """A batch recipe (one entry of assets/batches.yaml).
+
+    Units per batch: grpo/rloo ``groups_per_batch`` groups of ``group_size`` trajectories;
+    ppo/reinforce_pp/sft ``groups_per_batch * group_size`` trajectories; dpo
+    ``groups_per_batch`` preference pairs.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9_]+$")
     algorithm: Algorithm = "grpo"
     group_size: int = Field(default=4, ge=1)
     groups_per_batch: int = Field(default=4, ge=1)
-    straggler_timeout_s: float = 600.0
-    straggler_policy: Literal["emit", "drop"] = "emit"
+    straggler_timeout_s: float = Field(
+        default=600.0, ge=0, description="grpo/rloo: after this, act on incomplete groups."
+    )
+    straggler_policy: Literal["emit", "drop"] = Field(
+        default="emit", description="emit: incomplete groups with >= 2 members; drop: discard."
+    )
     filters: RecipeFilters = RecipeFilters()
     credit_assignment: CreditAssignment = CreditAssignment()
     exports: list[ExportFormat] = ["verl", "trl", "jsonl"]
     min_reward_gap: float = Field(default=0.1, ge=0.0, description="dpo: chosen - rejected reward.")
 
+    @property
+    def units_per_batch(self) -> int:
+        if self.algorithm in GROUPED or self.algorithm == "dpo":
+            return self.groups_per_batch
+        return self.groups_per_batch * self.group_size
+
+
+class _RecipeFile(BaseModel):
+    recipes: list[Recipe]
+
 
 def load_recipes(path: str | Path) -> dict[str, Recipe]:
     """Recipes by name from a batches.yaml (``recipes: [...]``)."""
-    raise NotImplementedError
+    recipes = _RecipeFile.model_validate(yaml.safe_load(Path(path).read_text())).recipes
+    by_name = {recipe.name: recipe for recipe in recipes}
+    if len(by_name) != len(recipes):
+        raise ValueError(f"duplicate recipe names in {path}")
+    return by_name
 
 
 @dataclass(frozen=True)
@@ -57,13 +97,260 @@ class BatchPlan:
     rows: pl.DataFrame
     """``derived_schemas.BATCH_ROWS`` (or ``DPO_PAIRS`` for dpo), in deterministic order."""
     dropped: pl.DataFrame
-    """``derived_schemas.DROPPED``: eligible-looking steps left out, with the reason."""
+    """``derived_schemas.DROPPED``: unconsumed steps left out of this batch, with the reason
+    (filters, waiting for a group, straggler drop, zero variance, no pair, next batch)."""
     ready: bool
-    """A full batch (``groups_per_batch`` units) is available now."""
+    """A full batch (``Recipe.units_per_batch`` units) is available now."""
+    consumed: pl.DataFrame
+    """(turn_id, trajectory_id, group_id) of every step this batch uses; for dpo both the
+    chosen and the rejected step."""
 
     def ledger_rows(self, recipe: str, planned_at: datetime) -> pl.DataFrame:
         """``derived_schemas.LEDGER`` rows marking this batch's steps consumed."""
-        raise NotImplementedError
+        return fit(
+            self.consumed.with_columns(
+                pl.lit(recipe).alias("recipe"),
+                pl.lit(self.batch_id).alias("batch_id"),
+                pl.lit(planned_at).alias("planned_at"),
+            ),
+            LEDGER,
+        )
+
+
+def _step_reasons(recipe: Recipe, latest_policy: pl.Expr) -> pl.Expr:
+    """The first filter a step fails (null = eligible)."""
+    f = recipe.filters
+    checks: list[tuple[pl.Expr, str]] = [(~pl.col("trainable").fill_null(True), "untrainable")]
+    if f.min_quality is not None:
+        checks.append((pl.col("quality_score") < f.min_quality, "low_quality"))
+    if f.require_reward:
+        checks.append((~pl.col("reward_present").fill_null(False), "no_reward"))
+    if f.max_policy_lag is not None:
+        checks.append(((latest_policy - pl.col("policy_version")) > f.max_policy_lag, "stale"))
+    if f.max_prompt_len is not None:
+        checks.append((pl.col("prompt_token_ids").list.len() > f.max_prompt_len, "prompt_too_long"))
+    if f.max_response_len is not None:
+        checks.append(
+            (pl.col("response_token_ids").list.len() > f.max_response_len, "response_too_long")
+        )
+    checks.append((pl.col("response_token_ids").is_null(), "no_tokens"))
+    reason = pl.lit(None, pl.String)
+    for failed, name in reversed(checks):
+        reason = pl.when(failed.fill_null(False)).then(pl.lit(name)).otherwise(reason)
+    return reason
+
+
+def _dropped(frame: pl.DataFrame, reason: str | pl.Expr) -> pl.DataFrame:
+    reason = pl.lit(reason) if isinstance(reason, str) else reason
+    return frame.select("turn_id", "trajectory_id", "group_id", reason.alias("reason"))
+
+
+def _trajectory_units(
+    recipe: Recipe, steps: pl.DataFrame
+) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
+    """Trajectories whose steps all pass the filters (one row each), and the drops.
+
+    A trajectory's ``_score`` is its return independent of credit assignment (outcome plus step
+    rewards): the quantity zero-variance and min_reward filters are about.
+    """
+    failing = steps.filter(pl.col("_reason").is_not_null())
+    bad = failing.select("trajectory_id").unique()
+    drops = [
+        _dropped(failing, pl.col("_reason")),
+        _dropped(
+            steps.join(bad, on="trajectory_id").filter(pl.col("_reason").is_null()),
+            "trajectory_filtered",
+        ),
+    ]
+    units = (
+        steps.join(bad, on="trajectory_id", how="anti")
+        .group_by("trajectory_id")
+        .agg(
+            pl.col("group_id").first(),
+            pl.col("started_at").min().alias("_started"),
+            pl.col("ended_at").max().alias("_ended"),
+            (
+                pl.col("outcome_reward").drop_nulls().first().fill_null(0.0)
+                + pl.col("step_reward").fill_null(0.0).sum()
+            ).alias("_score"),
+        )
+        .sort("_started", "trajectory_id")
+    )
+    if recipe.filters.min_reward is not None:
+        low = units.filter(pl.col("_score") < recipe.filters.min_reward)
+        drops.append(_dropped(steps.join(low.select("trajectory_id"), on="trajectory_id"),
+                              "below_min_reward"))  # fmt: skip
+        units = units.join(low.select("trajectory_id"), on="trajectory_id", how="anti")
+    return units, drops
+
+
+def _ready_groups(
+    recipe: Recipe, units: pl.DataFrame, now: datetime
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(trajectory_id, group_id, _group_order) of ready group members, and per-trajectory
+    reasons for those that are not (waiting, straggler, zero variance)."""
+    n = recipe.group_size
+    members = units.filter(pl.col("group_id").is_not_null()).with_columns(
+        pl.int_range(pl.len()).over("group_id").alias("_rank"),
+        pl.len().over("group_id").alias("_members"),
+        pl.col("_ended").max().over("group_id").alias("_last_activity"),
+        pl.col("_started").min().over("group_id").alias("_group_started"),
+    )
+    timed_out = pl.col("_last_activity") <= pl.lit(now) - timedelta(
+        seconds=recipe.straggler_timeout_s
+    )
+    partial_ok = pl.lit(recipe.straggler_policy == "emit") & (pl.col("_members") >= 2)
+    status = (
+        pl.when(pl.col("_members") >= n)
+        .then(
+            pl.when(pl.col("_rank") < n).then(pl.lit("ready")).otherwise(pl.lit("group_overflow"))
+        )
+        .when(~timed_out)
+        .then(pl.lit("waiting_for_group"))
+        .when(partial_ok)
+        .then(pl.lit("ready"))
+        .otherwise(pl.lit("straggler_dropped"))
+    )
+    members = members.with_columns(status.alias("_status"))
+    ready = members.filter(pl.col("_status") == "ready")
+    if recipe.filters.drop_zero_variance:
+        flat = ready.group_by("group_id").agg((pl.col("_score").n_unique() == 1).alias("_flat"))
+        ready = ready.join(flat, on="group_id").with_columns(
+            pl.when(pl.col("_flat")).then(pl.lit("zero_variance")).otherwise(pl.col("_status"))
+            .alias("_status")
+        ).drop("_flat")  # fmt: skip
+    others = pl.concat(
+        [
+            members.filter(pl.col("_status") != "ready"),
+            ready.filter(pl.col("_status") != "ready"),
+            units.filter(pl.col("group_id").is_null()).with_columns(
+                pl.lit("no_group").alias("_status")
+            ),
+        ],
+        how="diagonal",
+    ).select("trajectory_id", pl.col("_status").alias("reason"))
+    ready = ready.filter(pl.col("_status") == "ready").sort("_group_started", "group_id", "_rank")
+    return ready, others
+
+
+def _select_units(
+    recipe: Recipe, units: pl.DataFrame, now: datetime
+) -> tuple[pl.DataFrame, pl.DataFrame, bool]:
+    """Trajectories of the batch (with group order), per-trajectory reasons for the rest, ready."""
+    wanted = recipe.units_per_batch
+    if recipe.algorithm in GROUPED:
+        ready, others = _ready_groups(recipe, units, now)
+        order = ready.select("group_id").unique(maintain_order=True).with_row_index("_unit")
+        ready = ready.join(order, on="group_id")
+        chosen = ready.filter(pl.col("_unit") < wanted)
+        later = ready.filter(pl.col("_unit") >= wanted).select(
+            "trajectory_id", pl.lit("next_batch").alias("reason")
+        )
+        return chosen, pl.concat([others, later]), order.height >= wanted
+    ranked = units.with_row_index("_unit")
+    chosen = ranked.filter(pl.col("_unit") < wanted)
+    later = ranked.filter(pl.col("_unit") >= wanted).select(
+        "trajectory_id", pl.lit("next_batch").alias("reason")
+    )
+    return chosen, later, ranked.height >= wanted
+
+
+def _trajectory_batch(
+    recipe: Recipe, steps: pl.DataFrame, now: datetime, batch_id: str, versions: str
+) -> tuple[pl.DataFrame, pl.DataFrame, bool, pl.DataFrame]:
+    units, drops = _trajectory_units(recipe, steps)
+    chosen, reasons, ready = _select_units(recipe, units, now)
+    drops.append(_dropped(steps.join(reasons, on="trajectory_id"), pl.col("reason")))
+    group_size = chosen.group_by("group_id").agg(pl.len().alias("group_size"))
+    rows = (
+        steps.join(chosen.select("trajectory_id", "_unit"), on="trajectory_id")
+        .join(units.select("trajectory_id", "_started"), on="trajectory_id")
+        .join(group_size, on="group_id", how="left")
+        .sort("_unit", "_started", "trajectory_id", "step_index")
+        .with_columns(
+            pl.lit(batch_id).alias("batch_id"),
+            pl.lit(recipe.name).alias("recipe"),
+            (pl.col("step_index") == pl.col("step_index").max().over("trajectory_id")).alias(
+                "is_last"
+            ),
+            pl.len().over("trajectory_id").alias("num_steps"),
+            pl.col("group_size").fill_null(1),
+            pl.lit(versions).alias("source_versions"),
+        )
+    )
+    return fit(rows, BATCH_ROWS), pl.concat(drops), ready, rows
+
+
+def _dpo_batch(
+    recipe: Recipe, steps: pl.DataFrame, batch_id: str, versions: str
+) -> tuple[pl.DataFrame, pl.DataFrame, bool, pl.DataFrame]:
+    """One pair per state (group, prompt): best vs worst credited reward, gap >= minimum."""
+    eligible = steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_not_null())
+    drops = [
+        _dropped(steps.filter(pl.col("_reason").is_not_null()), pl.col("_reason")),
+        _dropped(steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_null()),
+                 "no_group"),
+    ]  # fmt: skip
+    state = ["group_id", "_prompt_key"]
+    ranked = eligible.with_columns(pl.col("prompt_token_ids").hash().alias("_prompt_key")).sort(
+        *state, "reward", "turn_id", descending=[False, False, True, False]
+    )
+    best = ranked.group_by(state, maintain_order=True).first()
+    worst = ranked.group_by(state, maintain_order=True).last()
+    pairs = (
+        best.join(worst, on=state, suffix="_r")
+        .filter(
+            (pl.col("turn_id") != pl.col("turn_id_r"))
+            & (pl.col("prompt_token_ids") == pl.col("prompt_token_ids_r"))
+            & (pl.col("response_token_ids") != pl.col("response_token_ids_r"))
+            & (pl.col("reward") - pl.col("reward_r") >= recipe.min_reward_gap)
+        )
+        .sort("started_at", "turn_id")
+        .with_row_index("_unit")
+    )
+    wanted = recipe.units_per_batch
+    chosen = pairs.filter(pl.col("_unit") < wanted)
+    consumed = pl.concat(
+        [
+            chosen.select("turn_id", "trajectory_id", "group_id"),
+            chosen.select(
+                pl.col("turn_id_r").alias("turn_id"),
+                pl.col("trajectory_id_r").alias("trajectory_id"),
+                "group_id",
+            ),
+        ]
+    )
+    later = pairs.filter(pl.col("_unit") >= wanted)
+    later_ids = pl.concat(
+        [later.select("turn_id"), later.select(pl.col("turn_id_r").alias("turn_id"))]
+    )
+    unpaired = eligible.join(consumed.select("turn_id"), on="turn_id", how="anti")
+    drops.append(
+        _dropped(unpaired, pl.when(pl.col("turn_id").is_in(later_ids["turn_id"].implode()))
+                 .then(pl.lit("next_batch")).otherwise(pl.lit("no_pair")))
+    )  # fmt: skip
+    rows = chosen.select(
+        pl.lit(batch_id).alias("batch_id"),
+        pl.lit(recipe.name).alias("recipe"),
+        "group_id",
+        "trajectory_id",
+        "step_index",
+        "turn_id",
+        pl.col("turn_id_r").alias("rejected_turn_id"),
+        "prompt_token_ids",
+        pl.col("response_token_ids").alias("chosen_token_ids"),
+        pl.col("response_token_ids_r").alias("rejected_token_ids"),
+        pl.col("reward").alias("chosen_reward"),
+        pl.col("reward_r").alias("rejected_reward"),
+        "policy_version",
+        "request_messages",
+        pl.col("response_message").alias("chosen_message"),
+        pl.col("response_message_r").alias("rejected_message"),
+        "metadata",
+        "source_version",
+        pl.lit(versions).alias("source_versions"),
+    )
+    return fit(rows, DPO_PAIRS), pl.concat(drops), pairs.height >= wanted, consumed
 
 
 def plan_batch(
@@ -76,5 +363,45 @@ def plan_batch(
     source_versions: dict[str, int] | None = None,
     latest_policy_version: int | None = None,
 ) -> BatchPlan:
-    """Select the next batch of ``recipe`` from curated steps not yet in its ledger."""
-    raise NotImplementedError
+    """Select the next batch of ``recipe`` from curated steps not yet in its ledger.
+
+    Rewards are re-credited with the recipe's credit assignment. Trajectory-based algorithms
+    skip any trajectory with a consumed step (so late steps of a consumed trajectory never
+    form a fragment); dpo skips consumed steps. Everything is ordered by explicit keys
+    (start time, then ids), so the same inputs and ``now`` give the same batch. ``batch_id``
+    defaults to ``<recipe>-<n+1>`` with n the batches in the ledger.
+    """
+    steps = assign_credit(curated_steps.lazy(), recipe.credit_assignment)
+    consumed_before = (
+        None if ledger is None else ledger.lazy().select("batch_id", "turn_id", "trajectory_id")
+    )
+    if consumed_before is not None:
+        key = "turn_id" if recipe.algorithm == "dpo" else "trajectory_id"
+        steps = steps.join(consumed_before.select(key).unique(), on=key, how="anti")
+        batches_so_far = consumed_before.select(pl.col("batch_id").n_unique()).collect().item()
+    else:
+        batches_so_far = 0
+    batch_id = batch_id or f"{recipe.name}-{batches_so_far + 1:06d}"
+    latest = (
+        pl.col("policy_version").max()
+        if latest_policy_version is None
+        else pl.lit(latest_policy_version, pl.Int64)
+    )
+    frame = (
+        steps.with_columns(_step_reasons(recipe, latest).alias("_reason"))
+        .sort("started_at", "trajectory_id", "step_index", "turn_id")
+        .collect()
+    )
+    versions = json.dumps(source_versions or {}, sort_keys=True)
+    if recipe.algorithm == "dpo":
+        rows, dropped, ready, consumed = _dpo_batch(recipe, frame, batch_id, versions)
+    else:
+        rows, dropped, ready, picked = _trajectory_batch(recipe, frame, now, batch_id, versions)
+        consumed = picked.select("turn_id", "trajectory_id", "group_id")
+    return BatchPlan(
+        batch_id=batch_id,
+        rows=rows,
+        dropped=fit(dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED),
+        ready=ready,
+        consumed=consumed.sort("turn_id"),
+    )

@@ -1,0 +1,190 @@
+"""Batch planning: complete groups, stragglers, zero variance, ledger, DPO pairs, determinism."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import polars as pl
+import pytest
+from transform_rows import SYSTEM, T0, at, chain, event, events, rewards, turn, turns
+
+from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, conform
+from claw_pipelines.recipes import Recipe, load_recipes, plan_batch
+from claw_pipelines.reward_rules import RewardConfig
+from claw_pipelines.transforms import (
+    QualityConfig,
+    curate_steps,
+    extract_steps,
+    reward_steps,
+    score_steps,
+)
+
+
+def _curated(group_rewards: dict[str, list[float]], steps: int = 2) -> pl.DataFrame:
+    """Curated steps of one trajectory per listed reward, in groups; trajectory ids g:i."""
+    rows, evts = [], []
+    for g, (group, values) in enumerate(group_rewards.items()):
+        for i, value in enumerate(values):
+            tid = f"{group}:{i}"
+            rows += chain(tid, steps, group_id=group, base=1000 * g + 100 * i, start=g + i / 10)
+            evts.append(event(tid, reward=value, group_id=group))
+    extracted = extract_steps(turns(*rows), None, events(*evts), now=at(100)).steps
+    rewarded = reward_steps(extracted, None, events(*evts), RewardConfig())
+    return curate_steps(score_steps(rewarded, QualityConfig()), None).collect()
+
+
+def _recipe(**fields) -> Recipe:
+    return Recipe.model_validate({"name": "grpo", "group_size": 2, "groups_per_batch": 2,
+                                  "straggler_timeout_s": 600, **fields})  # fmt: skip
+
+
+def _reasons(plan) -> dict[str, str]:
+    return dict(plan.dropped.select("trajectory_id", "reason").unique().iter_rows())
+
+
+def test_complete_groups_fill_a_batch_in_deterministic_order():
+    curated = _curated({"a": [1, 0], "b": [0, 1, 1], "c": [1, 0], "d": [1]})
+    plan = plan_batch(_recipe(), curated, None, at(200), source_versions={"curated_steps": 3})
+    assert plan.ready and plan.batch_id == "grpo-000001"
+    conform(plan.rows, BATCH_ROWS)
+    conform(plan.dropped, DROPPED)
+    assert (
+        plan.rows["trajectory_id"].to_list()
+        == ["a:0"] * 2 + ["a:1"] * 2 + ["b:0"] * 2 + ["b:1"] * 2
+    )
+    assert plan.rows["step_index"].to_list() == [0, 1] * 4
+    assert plan.rows["is_last"].to_list() == [False, True] * 4
+    assert set(plan.rows["group_size"]) == {2} and set(plan.rows["num_steps"]) == {2}
+    assert plan.rows.filter(pl.col("trajectory_id") == "a:0")["reward"].to_list() == [0.0, 1.0]
+    broadcast = plan_batch(
+        _recipe(credit_assignment={"method": "broadcast"}), curated, None, at(200)
+    )
+    assert broadcast.rows.filter(pl.col("trajectory_id") == "a:0")["reward"].to_list() == [1.0, 1.0]
+    assert plan.rows["source_versions"][0] == '{"curated_steps": 3}'
+    reasons = _reasons(plan)
+    assert reasons == {"b:2": "group_overflow", "c:0": "next_batch", "c:1": "next_batch",
+                       "d:0": "waiting_for_group"}  # fmt: skip
+    shuffled = curated.sample(fraction=1.0, shuffle=True, seed=7)
+    again = plan_batch(_recipe(), shuffled, None, at(200), source_versions={"curated_steps": 3})
+    assert again.rows.equals(plan.rows) and again.dropped.equals(plan.dropped)
+
+
+def test_ledger_prevents_double_consumption():
+    curated = _curated({"a": [1, 0], "b": [0, 1], "c": [1, 0], "d": [0, 1]})
+    first = plan_batch(_recipe(), curated, None, at(200))
+    ledger = first.ledger_rows("grpo", at(200))
+    conform(ledger, LEDGER)
+    assert sorted(ledger["turn_id"]) == sorted(first.rows["turn_id"])
+    second = plan_batch(_recipe(), curated, ledger, at(200))
+    assert second.ready and second.batch_id == "grpo-000002"
+    assert set(second.rows["group_id"]) == {"c", "d"}
+    assert not set(second.rows["turn_id"]) & set(first.rows["turn_id"])
+    third = plan_batch(
+        _recipe(), curated, pl.concat([ledger, second.ledger_rows("grpo", at(201))]), at(200)
+    )
+    assert not third.ready and third.rows.height == 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "now", "batch_group", "a_reason", "single_reason"),
+    [
+        ("emit", 200, "b", "waiting_for_group", "waiting_for_group"),
+        ("emit", 5000, "a", None, "straggler_dropped"),
+        ("drop", 5000, "b", "straggler_dropped", "straggler_dropped"),
+    ],
+)
+def test_incomplete_groups_wait_then_follow_the_straggler_policy(
+    policy, now, batch_group, a_reason, single_reason
+):
+    curated = _curated({"a": [1, 0], "b": [1, 0, 0, 1], "s": [1]})
+    recipe = _recipe(group_size=4, groups_per_batch=1, straggler_policy=policy)
+    plan = plan_batch(recipe, curated, None, at(now))
+    reasons = _reasons(plan)
+    assert plan.ready
+    assert set(plan.rows["group_id"]) == {batch_group}
+    assert reasons.get("a:0") == a_reason and reasons["s:0"] == single_reason
+    assert set(plan.rows["group_size"]) == {2 if batch_group == "a" else 4}
+
+
+def test_zero_variance_groups_and_filters_are_dropped_with_reasons():
+    curated = _curated({"flat": [1, 1], "ok": [0, 1], "late": [1, 0]})
+    curated = curated.with_columns(
+        pl.when(pl.col("trajectory_id") == "late:1").then(False).otherwise(pl.col("trainable"))
+        .alias("trainable")
+    )  # fmt: skip
+    plan = plan_batch(_recipe(groups_per_batch=1), curated, None, at(200))
+    reasons = _reasons(plan)
+    assert reasons["flat:0"] == reasons["flat:1"] == "zero_variance"
+    assert reasons["late:1"] == "untrainable" and reasons["late:0"] == "waiting_for_group"
+    assert set(plan.rows["group_id"]) == {"ok"}
+    keep_flat = plan_batch(_recipe(groups_per_batch=1, filters={"drop_zero_variance": False}),
+                           curated, None, at(200))  # fmt: skip
+    assert set(keep_flat.rows["group_id"]) == {"flat"}
+
+
+def test_missing_rewards_and_long_prompts_are_filtered():
+    curated = _curated({"a": [1, 0], "b": [1, 0]}).with_columns(
+        pl.when(pl.col("group_id") == "a")
+        .then(None)
+        .otherwise(pl.col("outcome_reward"))
+        .alias("outcome_reward")
+    )
+    plan = plan_batch(_recipe(filters={"max_prompt_len": 22}), curated, None, at(200))
+    got = plan.dropped.select("turn_id", "reason").sort("turn_id").rows()
+    assert got == [
+        ("a:0-0", "no_reward"),
+        ("a:0-1", "no_reward"),
+        ("a:1-0", "no_reward"),
+        ("a:1-1", "no_reward"),
+        ("b:0-0", "trajectory_filtered"),
+        ("b:0-1", "prompt_too_long"),
+        ("b:1-0", "trajectory_filtered"),
+        ("b:1-1", "prompt_too_long"),
+    ]
+    assert not plan.ready and plan.rows.height == 0
+
+
+def test_dpo_pairs_come_from_the_same_state():
+    prompt = [*SYSTEM, 1, 2]
+    rows = [
+        turn("best", prompt, [5], trajectory_id="t1", group_id="g"),
+        turn("mid", prompt, [6], trajectory_id="t2", group_id="g", start=1),
+        turn("worst", prompt, [7], trajectory_id="t3", group_id="g", start=2),
+        turn("other", [*SYSTEM, 9], [7], trajectory_id="t4", group_id="g", start=3),
+        turn("close-a", [*SYSTEM, 3], [1], trajectory_id="t5", group_id="h", start=4),
+        turn("close-b", [*SYSTEM, 3], [2], trajectory_id="t6", group_id="h", start=5),
+    ]
+    values = {"t1": 1.0, "t2": 0.5, "t3": 0.0, "t4": 0.0, "t5": 1.0, "t6": 0.8}
+    landed = rewards(*[{"trajectory_id": t, "value": v} for t, v in values.items()])
+    steps = extract_steps(turns(*rows), None, events(*[event(t) for t in values]), now=at(50)).steps
+    curated = curate_steps(
+        score_steps(reward_steps(steps, landed, None, RewardConfig()), QualityConfig()), None
+    ).collect()
+    recipe = load_recipes("assets/batches.yaml")["dpo"].model_copy(update={"groups_per_batch": 1})
+    plan = plan_batch(recipe, curated, None, at(60))
+    conform(plan.rows, DPO_PAIRS)
+    assert plan.ready
+    pair = plan.rows.row(0, named=True)
+    assert (pair["turn_id"], pair["rejected_turn_id"]) == ("best", "worst")
+    assert (pair["chosen_token_ids"], pair["rejected_token_ids"]) == ([5], [7])
+    assert pair["chosen_reward"] - pair["rejected_reward"] == 1.0
+    assert sorted(plan.consumed["turn_id"]) == ["best", "worst"]
+    assert dict(plan.dropped.select("turn_id", "reason").iter_rows()) == {
+        "mid": "no_pair",
+        "other": "no_pair",
+        "close-a": "no_pair",
+        "close-b": "no_pair",
+    }
+    ledger = plan.ledger_rows("dpo", T0 + timedelta(seconds=60))
+    assert plan_batch(recipe, curated, ledger, at(60)).rows.height == 0
+
+
+def test_shipped_recipes_load():
+    recipes = load_recipes("assets/batches.yaml")
+    grpo = recipes["grpo"]
+    assert (grpo.group_size, grpo.groups_per_batch, grpo.exports) == (
+        4,
+        4,
+        ["verl", "trl", "jsonl"],
+    )
+    assert {"dpo", "sft"} <= set(recipes)
