@@ -40,7 +40,7 @@ def token_frame(steps: pl.DataFrame, ids: str, logprobs: str | None) -> pl.DataF
             pl.int_ranges(pl.col(ids).list.len()).alias("pos"),
             lp.alias("_lp"),
         )
-        .explode("id", "pos")
+        .explode("id", "pos", empty_as_null=True)
         .drop_nulls("id")
         .with_columns(pl.col("_lp").list.get(pl.col("pos"), null_on_oob=True).alias("logprob"))
         .drop("_lp")

@@ -27,13 +27,22 @@ LABEL = {
 
 def _turns(*rollouts: tuple[str, str, int, str]) -> pl.DataFrame:
     """(trajectory, group, policy_version, channel) -> the index's light turn rows."""
-    rows = []
-    for i, (trajectory, group, version, channel) in enumerate(rollouts):
+    rows = [
+        turn.model_dump()
+        for i, (trajectory, group, version, channel) in enumerate(rollouts)
         for turn in rollout_turns(
-            trajectory, group, 2, 3, 5, start=T0 + timedelta(seconds=10 * i),
-            policy_version=version, channel=channel, agent="a", seed=i,
-        ):  # fmt: skip
-            rows.append(turn.model_dump())
+            trajectory,
+            group,
+            2,
+            3,
+            5,
+            start=T0 + timedelta(seconds=10 * i),
+            policy_version=version,
+            channel=channel,
+            agent="a",
+            seed=i,
+        )
+    ]
     raw = pl.DataFrame(rows, schema=pl.DataFrame(Turn.arrow_schema().empty_table()).schema)
     return turn_index_rows(raw.with_columns(pl.lit(3, pl.Int64).alias("_commit_version")))
 

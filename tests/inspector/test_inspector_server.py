@@ -1,0 +1,145 @@
+"""The inspector's HTTP API and pages in-process (TestClient; the test drives the refreshes)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+import pytest
+from fastapi.testclient import TestClient
+from lake_rows import land_rollouts, rollout_turns
+
+from claw_pipelines.inspector.server import create_app
+from claw_pipelines.lake import Lake
+from claw_pipelines.schemas import Turn, rows_to_arrow
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Lake:
+    return Lake(str(tmp_path / "lake"))
+
+
+@pytest.fixture
+def client(lake: Lake) -> Iterator[TestClient]:
+    with TestClient(create_app(lake, background=False)) as client:
+        yield client
+
+
+def refresh(client: TestClient) -> None:
+    client.app.state.inspector.refresh()
+
+
+def test_empty_lake_says_which_tables_are_missing_and_why(client):
+    overview = client.get("/api/overview").json()
+    assert overview["turns_total"] == 0
+    assert any(
+        m.startswith("no turns yet: point an agent at the capture proxy")
+        for m in overview["missing"]
+    )
+    assert "No turns yet" in client.get("/trajectories").text
+    assert client.get("/api/trajectories").json()["total"] == 0
+    assert client.get("/api/trajectories/nope").status_code == 404
+    assert "no trajectory" in client.get("/trajectories/nope").text
+
+
+def test_new_rows_reach_the_list_incrementally(client, lake):
+    first = land_rollouts(lake, groups=1, rollouts=2, leave_open=1)
+    refresh(client)
+    listed = client.get("/api/trajectories").json()
+    assert listed["total"] == 2
+    assert {r["status"] for r in listed["rows"]} == {"open", "completed"}
+    land_rollouts(lake, groups=1, rollouts=2)
+    refresh(client)
+    assert client.get("/api/trajectories").json()["total"] == 4
+    page = client.get("/api/trajectories?size=1&page=2&status=completed").json()
+    assert (page["matched"], len(page["rows"]), page["page"]) == (3, 1, 2)
+    assert first.open_trajectories[0] in {
+        r["trajectory_id"] for r in client.get("/api/trajectories?status=open").json()["rows"]
+    }
+    assert client.get("/api/trajectories?reward_min=abc").status_code == 422
+
+
+def test_labels_for_a_step_and_a_filter_result_land_in_the_labels_table(client, lake):
+    rollouts = land_rollouts(lake, groups=2, rollouts=2)
+    refresh(client)
+    step = client.post(
+        "/api/labels",
+        json={
+            "target_kind": "step",
+            "target_ids": [rollouts.turns[0]],
+            "quality_label": "bad",
+            "tags": ["loop", "tool"],
+            "author": "ann",
+        },
+    )
+    assert step.json() == {"written": 1, "target_kind": "step", "labels_version": 1}
+    whole = client.post(
+        "/api/labels",
+        json={
+            "target_kind": "filter",
+            "filter": {"group_id": rollouts.groups[1]},
+            "trainable": False,
+            "author": "ann",
+            "note": "group is broken",
+        },
+    )
+    assert whole.json()["written"] == 2
+    labels = lake.scan("labels").collect()
+    labelled = labels.filter(pl.col("target_kind") == "trajectory")["target_id"]
+    assert sorted(labelled) == sorted(rollouts.trajectories[2:])
+    assert labels.filter(pl.col("target_kind") == "step")["tags"].to_list() == [["loop", "tool"]]
+    untrainable = client.get("/api/trajectories?label=untrainable").json()
+    assert untrainable["matched"] == 2
+    unknown = client.post(
+        "/api/labels",
+        json={
+            "target_kind": "trajectory",
+            "target_ids": ["nope"],
+            "trainable": False,
+            "author": "a",
+        },
+    )
+    assert unknown.status_code == 404
+    empty = client.post(
+        "/api/labels", json={"target_kind": "step", "target_ids": ["x"], "author": "a"}
+    )
+    assert empty.status_code == 422
+
+
+def test_user_content_is_escaped_on_every_page(client, lake):
+    rollouts = land_rollouts(lake, groups=1, rollouts=1)
+    refresh(client)
+    evil = "<script>alert('x')</script>"
+    client.post(
+        "/api/labels",
+        json={
+            "target_kind": "trajectory",
+            "target_ids": rollouts.trajectories,
+            "note": evil,
+            "quality_label": evil,
+            "author": evil,
+        },
+    )
+    pages = [f"/trajectories/{rollouts.trajectories[0]}", f"/groups/{rollouts.groups[0]}"]
+    for path in [*pages, "/trajectories"]:
+        assert "<script>alert" not in client.get(path).text
+    assert "&lt;script&gt;alert" in client.get("/trajectories").text
+
+
+def test_a_context_edit_is_reported_as_a_prefix_break(client, lake):
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    turns = rollout_turns(
+        "edited", "g", 1, 2, 3, start=start, policy_version=1, channel="c", agent="a", seed=0
+    )
+    second = turns[1].model_copy(update={"prompt_token_ids": [1, *turns[1].prompt_token_ids]})
+    lake.append("turns", rows_to_arrow(Turn, [turns[0].model_dump(), second.model_dump()]))
+    refresh(client)
+    steps = client.get("/api/trajectories/edited").json()["steps"]
+    assert [s["prefix_consistent"] for s in steps] == [None, False]
+    assert steps[1]["prefix_break_reason"].startswith("context edit")
+    assert steps[1]["prefix_from_pipeline"] is False
+    tokens = client.get(f"/api/steps/{turns[0].turn_id}/prompt_tokens").json()
+    assert tokens["ids"] == turns[0].prompt_token_ids
+    assert "".join(t["text"] for t in tokens["tokens"]).startswith("<|im_start|>system")
