@@ -1,0 +1,1 @@
+"""Dagster assets, checks and sensors: thin wrappers over claw_pipelines transforms."""

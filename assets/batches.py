@@ -1,0 +1,259 @@
+"""One batch asset and one export asset per recipe in assets/batches.yaml, plus the planner sensor.
+
+Each batch is a dynamic partition: the sensor reserves the next batch in the recipe's ledger
+when enough ready data exists, adds the partition and launches it; a user can also add a
+partition in the UI and materialize it (the asset then reserves it itself). Re-materializing a
+partition re-plans from its pinned versions, so it rewrites exactly the same rows.
+"""
+
+import json
+from datetime import datetime
+
+import dagster as dg
+import polars as pl
+from deltalake import write_deltalake
+
+from assets import ledger
+from assets.configs import recipes
+from assets.landing import OWNERS
+from assets.metadata import counts, histogram, markdown_table, table_metadata
+from assets.quality import curated_steps
+from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
+from claw_pipelines.exporters import export_batch
+from claw_pipelines.lake import Lake
+from claw_pipelines.recipes import Recipe
+from claw_pipelines.schemas import utc_now
+from resources.lake import LakeResource
+
+GROUPED = {"grpo", "rloo", "dpo"}
+"""Algorithms whose batches are made of complete groups (several rollouts of one prompt)."""
+
+REPLAN_AFTER_S = 60.0
+"""Re-plan at least this often with unchanged inputs, so straggler timeouts can fire."""
+
+MAX_BATCHES_PER_TICK = 8
+
+
+def partitions(recipe: str) -> dg.DynamicPartitionsDefinition:
+    return dg.DynamicPartitionsDefinition(name=f"batches_{recipe}")
+
+
+def batch_schema(recipe: Recipe):
+    return DPO_PAIRS if recipe.algorithm == "dpo" else BATCH_ROWS
+
+
+def _write_batch(lake: Lake, recipe: str, batch_id: str, rows) -> None:
+    """Replace the batch's rows in one commit, so a re-run never duplicates them."""
+    table = lake.open(ledger.batches_table(recipe))
+    if table is None:
+        lake.append(ledger.batches_table(recipe), rows)
+        return
+    quoted = batch_id.replace("'", "''")
+    write_deltalake(table, rows, mode="overwrite", predicate=f"batch_id = '{quoted}'")
+
+
+def _group_check(recipe: Recipe, rows: pl.DataFrame) -> dg.AssetCheckResult:
+    if recipe.algorithm not in GROUPED:
+        return dg.AssetCheckResult(passed=True, metadata={"grouped": False})
+    sizes = rows.group_by("group_id").agg(pl.col("trajectory_id").n_unique().alias("size"))
+    minimum = 2 if recipe.straggler_policy == "emit" else recipe.group_size
+    bad = sizes.filter((pl.col("size") < minimum) | (pl.col("size") > recipe.group_size))
+    return dg.AssetCheckResult(
+        check_name="groups_complete",
+        passed=bad.is_empty() and sizes.height > 0,
+        metadata={
+            "groups": sizes.height,
+            "group_size": recipe.group_size,
+            "incomplete_groups": dg.MetadataValue.json(bad.get_column("group_id").to_list()),
+        },
+    )
+
+
+def _consumed_once_check(lake: Lake, recipe: str, rows: pl.DataFrame) -> dg.AssetCheckResult:
+    """No turn appears in two batches (ledger) nor twice in this one."""
+    in_ledger = (
+        lake.scan(ledger.ledger_table(recipe))
+        .group_by("turn_id")
+        .agg(pl.col("batch_id").n_unique().alias("batches"))
+        .filter(pl.col("batches") > 1)
+        .collect()
+    )
+    repeated = rows.filter(pl.col("turn_id").is_duplicated()).get_column("turn_id").unique()
+    return dg.AssetCheckResult(
+        check_name="no_step_consumed_twice",
+        passed=in_ledger.is_empty() and repeated.is_empty(),
+        metadata={
+            "turns_in_several_batches": in_ledger.height,
+            "turns_repeated_in_batch": repeated.len(),
+        },
+    )
+
+
+def _decoded(rows: pl.DataFrame, message_column: str) -> pl.DataFrame:
+    text = pl.col(message_column).str.json_path_match("$.content").alias("response_text")
+    return rows.with_columns(text)
+
+
+def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
+    name = recipe.name
+
+    @dg.asset(
+        name=f"batch_{name}",
+        group_name="batches",
+        kinds={"deltalake", "polars"},
+        owners=OWNERS,
+        deps=[curated_steps],
+        partitions_def=partitions(name),
+        pool=f"claw_batch_{name}",
+        description=(
+            f"Training batches of the `{name}` recipe ({recipe.algorithm}, groups of "
+            f"{recipe.group_size}, {recipe.groups_per_batch} per batch): framework-neutral rows "
+            f"in `batches/{name}`, one partition per batch."
+        ),
+        check_specs=[
+            dg.AssetCheckSpec("groups_complete", asset=f"batch_{name}", blocking=True),
+            dg.AssetCheckSpec("no_step_consumed_twice", asset=f"batch_{name}", blocking=True),
+        ],
+    )
+    def batch_asset(context: dg.AssetExecutionContext, lake: LakeResource):
+        the_lake = lake.lake()
+        batch_id = context.partition_key
+        pins = ledger.pins_of(the_lake, name, batch_id)
+        if pins is None:
+            plan = ledger.reserve(the_lake, recipe, batch_id, utc_now())
+            if plan is None:
+                raise dg.Failure(f"not enough ready curated steps for a full `{name}` batch yet")
+            pins = ledger.pins_of(the_lake, name, batch_id)
+        else:
+            plan = ledger.plan_from_pins(the_lake, recipe, batch_id, pins)
+        planned = sorted(plan.rows.get_column("turn_id").to_list())
+        if planned != ledger.consumed_turns(the_lake, name, batch_id):
+            raise dg.Failure(f"re-planning {batch_id} from its pins did not reproduce its ledger")
+        rows = plan.rows
+        _write_batch(the_lake, name, batch_id, conform(rows, batch_schema(recipe)))
+        table = the_lake.open(ledger.batches_table(name))
+        message = "chosen_message" if recipe.algorithm == "dpo" else "response_message"
+        sample = _decoded(rows, message).select(
+            [c for c in ("group_id", "trajectory_id", "step_index", "reward", "chosen_reward")
+             if c in rows.columns] + ["response_text"]
+        ).head(8)  # fmt: skip
+        reward = "chosen_reward" if recipe.algorithm == "dpo" else "reward"
+        return dg.MaterializeResult(
+            metadata={
+                **table_metadata(table, the_lake.uri(ledger.batches_table(name))),
+                "dagster/partition_row_count": rows.height,
+                "batch_id": batch_id,
+                "pinned_versions": dg.MetadataValue.json(pins),
+                "groups": rows.get_column("group_id").n_unique(),
+                "trajectories": rows.get_column("trajectory_id").n_unique(),
+                "sample": dg.MetadataValue.md(markdown_table(sample)),
+                "reward_distribution": histogram(rows.get_column(reward)),
+                "dropped": dg.MetadataValue.json(counts(plan.dropped, "reason")),
+            },
+            check_results=[_group_check(recipe, rows), _consumed_once_check(the_lake, name, rows)],
+        )
+
+    return batch_asset
+
+
+def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.AssetsDefinition:
+    name = recipe.name
+
+    @dg.asset(
+        name=f"export_{name}",
+        group_name="exports",
+        kinds={"parquet", "json"},
+        owners=OWNERS,
+        deps=[batch_asset],
+        partitions_def=partitions(name),
+        automation_condition=dg.AutomationCondition.eager()
+        & dg.AutomationCondition.all_deps_blocking_checks_passed(),
+        description=(
+            f"`{name}` batches in the trainers' formats ({', '.join(recipe.exports)}) under "
+            f"`exports/{name}/<batch_id>/` with a manifest.json."
+        ),
+    )
+    def export_asset(context: dg.AssetExecutionContext, lake: LakeResource):
+        the_lake = lake.lake()
+        batch_id = context.partition_key
+        rows = (
+            the_lake.scan(ledger.batches_table(name))
+            .filter(pl.col("batch_id") == batch_id)
+            .collect()
+        )
+        if rows.is_empty():
+            raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
+        out_dir = the_lake.uri(f"exports/{name}/{batch_id}")
+        manifest = export_batch(
+            recipe, rows, out_dir, source_versions=json.loads(rows["source_versions"][0])
+        )
+        files = pl.DataFrame([f.model_dump() for f in manifest.files])
+        return dg.MaterializeResult(
+            metadata={
+                "dagster/uri": dg.MetadataValue.path(out_dir),
+                "dagster/partition_row_count": manifest.rows,
+                "files": dg.MetadataValue.md(markdown_table(files)),
+                "manifest": dg.MetadataValue.json(manifest.model_dump()),
+            }
+        )
+
+    return export_asset
+
+
+def build_planner_sensor(
+    recipe: Recipe, batch_asset: dg.AssetsDefinition, interval_s: int
+) -> dg.SensorDefinition:
+    name = recipe.name
+    parts = partitions(name)
+
+    @dg.sensor(
+        name=f"batch_{name}_planner",
+        asset_selection=[batch_asset],
+        minimum_interval_seconds=interval_s,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Reserves and launches the next `{name}` batch once enough data is ready.",
+    )
+    def planner(context: dg.SensorEvaluationContext, lake: LakeResource):
+        the_lake = lake.lake()
+        seen = json.loads(context.cursor) if context.cursor else {}
+        inputs = {
+            "curated_steps": the_lake.version("curated_steps"),
+            "batch_ledger": the_lake.version(ledger.ledger_table(name)),
+        }
+        now = utc_now()
+        recent = seen.get("planned_at") and (
+            (now - datetime.fromisoformat(seen["planned_at"])).total_seconds() < REPLAN_AFTER_S
+        )
+        if inputs["curated_steps"] is None or (seen.get("inputs") == inputs and recent):
+            return dg.SkipReason("no new curated steps since the last plan")
+        reserved = []
+        for _ in range(MAX_BATCHES_PER_TICK):
+            batch_id = ledger.next_batch_id(the_lake, name)
+            if ledger.reserve(the_lake, recipe, batch_id, now) is None:
+                break
+            reserved.append(batch_id)
+        inputs["batch_ledger"] = the_lake.version(ledger.ledger_table(name))
+        cursor = json.dumps({"inputs": inputs, "planned_at": now.isoformat()})
+        if not reserved:
+            context.update_cursor(cursor)
+            return dg.SkipReason(f"not enough ready data for a `{name}` batch")
+        return dg.SensorResult(
+            run_requests=[
+                dg.RunRequest(partition_key=k, asset_selection=[batch_asset.key], run_key=k)
+                for k in reserved
+            ],
+            dynamic_partitions_requests=[parts.build_add_request(reserved)],
+            cursor=cursor,
+        )
+
+    return planner
+
+
+def build_recipe_definitions(interval_s: int) -> dg.Definitions:
+    """Batch and export assets plus the planner sensor for every declared recipe."""
+    assets, sensors = [], []
+    for recipe in recipes().values():
+        batch_asset = build_batch_asset(recipe)
+        assets += [batch_asset, build_export_asset(recipe, batch_asset)]
+        sensors.append(build_planner_sensor(recipe, batch_asset, interval_s))
+    return dg.Definitions(assets=assets, sensors=sensors)

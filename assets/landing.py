@@ -1,0 +1,76 @@
+"""The landing tables (written by the capture proxy) and the sensor that notices new commits.
+
+Dagster never writes these tables, so they are external assets; the ingest sensor turns each
+new Delta version into a runless materialization, which is what declarative automation on the
+derived assets reacts to.
+"""
+
+import json
+
+import dagster as dg
+
+from claw_pipelines.schemas import LANDING_MODELS
+from resources.lake import LakeResource
+
+OWNERS = ["team:rl-data"]
+
+_DESCRIPTIONS = {
+    "turns": "One row per LLM call with the engine's exact token IDs (written by the proxy).",
+    "rewards": "Rewards and feedback that arrive after the turn, trajectory or group they score.",
+    "trajectory_events": "Trajectory lifecycle events (completed, aborted) with optional outcome.",
+    "labels": "Human curation decisions (quality label, trainable, tags); latest label wins.",
+}
+
+LANDING_TABLES = list(LANDING_MODELS)
+
+LANDING_SPECS = [
+    dg.AssetSpec(
+        key=table,
+        group_name="landing",
+        kinds={"deltalake"},
+        owners=OWNERS,
+        description=_DESCRIPTIONS[table],
+        metadata={
+            "columns": dg.TableSchema(
+                columns=[dg.TableColumn(f.name, str(f.type)) for f in model.arrow_schema()]
+            )
+        },
+    )
+    for table, model in LANDING_MODELS.items()
+]
+
+
+def build_ingest_sensor(interval_s: int) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="landing_ingest_sensor",
+        minimum_interval_seconds=interval_s,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Reports a landing table materialization when its Delta version moves.",
+    )
+    def landing_ingest_sensor(
+        context: dg.SensorEvaluationContext, lake: LakeResource
+    ) -> dg.SensorResult | dg.SkipReason:
+        seen: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
+        the_lake = lake.lake()
+        events = []
+        for table in LANDING_TABLES:
+            version = the_lake.version(table)
+            if version is None or version == seen.get(table):
+                continue
+            events.append(
+                dg.AssetMaterialization(
+                    asset_key=table,
+                    description=f"Delta version {version}",
+                    metadata={
+                        "delta_version": version,
+                        "previous_delta_version": seen.get(table, -1),
+                        "dagster/uri": dg.MetadataValue.path(the_lake.uri(table)),
+                    },
+                )
+            )
+            seen[table] = version
+        if not events:
+            return dg.SkipReason("no new Delta versions in the landing tables")
+        return dg.SensorResult(asset_events=events, cursor=json.dumps(seen, sort_keys=True))
+
+    return landing_ingest_sensor

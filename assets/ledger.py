@@ -1,0 +1,106 @@
+"""Batch reservations: which steps each batch of a recipe consumed, and what it was planned from.
+
+``batch_ledger/<recipe>`` holds one row per consumed step. A batch's rows are appended in one
+commit together with its pins (the curated_steps and ledger versions it was planned from and
+the planning time), so the ledger is both the "at most one batch per step" guarantee and the
+partition's record: re-planning from the pins reproduces the batch exactly. Reservations carry a
+``claw/plan/<recipe>`` app transaction taken from the snapshot the plan was made on, so two
+planners racing on the same ledger cannot both commit.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import polars as pl
+import pyarrow as pa
+from deltalake import CommitProperties, Transaction, write_deltalake
+
+from claw_pipelines.derived_schemas import LEDGER, conform
+from claw_pipelines.lake import Lake
+from claw_pipelines.recipes import BatchPlan, Recipe, plan_batch
+
+PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
+"""The ledger as written here: each row also carries its batch's pins (JSON)."""
+
+
+def ledger_table(recipe: str) -> str:
+    return f"batch_ledger/{recipe}"
+
+
+def batches_table(recipe: str) -> str:
+    return f"batches/{recipe}"
+
+
+def _plan_app(recipe: str) -> str:
+    return f"claw/plan/{recipe}"
+
+
+def next_batch_id(lake: Lake, recipe: str) -> str:
+    """Sequential ids (``grpo-000001``) from the number of reservations so far."""
+    done = lake.committed_app_version(ledger_table(recipe), _plan_app(recipe)) or 0
+    return f"{recipe}-{done + 1:06d}"
+
+
+def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> BatchPlan:
+    """The plan for ``batch_id`` from exactly the inputs it was (or is being) planned from."""
+    ledger_version = pins["batch_ledger"]
+    ledger = None if ledger_version < 0 else lake.scan(ledger_table(recipe.name), ledger_version)
+    return plan_batch(
+        recipe,
+        lake.scan("curated_steps", pins["curated_steps"]),
+        ledger,
+        datetime.fromisoformat(pins["planned_at"]),
+        batch_id=batch_id,
+        source_versions={"curated_steps": pins["curated_steps"], "batch_ledger": ledger_version},
+    )
+
+
+def pins_of(lake: Lake, recipe: str, batch_id: str) -> dict | None:
+    """The pins recorded when ``batch_id`` was reserved (None if it never was)."""
+    ledger = lake.scan(ledger_table(recipe))
+    if ledger is None:
+        return None
+    found = ledger.filter(pl.col("batch_id") == batch_id).select("pins").head(1).collect()
+    return json.loads(found.item()) if found.height else None
+
+
+def consumed_turns(lake: Lake, recipe: str, batch_id: str) -> list[str]:
+    ledger = lake.scan(ledger_table(recipe))
+    return (
+        ledger.filter(pl.col("batch_id") == batch_id).select("turn_id").collect()["turn_id"].sort()
+    ).to_list()
+
+
+def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPlan | None:
+    """Plan the next batch from the latest curated steps and record it; None if not ready."""
+    curated_version = lake.version("curated_steps")
+    if curated_version is None:
+        return None
+    snapshot = lake.open(ledger_table(recipe.name))
+    pins = {
+        "curated_steps": curated_version,
+        "batch_ledger": -1 if snapshot is None else snapshot.version(),
+        "planned_at": now.isoformat(),
+    }
+    plan = plan_from_pins(lake, recipe, batch_id, pins)
+    if not plan.ready:
+        return None
+    rows = conform(
+        plan.ledger_rows(recipe.name, now).with_columns(pins=pl.lit(json.dumps(pins))),
+        PINNED_LEDGER,
+    )
+    done = 0 if snapshot is None else snapshot.transaction_version(_plan_app(recipe.name)) or 0
+    target = snapshot or lake.ensure(ledger_table(recipe.name), rows.schema)
+    write_deltalake(
+        target,
+        rows,
+        mode="append",
+        commit_properties=CommitProperties(
+            max_commit_retries=lake.max_commit_retries,
+            app_transactions=[Transaction(app_id=_plan_app(recipe.name), version=done + 1)],
+            custom_metadata={"claw.batch_id": batch_id},
+        ),
+    )
+    return plan

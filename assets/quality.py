@@ -1,0 +1,128 @@
+"""Quality scoring and human curation: the last steps before a step can enter a batch."""
+
+import dagster as dg
+import polars as pl
+
+from assets.automation import on_new_data
+from assets.configs import quality_config
+from assets.incremental import Increment, trajectory_ids
+from assets.landing import OWNERS
+from assets.metadata import counts, histogram, sample, written_metadata
+from assets.rewards import rewarded_steps
+from claw_pipelines.derived_schemas import CURATED_STEPS, SCORED_STEPS, conform, empty
+from claw_pipelines.transforms.curation import curate_steps
+from claw_pipelines.transforms.quality import score_steps
+from resources.lake import LakeResource
+
+
+@dg.asset(
+    group_name="quality",
+    kinds={"deltalake", "polars"},
+    owners=OWNERS,
+    deps=[rewarded_steps],
+    automation_condition=on_new_data(),
+    pool="claw_scored_steps",
+)
+def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
+    """A quality score in [0, 1] per step and the reasons that lowered it.
+
+    Signals and weights come from assets/quality.yaml; trajectories re-credited upstream are
+    re-scored and their rows replaced.
+    """
+    increment = Increment.begin(lake.lake(), "scored_steps", "scored_steps", ["rewarded_steps"])
+    affected = trajectory_ids(increment.new_rows("rewarded_steps", ["trajectory_id"]))
+    rows = empty(SCORED_STEPS)
+    if affected:
+        latest_policy = (
+            increment.scan("rewarded_steps").select(pl.col("policy_version").max()).collect().item()
+        )
+        rows = score_steps(
+            increment.rows_where("rewarded_steps", "trajectory_id", affected),
+            quality_config(),
+            latest_policy_version=latest_policy,
+        ).collect()
+    table = increment.commit(conform(rows, SCORED_STEPS), replace=("trajectory_id", affected))
+    context.log.info("%d steps scored", rows.height)
+    reasons = rows.select(
+        pl.col("quality_reasons").explode(empty_as_null=False).alias("reason")
+    ).drop_nulls()
+    return dg.MaterializeResult(
+        metadata={
+            **written_metadata(increment, table, rows),
+            "sample": sample(
+                rows,
+                [
+                    "trajectory_id",
+                    "step_index",
+                    "quality_score",
+                    "quality_reasons",
+                    "response_text",
+                ],
+            ),
+            "quality_distribution": histogram(rows.get_column("quality_score")),
+            "quality_reasons": dg.MetadataValue.json(counts(reasons, "reason")),
+        }
+    )
+
+
+@dg.asset(
+    group_name="curation",
+    kinds={"deltalake", "polars"},
+    owners=OWNERS,
+    deps=[scored_steps, "labels"],
+    automation_condition=on_new_data(),
+    pool="claw_curated_steps",
+)
+def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):
+    """Scored steps with human labels applied (latest wins): label, trainable flag, tags.
+
+    A new label re-curates only the trajectory it targets; batches read this table.
+    """
+    increment = Increment.begin(
+        lake.lake(), "curated_steps", "curated_steps", ["scored_steps", "labels"]
+    )
+    rescored = increment.new_rows("scored_steps", ["trajectory_id"])
+    labelled = _labelled_trajectories(increment, increment.new_rows("labels"))
+    affected = trajectory_ids(rescored, labelled)
+    rows = empty(CURATED_STEPS)
+    if affected:
+        scored = increment.rows_where("scored_steps", "trajectory_id", affected)
+        targets = [*affected, *scored.get_column("turn_id").to_list()]
+        rows = curate_steps(scored, increment.rows_where("labels", "target_id", targets)).collect()
+    table = increment.commit(conform(rows, CURATED_STEPS), replace=("trajectory_id", affected))
+    context.log.info("%d steps curated", rows.height)
+    return dg.MaterializeResult(
+        metadata={
+            **written_metadata(increment, table, rows),
+            "sample": sample(
+                rows,
+                [
+                    "trajectory_id",
+                    "step_index",
+                    "trainable",
+                    "quality_label",
+                    "reward",
+                    "response_text",
+                ],
+            ),
+            "trainable_share": float(rows["trainable"].mean()) if rows.height else None,
+            "quality_labels": dg.MetadataValue.json(counts(rows, "quality_label")),
+        }
+    )
+
+
+def _labelled_trajectories(increment: Increment, labels: pl.DataFrame | None) -> pl.DataFrame:
+    """Trajectories that new labels touch (step labels resolve through their turn_id)."""
+    if labels is None or increment.upto["scored_steps"] is None:
+        return empty(CURATED_STEPS).select("trajectory_id")
+    by_trajectory = labels.filter(pl.col("target_kind") == "trajectory").select(
+        pl.col("target_id").alias("trajectory_id")
+    )
+    step_targets = labels.filter(pl.col("target_kind") == "step").get_column("target_id")
+    by_step = (
+        increment.scan("scored_steps")
+        .filter(pl.col("turn_id").is_in(step_targets.to_list()))
+        .select("trajectory_id")
+        .collect()
+    )
+    return pl.concat([by_trajectory, by_step])

@@ -1,0 +1,84 @@
+"""Rewards joined onto steps: late rewards, trajectory outcomes and YAML reward rules."""
+
+import dagster as dg
+import polars as pl
+
+from assets.automation import on_new_data
+from assets.configs import reward_config
+from assets.incremental import Increment
+from assets.landing import OWNERS
+from assets.metadata import histogram, sample, written_metadata
+from assets.steps import steps
+from claw_pipelines.derived_schemas import REWARDED_STEPS, conform, empty
+from claw_pipelines.reward_rules import openai_judge
+from claw_pipelines.transforms.rewards import affected_trajectories, reward_steps
+from resources.lake import LakeResource
+
+REWARD_SAMPLE = ["trajectory_id", "step_index", "reward", "reward_sources", "response_text"]
+
+
+@dg.asset(
+    group_name="rewards",
+    kinds={"deltalake", "polars"},
+    owners=OWNERS,
+    deps=[steps, "rewards", "trajectory_events"],
+    automation_condition=on_new_data(),
+    pool="claw_rewarded_steps",
+)
+def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
+    """Steps with their credited reward; late rewards re-credit their trajectory on arrival.
+
+    Only trajectories touched by new steps, rewards or events are recomputed (from all of their
+    steps and rewards) and their rows replaced, so a reward that lands a day late still reaches
+    the next batch without reprocessing the table.
+    """
+    increment = Increment.begin(
+        lake.lake(), "rewarded_steps", "rewarded_steps", ["steps", "rewards", "trajectory_events"]
+    )
+    identity = ["turn_id", "trajectory_id", "group_id"]
+    new_steps = increment.new_rows("steps", identity)
+    new_rewards = increment.new_rows("rewards")
+    new_events = increment.new_rows("trajectory_events")
+    all_steps = increment.scan("steps")
+    rows = empty(REWARDED_STEPS)
+    affected: list[str] = []
+    if all_steps is not None:
+        affected = (
+            affected_trajectories(new_steps, new_rewards, new_events, all_steps.select(identity))
+            .get_column("trajectory_id")
+            .sort()
+            .to_list()
+        )
+    if affected:
+        touched = increment.rows_where("steps", "trajectory_id", affected)
+        config = reward_config()
+        judge = openai_judge(config.judge) if config.judge.enabled else None
+        rows = reward_steps(
+            touched,
+            _rewards_for(increment, touched),
+            increment.rows_where("trajectory_events", "trajectory_id", affected),
+            config,
+            judge=judge,
+        ).collect()
+    table = increment.commit(conform(rows, REWARDED_STEPS), replace=("trajectory_id", affected))
+    context.log.info("%d trajectories re-credited (%d steps)", len(affected), rows.height)
+    return dg.MaterializeResult(
+        metadata={
+            **written_metadata(increment, table, rows),
+            "sample": sample(rows, REWARD_SAMPLE),
+            "reward_distribution": histogram(rows.get_column("reward")),
+            "reward_present_share": float(rows["reward_present"].mean()) if rows.height else None,
+        }
+    )
+
+
+def _rewards_for(increment: Increment, touched: pl.DataFrame) -> pl.DataFrame | None:
+    """Every reward (old or new) aimed at a touched step, trajectory or group."""
+    rewards = increment.scan("rewards")
+    if rewards is None:
+        return None
+    return rewards.filter(
+        pl.col("turn_id").is_in(touched.get_column("turn_id").to_list())
+        | pl.col("trajectory_id").is_in(touched.get_column("trajectory_id").unique().to_list())
+        | pl.col("group_id").is_in(touched.get_column("group_id").drop_nulls().unique().to_list())
+    ).collect()

@@ -1,0 +1,42 @@
+"""The Dagster composition root: the code location ``claw_pipelines`` (see workspace.yaml).
+
+Assets, checks and sensors live in ``assets/``, resources in ``resources/``; this module only
+binds them to the environment (lake root, sensor interval) and picks the executor.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets import checks, landing, quality, rewards, steps
+from assets.automation import build_automation_sensor
+from assets.batches import build_recipe_definitions
+from claw_pipelines.settings import get_settings
+from resources.lake import LakeResource
+from resources.orchestration import OrchestrationSettings
+
+
+def build_definitions(
+    lake: LakeResource | None = None, sensor_interval_s: int | None = None
+) -> dg.Definitions:
+    """The code location, bound to ``lake`` (default: CLAW_LAKE_URI) for tests and tools."""
+    interval = sensor_interval_s or OrchestrationSettings().sensor_interval_s
+    lifecycle = dg.Definitions(
+        assets=[
+            *landing.LANDING_SPECS,
+            steps.steps,
+            steps.trajectories,
+            rewards.rewarded_steps,
+            quality.scored_steps,
+            quality.curated_steps,
+        ],
+        asset_checks=checks.CHECKS,
+        sensors=[landing.build_ingest_sensor(interval), build_automation_sensor(interval)],
+        resources={"lake": lake or LakeResource.from_settings(get_settings())},
+        # Steps are small and write their own tables: one process per run, not per step.
+        executor=dg.in_process_executor,
+    )
+    return dg.Definitions.merge(lifecycle, build_recipe_definitions(interval))
+
+
+defs = build_definitions()

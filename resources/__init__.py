@@ -1,0 +1,1 @@
+"""Dagster resources and service configuration (LiteLLM, Dagster instance) for claw_pipelines."""

@@ -1,0 +1,97 @@
+"""Fixtures of the Dagster tests: a temporary lake bound to the code location, and one shared
+``dagster dev`` (webserver + daemon) for the live and browser tests."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+import httpx
+import pytest
+
+from claw_pipelines.definitions import build_definitions
+from claw_pipelines.lake import Lake
+from claw_pipelines.processes import Service, free_port, start_service
+from resources.lake import LakeResource
+
+REPO = Path(__file__).resolve().parents[2]
+DAGSTER = str(Path(sys.executable).parent / "dagster")
+
+
+@dataclass
+class Bound:
+    """A temporary lake and the code location bound to it."""
+
+    lake: Lake
+    resource: LakeResource
+    defs: dg.Definitions
+
+    def sensor(self, name: str) -> dg.SensorDefinition:
+        return self.defs.resolve_sensor_def(name)
+
+    def asset(self, key: str) -> dg.AssetsDefinition:
+        return self.defs.resolve_assets_def(key)
+
+
+@pytest.fixture
+def bound(tmp_path: Path) -> Bound:
+    resource = LakeResource(lake_uri=str(tmp_path / "lake"))
+    return Bound(resource.lake(), resource, build_definitions(lake=resource, sensor_interval_s=1))
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as test_instance:
+        yield test_instance
+
+
+@dataclass
+class DagsterDev:
+    service: Service
+    port: int
+    lake: Lake
+
+    @property
+    def url(self) -> str:
+        return self.service.url
+
+    def graphql(self, query: str, variables: dict | None = None) -> dict:
+        response = httpx.post(
+            f"{self.url}/graphql", json={"query": query, "variables": variables or {}}, timeout=30
+        )
+        response.raise_for_status()
+        body = response.json()
+        assert "errors" not in body, body["errors"]
+        return body["data"]
+
+
+@pytest.fixture(scope="session")
+def dagster_dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev]:
+    """``dagster dev -w workspace.yaml`` on a free loopback port, a temp home and a temp lake."""
+    root = tmp_path_factory.mktemp("dagster_dev")
+    home = root / "home"
+    home.mkdir()
+    shutil.copy(REPO / "resources" / "dagster.yaml", home / "dagster.yaml")
+    lake = Lake(str(root / "lake"))
+    port = free_port()
+    service = start_service(
+        "dagster",
+        [DAGSTER, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        f"http://127.0.0.1:{port}",
+        root / "dagster.log",
+        env={
+            "DAGSTER_HOME": str(home),
+            "CLAW_LAKE_URI": lake.root,
+            "CLAW_DAGSTER_SENSOR_INTERVAL_S": "2",
+        },
+        cwd=REPO,
+    )
+    try:
+        service.wait_ready("/server_info", timeout_s=180)
+        yield DagsterDev(service, port, lake)
+    finally:
+        service.stop(grace_s=15)

@@ -1,0 +1,194 @@
+"""The asset graph run in-process over real Delta tables: landing -> steps -> ... -> batch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+from dagster_rollouts import Rollouts, land_rollouts
+from deltalake.exceptions import CommitFailedError
+
+from assets.incremental import Increment
+from claw_pipelines.derived_schemas import STEPS, conform, empty
+
+CHAIN = ["steps", "trajectories", "rewarded_steps", "scored_steps", "curated_steps"]
+
+
+class Driver:
+    """Does what the daemon does: ticks sensors (keeping cursors) and runs what they ask for."""
+
+    def __init__(self, bound, instance: dg.DagsterInstance) -> None:
+        self.bound = bound
+        self.instance = instance
+        self.cursors: dict[str, str | None] = {}
+
+    def tick(self, name: str) -> dg.SensorResult | dg.SkipReason:
+        context = dg.build_sensor_context(
+            instance=self.instance,
+            cursor=self.cursors.get(name),
+            resources={"lake": self.bound.resource},
+            definitions=self.bound.defs,
+        )
+        result = self.bound.sensor(name)(context)
+        if isinstance(result, dg.SensorResult):
+            self.cursors[name] = result.cursor
+            for event in result.asset_events:
+                self.instance.report_runless_asset_event(event)
+            for request in result.dynamic_partitions_requests:
+                self.instance.add_dynamic_partitions(
+                    request.partitions_def_name, list(request.partition_keys)
+                )
+        elif context.cursor != self.cursors.get(name):
+            self.cursors[name] = context.cursor
+        return result
+
+    def materialize(self, keys: list[str], partition_key: str | None = None):
+        """Run ``keys`` (and their checks) in one in-process run, as a launched run would."""
+        selection = [dg.AssetKey(k) for k in keys]
+        job = self.bound.defs.resolve_implicit_job_def_def_for_assets(selection)
+        result = job.execute_in_process(
+            instance=self.instance, asset_selection=selection, partition_key=partition_key
+        )
+        assert result.success
+        failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
+        assert not failed, failed
+        return result
+
+    def metadata(self, result, key: str) -> dict:
+        (event,) = result.asset_materializations_for_node(key)
+        return {k: v.value for k, v in event.metadata.items()}
+
+    def refresh(self) -> dict[str, dict]:
+        self.tick("landing_ingest_sensor")
+        result = self.materialize(CHAIN)
+        return {key: self.metadata(result, key) for key in CHAIN}
+
+
+@pytest.fixture
+def driver(bound, instance) -> Driver:
+    return Driver(bound, instance)
+
+
+def _batch_rows(lake, batch_id: str) -> pl.DataFrame:
+    return (
+        lake.scan("batches/grpo")
+        .filter(pl.col("batch_id") == batch_id)
+        .sort("group_id", "trajectory_id", "step_index")
+        .collect()
+    )
+
+
+def assert_batch_matches(rows: pl.DataFrame, landed: Rollouts, group_size: int) -> None:
+    """Complete groups, token IDs equal to the landed turns', outcome rewards on last steps."""
+    sizes = rows.group_by("group_id").agg(pl.col("trajectory_id").n_unique().alias("n"))
+    assert sizes.get_column("n").to_list() == [group_size] * sizes.height
+    for row in rows.iter_rows(named=True):
+        turn = landed.turns[row["turn_id"]]
+        assert row["prompt_token_ids"] == turn["prompt_token_ids"]
+        assert row["response_token_ids"] == turn["response_token_ids"]
+        assert row["trajectory_id"] == turn["trajectory_id"]
+    last = rows.filter(pl.col("is_last"))
+    for trajectory_id, reward in last.select("trajectory_id", "reward").iter_rows():
+        assert reward == pytest.approx(landed.rewards[trajectory_id])
+
+
+def test_landing_to_exported_grpo_batch(driver: Driver, bound, tmp_path: Path) -> None:
+    landed = land_rollouts(bound.lake, groups=5, group_size=4, steps=2)
+    metadata = driver.refresh()
+    assert metadata["steps"]["dagster/row_count"] == 40
+    assert metadata["steps"]["read_versions"]["turns"] == [None, bound.lake.version("turns")]
+    assert "step 0 of rollout" in metadata["steps"]["sample"]
+    assert metadata["curated_steps"]["dagster/row_count"] == 40
+    assert "null: 0" in metadata["rewarded_steps"]["reward_distribution"]
+
+    planned = driver.tick("batch_grpo_planner")
+    assert isinstance(planned, dg.SensorResult)
+    (request,) = planned.run_requests  # 5 complete groups: one batch of 4, one group left
+    batch_id = request.partition_key
+    assert batch_id == "grpo-000001"
+    result = driver.materialize(["batch_grpo", "export_grpo"], partition_key=batch_id)
+    batch_meta = driver.metadata(result, "batch_grpo")
+    assert batch_meta["groups"] == 4
+    assert batch_meta["pinned_versions"]["curated_steps"] == bound.lake.version("curated_steps")
+
+    rows = _batch_rows(bound.lake, batch_id)
+    assert rows.height == 32
+    assert_batch_matches(rows, landed, group_size=4)
+    manifest = json.loads(
+        (Path(bound.lake.uri(f"exports/grpo/{batch_id}")) / "manifest.json").read_text()
+    )
+    assert manifest["batch_id"] == batch_id and manifest["rows"] == 32
+
+    # More data lands while the first batch is re-materialized: it still reproduces exactly.
+    land_rollouts(bound.lake, groups=3, group_size=4, steps=2, seed=1)
+    driver.refresh()
+    driver.materialize(["batch_grpo"], partition_key=batch_id)
+    again = _batch_rows(bound.lake, batch_id)
+    assert again.select("turn_id", "reward").equals(rows.select("turn_id", "reward"))
+
+    # The 4 groups left over make the second batch, with none of the first batch's steps.
+    (second,) = driver.tick("batch_grpo_planner").run_requests
+    driver.materialize(["batch_grpo"], partition_key=second.partition_key)
+    second_rows = _batch_rows(bound.lake, second.partition_key)
+    assert second_rows.height == 32
+    assert not set(second_rows["turn_id"]) & set(rows["turn_id"])
+    ledger = bound.lake.scan("batch_ledger/grpo").collect()
+    assert ledger.height == ledger.get_column("turn_id").n_unique() == 64
+    assert isinstance(driver.tick("batch_grpo_planner"), dg.SkipReason)
+
+
+def test_refresh_reads_only_new_versions_and_never_duplicates(driver: Driver, bound) -> None:
+    land_rollouts(bound.lake, groups=2, group_size=4, steps=3)
+    first = driver.refresh()
+    assert first["steps"]["rows_read"]["turns"] == 24
+    seen = bound.lake.version("turns")
+
+    nothing_new = driver.refresh()
+    assert nothing_new["steps"]["dagster/row_count"] == 24
+    assert nothing_new["steps"]["read_versions"]["turns"] == [seen, seen]
+    assert nothing_new["curated_steps"]["dagster/row_count"] == 24
+
+    land_rollouts(bound.lake, groups=1, group_size=4, steps=3, seed=2)
+    later = driver.refresh()
+    assert later["steps"]["read_versions"]["turns"] == [seen, seen + 1]
+    assert later["steps"]["rows_read"]["turns"] == 12
+    assert later["steps"]["rows_written"] == 12
+    for key in CHAIN[2:]:
+        assert later[key]["dagster/row_count"] == 36, key
+    steps = bound.lake.scan("steps").collect()
+    assert steps.height == steps.get_column("step_id").n_unique() == 36
+
+
+def test_a_stale_concurrent_run_cannot_commit_twice(bound) -> None:
+    land_rollouts(bound.lake, groups=1, group_size=2, steps=1)
+    bound.lake.ensure("steps", STEPS)
+    first = Increment.begin(bound.lake, "steps", "steps", ["turns"])
+    second = Increment.begin(bound.lake, "steps", "steps", ["turns"])
+    rows = conform(empty(STEPS), STEPS)
+    first.commit(rows)
+    with pytest.raises(CommitFailedError):
+        second.commit(rows)
+    turns_version = bound.lake.version("turns")
+    assert bound.lake.open("steps").transaction_version("claw/steps/turns") == turns_version
+
+
+def test_new_landing_versions_trigger_automation(driver: Driver, bound, instance) -> None:
+    assert isinstance(driver.tick("landing_ingest_sensor"), dg.SkipReason)
+    before = dg.evaluate_automation_conditions(defs=bound.defs, instance=instance)
+    assert before.total_requested == 0
+    land_rollouts(bound.lake, groups=1, group_size=2, steps=1)
+    ticked = driver.tick("landing_ingest_sensor")
+    assert {e.asset_key.path[-1] for e in ticked.asset_events} == {"turns", "trajectory_events"}
+    assert json.loads(driver.cursors["landing_ingest_sensor"]) == {
+        "trajectory_events": bound.lake.version("trajectory_events"),
+        "turns": bound.lake.version("turns"),
+    }
+    evaluation = dg.evaluate_automation_conditions(
+        defs=bound.defs, instance=instance, cursor=before.cursor
+    )
+    requested = {key for key in CHAIN if evaluation.get_num_requested(dg.AssetKey(key))}
+    assert requested == set(CHAIN)
+    assert not evaluation.get_num_requested(dg.AssetKey("export_grpo"))
