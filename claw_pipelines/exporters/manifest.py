@@ -7,6 +7,9 @@ from pathlib import Path
 import polars as pl
 from pydantic import BaseModel
 
+from claw_pipelines.exporters.jsonl import write_jsonl
+from claw_pipelines.exporters.trl import write_trl
+from claw_pipelines.exporters.verl import write_verl
 from claw_pipelines.recipes import Recipe
 
 
@@ -35,5 +38,41 @@ def export_batch(
     pad_token_id: int = 0,
 ) -> Manifest:
     """Write ``rows`` (one batch) for each of ``recipe.exports`` under ``out_dir``; return and
-    write ``manifest.json``."""
-    raise NotImplementedError
+    write ``manifest.json``.
+
+    Rows are put in (group, trajectory, step) order first, so exporting the same batch twice
+    writes the same files. verl needs per-step token rows and is skipped for dpo pairs.
+    """
+    batch_ids = rows["batch_id"].unique().to_list()
+    if len(batch_ids) != 1:
+        raise ValueError(f"export_batch takes the rows of exactly one batch, got {batch_ids}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dpo = recipe.algorithm == "dpo"
+    rows = rows.sort(
+        *(["group_id", "turn_id"] if dpo else ["group_id", "trajectory_id", "step_index"])
+    )
+    files: list[ExportedFile] = []
+    if "verl" in recipe.exports and not dpo:
+        for path, description in write_verl(rows, out, pad_token_id=pad_token_id):
+            files.append(
+                ExportedFile(path=path, format="verl", rows=rows.height, description=description)
+            )
+    if "trl" in recipe.exports:
+        for path, description, count in write_trl(recipe.algorithm, rows, out):
+            files.append(ExportedFile(path=path, format="trl", rows=count, description=description))
+    if "jsonl" in recipe.exports:
+        for path, description, count in write_jsonl(recipe.algorithm, rows, out):
+            files.append(
+                ExportedFile(path=path, format="jsonl", rows=count, description=description)
+            )
+    manifest = Manifest(
+        recipe=recipe.name,
+        algorithm=recipe.algorithm,
+        batch_id=batch_ids[0],
+        rows=rows.height,
+        source_versions=source_versions or {},
+        files=files,
+    )
+    (out / "manifest.json").write_text(manifest.model_dump_json(indent=2))
+    return manifest

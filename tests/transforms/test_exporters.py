@@ -1,0 +1,132 @@
+"""Exporters: verl tensor shapes, padding, masks and reward position; TRL and JSONL files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+from transform_rows import SYSTEM, at, event, events, rewards, turn, turns
+
+from claw_pipelines.exporters import export_batch
+from claw_pipelines.exporters.verl import verl_tensors
+from claw_pipelines.recipes import Recipe, plan_batch
+from claw_pipelines.reward_rules import RewardConfig
+from claw_pipelines.transforms import (
+    QualityConfig,
+    curate_steps,
+    extract_steps,
+    reward_steps,
+    score_steps,
+)
+
+META = json.dumps({"claw": {"ground_truth": "4", "data_source": "math"}})
+
+
+def _plan(recipe: Recipe, rows: list[dict], values: dict[str, float]):
+    landed = rewards(*[{"trajectory_id": t, "value": v} for t, v in values.items()])
+    steps = extract_steps(turns(*rows), None, events(*[event(t) for t in values]), now=at(50)).steps
+    curated = curate_steps(
+        score_steps(reward_steps(steps, landed, None, RewardConfig()), QualityConfig()), None
+    )
+    return plan_batch(recipe, curated, None, at(60), source_versions={"curated_steps": 5})
+
+
+def _grpo_plan():
+    messages = json.dumps([{"role": "system", "content": "s"}, {"role": "user", "content": "2+2?"}])
+    rows = [
+        turn("a0", [*SYSTEM, 1], [7, 8, 9], trajectory_id="a", group_id="g", metadata=META,
+             request_messages=messages),
+        turn("a1", [*SYSTEM, 1, 7, 8, 9, 3], [4], trajectory_id="a", group_id="g", start=2,
+             metadata=META, request_messages=messages, response_logprobs=None),
+        turn("b0", [*SYSTEM, 1], [5], trajectory_id="b", group_id="g", start=1, metadata=META,
+             request_messages=messages),
+    ]  # fmt: skip
+    recipe = Recipe(name="grpo", group_size=2, groups_per_batch=1, filters={"min_quality": 0})
+    return recipe, _plan(recipe, rows, {"a": 1.0, "b": 0.0})
+
+
+def test_verl_tensors_pad_mask_and_place_the_reward():
+    _, plan = _grpo_plan()
+    rows = plan.rows
+    assert rows["turn_id"].to_list() == ["a0", "a1", "b0"]
+    t = verl_tensors(rows.with_columns(pl.Series("reward", [0.5, 1.0, 0.0])), pad_token_id=-1)
+    assert t["prompts"].shape == (3, 25) and t["responses"].shape == (3, 3)
+    assert t["input_ids"].shape == t["attention_mask"].shape == t["position_ids"].shape == (3, 28)
+    assert (t["prompts"][0, :4] == -1).all() and t["prompts"][0, 4:].tolist() == [*SYSTEM, 1]
+    assert t["responses"][1].tolist() == [4, -1, -1]
+    assert t["response_mask"].tolist() == [[1, 1, 1], [1, 0, 0], [1, 0, 0]]
+    assert t["attention_mask"][0].tolist() == [0] * 4 + [1] * 21 + [1, 1, 1]
+    assert t["position_ids"][0].tolist() == [0] * 5 + list(range(1, 24))
+    assert t["position_ids"][1, -3:].tolist() == [25, 25, 25]
+    assert t["rm_scores"].tolist() == [[0, 0, 0.5], [1.0, 0, 0], [0, 0, 0]]
+    assert "rollout_log_probs" not in t
+    full = verl_tensors(rows.filter(pl.col("turn_id") != "a1"))
+    assert full["rollout_log_probs"].dtype == np.float32
+    assert full["rollout_log_probs"][0].tolist() == [-0.5, -0.5, -0.5]
+
+
+def test_export_writes_every_format_and_a_manifest(tmp_path):
+    recipe, plan = _grpo_plan()
+    manifest = export_batch(recipe, plan.rows, tmp_path, source_versions={"curated_steps": 5})
+    written = json.loads((tmp_path / "manifest.json").read_text())
+    assert written == manifest.model_dump()
+    assert (manifest.batch_id, manifest.rows, manifest.source_versions) == (
+        "grpo-000001",
+        3,
+        {"curated_steps": 5},
+    )
+    assert {f.path for f in manifest.files} == {
+        "verl/batch.npz", "verl/non_tensor.parquet", "trl/prompts.parquet",
+        "trl/rollouts.parquet", "jsonl/steps.jsonl", "jsonl/trajectories.jsonl",
+    }  # fmt: skip
+    for f in manifest.files:
+        assert (tmp_path / f.path).exists()
+    non_tensor = pl.read_parquet(tmp_path / "verl/non_tensor.parquet")
+    assert non_tensor["uid"].to_list() == ["g", "g", "g"]
+    assert non_tensor["ground_truth"].to_list() == ["4"] * 3
+    assert np.load(tmp_path / "verl/batch.npz")["input_ids"].shape[0] == 3
+    prompts = pl.read_parquet(tmp_path / "trl/prompts.parquet")
+    assert prompts.height == 1
+    assert prompts["prompt"][0].to_list()[1]["content"] == "2+2?"
+    assert (prompts["ground_truth"][0], prompts["data_source"][0]) == ("4", "math")
+    lines = (tmp_path / "jsonl/trajectories.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    assert [s["turn_id"] for s in first["steps"]] == ["a0", "a1"]
+
+
+def test_sft_and_dpo_exports(tmp_path):
+    tool = json.dumps(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{}"}}
+            ],
+        }
+    )
+    parts = json.dumps([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    rows = [turn("s0", [*SYSTEM, 1], [5, 6], trajectory_id="s", response_message=tool,
+                 request_messages=parts)]  # fmt: skip
+    sft = Recipe(name="sft", algorithm="sft", group_size=1, groups_per_batch=1, exports=["trl"])
+    plan = _plan(sft, rows, {"s": 1.0})
+    export_batch(sft, plan.rows, tmp_path / "sft")
+    tokens = pl.read_parquet(tmp_path / "sft/trl/sft_tokens.parquet")
+    assert tokens["input_ids"][0].to_list() == [*SYSTEM, 1, 5, 6]
+    assert tokens["completion_mask"][0].to_list() == [0] * 21 + [1, 1]
+    chat = pl.read_parquet(tmp_path / "sft/trl/sft_messages.parquet")["messages"][0].to_list()
+    assert chat[0]["content"] == "hi"
+    assert chat[1]["tool_calls"][0]["function"]["name"] == "calc"
+
+    prompt = [*SYSTEM, 2]
+    pair_rows = [
+        turn("good", prompt, [1], trajectory_id="t1", group_id="g"),
+        turn("bad", prompt, [2], trajectory_id="t2", group_id="g", start=1),
+    ]
+    dpo = Recipe(name="dpo", algorithm="dpo", groups_per_batch=1, min_reward_gap=0.5)
+    plan = _plan(dpo, pair_rows, {"t1": 1.0, "t2": 0.0})
+    manifest = export_batch(dpo, plan.rows, tmp_path / "dpo")
+    assert {f.path for f in manifest.files} == {"trl/preference.parquet", "jsonl/pairs.jsonl"}
+    preference = pl.read_parquet(tmp_path / "dpo/trl/preference.parquet")
+    assert preference["chosen"][0].to_list()[0]["content"] == "a-good"
+    assert preference["rejected"][0].to_list()[0]["content"] == "a-bad"
