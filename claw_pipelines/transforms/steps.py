@@ -55,7 +55,8 @@ class StepExtraction:
 
 
 _PENDING = [*STEP_SOURCE_COLUMNS, "source_version", "trajectory_inferred"]
-_TAIL = ["prompt_token_ids", "response_token_ids", "token_source", "step_index", "close_reason"]
+_TAIL = ["prompt_token_ids", "response_token_ids", "token_source", "step_index", "close_reason",
+         "group_id"]  # fmt: skip
 
 
 def _collect(frame: pl.LazyFrame | pl.DataFrame | None) -> pl.DataFrame | None:
@@ -126,7 +127,11 @@ def _resolve_identity(
 
 
 def _emit(pending: pl.DataFrame, closing: pl.DataFrame) -> pl.DataFrame:
-    """Number, link and prefix-check the pending turns of the closing trajectories."""
+    """Number, link and prefix-check the pending turns of the closing trajectories.
+
+    A turn without group_id takes its trajectory's (from a sibling turn, the emitted tail or
+    the completion event), so agents may name the group once.
+    """
     position = pl.int_range(pl.len()).over("trajectory_id")
     tail_index = pl.col("_tail_step_index").fill_null(-1)
 
@@ -148,6 +153,12 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame) -> pl.DataFrame:
             previous("response_token_ids").alias(PREV_RESPONSE),
             previous("token_source").alias(PREV_SOURCE),
             pl.col("turn_id").alias("step_id"),
+            pl.coalesce(
+                "group_id",
+                pl.col("group_id").drop_nulls().first().over("trajectory_id"),
+                "_tail_group_id",
+                "_event_group_id",
+            ).alias("group_id"),
         )
     )
     return fit(check_prefixes(frame), STEPS)
@@ -198,7 +209,11 @@ def extract_steps(
         .agg(pl.col("ended_at").max().alias("_last_end"))
         .join(tails.select("trajectory_id", *[pl.col(c).alias(f"_tail_{c}") for c in _TAIL]),
               on="trajectory_id", how="left")
-        .join(events.select("trajectory_id", "event"), on="trajectory_id", how="left")
+        .join(
+            events.select("trajectory_id", "event", pl.col("group_id").alias("_event_group_id")),
+            on="trajectory_id",
+            how="left",
+        )
         .with_columns(
             pl.when(pl.col("_tail_step_index").is_not_null())
             .then(pl.col("_tail_close_reason"))

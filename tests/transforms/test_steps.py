@@ -138,3 +138,15 @@ def test_empty_inputs_give_empty_outputs():
     result = _run(None)
     assert result.steps.height == 0 and result.open_state.height == 0
     assert result.steps.columns == STEPS.names
+
+
+def test_group_comes_from_a_sibling_turn_or_the_completion_event():
+    rows = chain("A", 2)
+    rows[1]["group_id"] = "from-turn"
+    steps = _run(turns(*rows, *chain("B", 1, base=50)), evts=events(
+        event("A"), event("B", group_id="from-event"))).steps  # fmt: skip
+    assert dict(steps.select("step_id", "group_id").iter_rows()) == {
+        "A-0": "from-turn",
+        "A-1": "from-turn",
+        "B-0": "from-event",
+    }
