@@ -56,8 +56,9 @@ completed | aborted | timeout (why the trajectory was closed)."""
 OPEN_STATE = pa.schema(
     [
         pa.field("state", pa.string(), nullable=False),
-        *[f for f in STEPS if f.name not in ("step_id", "is_last", "prefix_consistent",
-                                             "prefix_break_reason", "shared_prefix_tokens")],
+        *[f.with_nullable(True) for f in STEPS if f.name not in (
+            "step_id", "is_last", "prefix_consistent", "prefix_break_reason",
+            "shared_prefix_tokens")],
         pa.field("closed_at", _TS),
         pa.field("emitted_turn_ids", _STRINGS),
     ]
@@ -66,8 +67,8 @@ OPEN_STATE = pa.schema(
 
 ``state = open``: a turn of a trajectory not closed yet (full turn columns, trajectory_id
 resolved, step_index null). ``state = closed``: the tail of an emitted trajectory, kept for the
-reopen window: its last emitted step (step_index, turn_id, token ids), ``closed_at``,
-``close_reason`` and ``emitted_turn_ids`` (to drop duplicate re-deliveries)."""
+reopen window: its last emitted step (step_index, turn_id, token ids; other columns null),
+``closed_at``, ``close_reason`` and ``emitted_turn_ids`` (to drop duplicate re-deliveries)."""
 
 TRAJECTORIES = pa.schema(
     [

@@ -59,6 +59,12 @@ _TAIL = ["prompt_token_ids", "response_token_ids", "token_source", "step_index",
          "group_id"]  # fmt: skip
 
 
+_TAIL_KEPT = ["trajectory_id", "turn_id", "group_id", "step_index", "prompt_token_ids",
+              "response_token_ids", "token_source", "close_reason", "trajectory_inferred",
+              "started_at"]  # fmt: skip
+"""What a closed tail keeps: enough to number, prefix-check and infer late turns, no more."""
+
+
 def _collect(frame: pl.LazyFrame | pl.DataFrame | None) -> pl.DataFrame | None:
     return frame.collect() if isinstance(frame, pl.LazyFrame) else frame
 
@@ -172,7 +178,7 @@ def extract_steps(
     now: datetime,
     source_version: int | None = None,
     idle_timeout_s: float = 600.0,
-    reopen_window_s: float = 86_400.0,
+    reopen_window_s: float = 3_600.0,
     prefix_key_tokens: int = 16,
 ) -> StepExtraction:
     """Close trajectories and emit their steps.
@@ -182,6 +188,8 @@ def extract_steps(
     previous run's ``steps_open`` (None on the first run). ``new_events``: trajectory_events
     rows since their watermark. Turns without a trajectory_id are assigned to inferred
     trajectories by token prefix (see ``claw_pipelines.transforms.inference``).
+    ``reopen_window_s`` bounds the state: it should cover the capture path's worst landing lag
+    (spool replay after a proxy restart), not the life of a trajectory.
     """
     state = _collect(open_state)
     state = empty(OPEN_STATE) if state is None else fit(state, OPEN_STATE)
@@ -231,6 +239,7 @@ def extract_steps(
     emitted = steps.group_by("trajectory_id").agg(pl.col("turn_id").alias("_new_ids"))
     new_tails = (
         steps.filter(pl.col("is_last"))
+        .select(*_TAIL_KEPT)
         .join(emitted, on="trajectory_id")
         .join(tails.select("trajectory_id", "emitted_turn_ids"), on="trajectory_id", how="left")
         .with_columns(
