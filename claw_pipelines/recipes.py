@@ -187,8 +187,8 @@ def _trajectory_units(
 def _ready_groups(
     recipe: Recipe, units: pl.DataFrame, now: datetime
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(trajectory_id, group_id, _group_order) of ready group members, and per-trajectory
-    reasons for those that are not (waiting, straggler, zero variance)."""
+    """Members of ready groups (in batch order), and per-trajectory reasons for the others
+    (waiting_for_group, group_overflow, straggler_dropped, zero_variance, no_group)."""
     n = recipe.group_size
     members = units.filter(pl.col("group_id").is_not_null()).with_columns(
         pl.int_range(pl.len()).over("group_id").alias("_rank"),
@@ -365,13 +365,22 @@ def plan_batch(
 ) -> BatchPlan:
     """Select the next batch of ``recipe`` from curated steps not yet in its ledger.
 
-    Rewards are re-credited with the recipe's credit assignment. Trajectory-based algorithms
+    Rewards are re-credited with the recipe's credit assignment; staleness is measured against
+    ``latest_policy_version`` (default: the newest policy_version among all curated steps,
+    consumed or not). Trajectory-based algorithms
     skip any trajectory with a consumed step (so late steps of a consumed trajectory never
     form a fragment); dpo skips consumed steps. Everything is ordered by explicit keys
     (start time, then ids), so the same inputs and ``now`` give the same batch. ``batch_id``
     defaults to ``<recipe>-<n+1>`` with n the batches in the ledger.
     """
-    steps = assign_credit(curated_steps.lazy(), recipe.credit_assignment)
+    latest = (
+        pl.col("policy_version").max()
+        if latest_policy_version is None
+        else pl.lit(latest_policy_version, pl.Int64)
+    )
+    steps = assign_credit(curated_steps.lazy(), recipe.credit_assignment).with_columns(
+        latest.alias("_latest_policy")
+    )
     consumed_before = (
         None if ledger is None else ledger.lazy().select("batch_id", "turn_id", "trajectory_id")
     )
@@ -382,13 +391,8 @@ def plan_batch(
     else:
         batches_so_far = 0
     batch_id = batch_id or f"{recipe.name}-{batches_so_far + 1:06d}"
-    latest = (
-        pl.col("policy_version").max()
-        if latest_policy_version is None
-        else pl.lit(latest_policy_version, pl.Int64)
-    )
     frame = (
-        steps.with_columns(_step_reasons(recipe, latest).alias("_reason"))
+        steps.with_columns(_step_reasons(recipe, pl.col("_latest_policy")).alias("_reason"))
         .sort("started_at", "trajectory_id", "step_index", "turn_id")
         .collect()
     )

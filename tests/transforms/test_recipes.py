@@ -188,3 +188,17 @@ def test_shipped_recipes_load():
         ["verl", "trl", "jsonl"],
     )
     assert {"dpo", "sft"} <= set(recipes)
+
+
+def test_stale_trajectories_are_measured_against_the_newest_policy_seen():
+    curated = _curated({"a": [1, 0], "b": [1, 0]}).with_columns(
+        pl.when(pl.col("group_id") == "a").then(1).otherwise(6).alias("policy_version")
+    )
+    recipe = _recipe(groups_per_batch=1, filters={"max_policy_lag": 2})
+    first = plan_batch(recipe, curated, None, at(200))
+    assert set(first.rows["group_id"]) == {"b"} and _reasons(first)["a:0"] == "stale"
+    second = plan_batch(recipe, curated, first.ledger_rows("grpo", at(200)), at(200))
+    assert _reasons(second) == {"a:0": "stale", "a:1": "stale"}
+    assert plan_batch(recipe, curated, None, at(200), latest_policy_version=2).rows[
+        "group_id"
+    ].unique().to_list() == ["a"]
