@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import os
 from typing import Any
 
 from litellm.proxy.proxy_server import app as litellm_app
@@ -26,6 +28,23 @@ from claw_pipelines.settings import get_settings
 
 Scope = dict[str, Any]
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+PUBLIC_PATHS = frozenset({"/health/liveliness", "/health/readiness"})
+KEY_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-litellm-api-key")
+
+
+def _has_master_key(scope: Scope) -> bool:
+    """Only the master key authenticates (virtual keys need LiteLLM's database, not used here).
+
+    Checked at the edge because LiteLLM 1.108.7 answers a bad key with a 500 when it has no
+    database client installed.
+    """
+    master = os.environ.get("LITELLM_MASTER_KEY", "")
+    for name, value in scope["headers"]:
+        if name in KEY_HEADERS:
+            token = value.decode("latin-1").removeprefix("Bearer ").strip()
+            if master and hmac.compare_digest(token, master):
+                return True
+    return False
 
 
 async def _send_json(send, status: int, payload: dict[str, Any]) -> None:
@@ -66,6 +85,11 @@ class CaptureApp:
             await self.control(scope, receive, send)
             return
         scope = self._apply_identity_prefix(scope)
+        if scope["path"] not in PUBLIC_PATHS and not _has_master_key(scope):
+            await _send_json(
+                send, 401, _error("missing or invalid proxy key", "authentication_error")
+            )
+            return
         if scope["method"] != "POST":
             await self.inner(scope, receive, send)
             return
