@@ -277,15 +277,25 @@ async def _run_all(
             return await asyncio.gather(*(one(rollout) for rollout in plan))
 
 
-def run_demo(prompts: int, rollouts: int, proxy_url: str, concurrency: int) -> Summary:
-    """Play ``prompts`` x ``rollouts`` trajectories through the proxy and print a summary."""
+def run_demo(
+    prompts: int,
+    rollouts: int,
+    proxy_url: str,
+    concurrency: int,
+    key: str | None = None,
+    lake: Lake | None = None,
+) -> Summary:
+    """Play ``prompts`` x ``rollouts`` trajectories through the proxy and print a summary.
+
+    ``key`` defaults to LITELLM_MASTER_KEY (else the local key), ``lake`` to the configured one.
+    """
     console = Console()
-    key = os.environ.get("LITELLM_MASTER_KEY", DEFAULT_KEY)
+    key = key or os.environ.get("LITELLM_MASTER_KEY", DEFAULT_KEY)
     plan = plan_rollouts(generate_tasks(prompts, seed=secrets.randbits(31)), rollouts)
     outcomes = asyncio.run(_run_all(plan, proxy_url.rstrip("/"), key, max(1, concurrency), console))
     errors = Counter(outcome.error for outcome in outcomes if outcome.error)
     for error, count in errors.most_common(MAX_ERRORS_SHOWN):
         console.print(f"[red]{count} x[/red] {error}")
-    summary = summarize(outcomes, count_batches(Lake.from_settings()))
+    summary = summarize(outcomes, count_batches(lake or Lake.from_settings()))
     console.print(summary_table(summary))
     return summary

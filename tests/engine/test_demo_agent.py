@@ -1,0 +1,68 @@
+"""The demo agent loop against the engine directly, and the whole demo through the proxy."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import polars as pl
+from openai import AsyncOpenAI
+
+from claw_pipelines.demo import MAX_TURNS, Rollout, play, reward, run_demo, run_rollout
+from claw_pipelines.engine.tasks import generate_tasks
+from claw_pipelines.processes import Service, free_port
+
+
+def test_agent_loop_against_the_engine(sim: Service) -> None:
+    async def episodes():
+        async with AsyncOpenAI(base_url=f"{sim.url}/v1", api_key="none", max_retries=0) as client:
+            tasks = generate_tasks(16, seed=9)
+            body = {"return_token_ids": True, "metadata": {"claw": {"ground_truth": "1"}}}
+            return tasks, await asyncio.gather(*(play(client, task, body) for task in tasks))
+
+    tasks, results = asyncio.run(episodes())
+    assert all(1 <= episode.turns <= MAX_TURNS for episode in results)
+    assert any(episode.turns == 2 for episode in results)
+    rewards = [reward(e.final_text, t.answer) for t, e in zip(tasks, results, strict=True)]
+    assert 1.0 in rewards
+
+
+def test_rollout_errors_are_reported_not_raised() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    rollout = Rollout(generate_tasks(1, seed=0)[0], "g", "t")
+
+    async def attempt():
+        async with (
+            AsyncOpenAI(base_url=f"{dead}/v1", api_key="k", max_retries=0) as client,
+            httpx.AsyncClient() as http,
+        ):
+            return await run_rollout(client, http, dead, rollout)
+
+    outcome = asyncio.run(attempt())
+    assert outcome.reward is None
+    assert outcome.error and "Connection" in outcome.error
+
+
+def test_demo_through_the_proxy(capture_stack) -> None:
+    summary = run_demo(
+        prompts=2,
+        rollouts=2,
+        proxy_url=capture_stack.proxy_url,
+        concurrency=4,
+        key=capture_stack.key,
+        lake=capture_stack.lake,
+    )
+    assert (summary.trajectories, summary.errors) == (4, 0)
+    demo_turns = capture_stack.wait_for_rows(
+        lambda frame: frame.filter(frame["agent"] == "demo-calculator").height >= summary.turns
+    ).filter(pl.col("agent") == "demo-calculator")
+    assert demo_turns.height == summary.turns
+    assert demo_turns["trajectory_id"].n_unique() == 4
+    assert demo_turns["group_id"].n_unique() == 2
+    assert demo_turns["token_source"].unique().to_list() == ["engine"]
+    assert all('"ground_truth"' in metadata for metadata in demo_turns["metadata"])
+    trajectories = set(demo_turns["trajectory_id"])
+    events = capture_stack.wait_for_rows(
+        lambda frame: trajectories <= set(frame["trajectory_id"]), table="trajectory_events"
+    ).filter(pl.col("trajectory_id").is_in(list(trajectories)))
+    assert sorted(events["reward"].to_list()) == sorted(summary.rewards)
