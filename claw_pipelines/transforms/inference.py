@@ -2,12 +2,19 @@
 
 A turn continues an earlier turn when its prompt starts with that turn's prompt + response
 (the agent sent the history back and appended to it); otherwise it starts a new trajectory,
-named ``inferred-<its turn_id>``. Candidates are matched by a join on the hash of their first
-``key_tokens`` tokens (so only turns sharing a beginning are compared), then checked exactly.
+named ``inferred-<its turn_id>``.
+
+Matching is a hash join, linear in the tokens of the identity-less turns: every token gets a
+hash of (token, position), and the running sum of those hashes along a sequence is a prefix
+hash. A candidate predecessor is keyed by (length, hash) of its full sequence; a turn's prompt
+offers (p, prefix hash at p) for every position p, and the join yields the turns whose prompt
+could extend it. Candidates are then checked token by token. (A first-tokens key does not work:
+agents share long system prompts, which would put every turn in one bucket.)
+
 Each turn's predecessor is the longest matching sequence; a predecessor keeps only its earliest
 successor (a second continuation of the same turn, e.g. a retry, starts its own trajectory).
 Chains are resolved by pointer jumping (log of chain length joins, not a loop over rows).
-Sequences shorter than ``key_tokens`` cannot be continued.
+Sequences shorter than ``min_tokens`` are never continued (too short to be evidence).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import polars as pl
 from claw_pipelines.transforms.prefixes import extends, full_sequence
 
 _MAX_JUMPS = 64
+_SEED = 0x5EED
 
 
 def _before(at: pl.Expr, key: pl.Expr, other_at: pl.Expr, other_key: pl.Expr) -> pl.Expr:
@@ -24,8 +32,21 @@ def _before(at: pl.Expr, key: pl.Expr, other_at: pl.Expr, other_key: pl.Expr) ->
     return (at < other_at) | ((at == other_at) & (key < other_key))
 
 
+def _prefix_hashes(sequences: pl.DataFrame, column: str) -> pl.DataFrame:
+    """(turn_id, end, hash of the first ``end`` tokens) for every prefix of ``column``."""
+    return (
+        sequences.select("turn_id", pl.col(column).alias("_token"))
+        .explode("_token", empty_as_null=False)
+        .with_columns(pl.int_range(1, pl.len() + 1).over("turn_id").alias("end"))
+        .with_columns(
+            pl.struct("_token", "end").hash(_SEED).cum_sum().over("turn_id").alias("prefix_hash")
+        )
+        .drop("_token")
+    )
+
+
 def infer_trajectories(
-    new: pl.DataFrame, known_tails: pl.DataFrame, *, key_tokens: int
+    new: pl.DataFrame, known_tails: pl.DataFrame, *, min_tokens: int
 ) -> pl.DataFrame:
     """``(turn_id, trajectory_id)`` for every turn of ``new`` (turns with trajectory_id null).
 
@@ -33,26 +54,38 @@ def infer_trajectories(
     closed): turn_id, trajectory_id, prompt_token_ids, response_token_ids, started_at.
     """
     cols = ["turn_id", "prompt_token_ids", "response_token_ids", "started_at"]
-    candidates = pl.concat(
-        [
-            new.select(*cols, pl.lit(None, dtype=pl.String).alias("trajectory_id")),
-            known_tails.select(*cols, "trajectory_id"),
-        ]
-    ).with_columns(full_sequence("prompt_token_ids", "response_token_ids").alias("_full"))
-    candidates = candidates.filter(pl.col("_full").list.len() >= key_tokens).select(
-        pl.col("turn_id").alias("pred"),
-        pl.col("trajectory_id").alias("pred_trajectory"),
-        pl.col("started_at").alias("pred_started"),
-        "_full",
-        pl.col("_full").list.head(key_tokens).hash().alias("_key"),
+    candidates = (
+        pl.concat(
+            [
+                new.select(*cols, pl.lit(None, dtype=pl.String).alias("trajectory_id")),
+                known_tails.select(*cols, "trajectory_id"),
+            ]
+        )
+        .with_columns(full_sequence("prompt_token_ids", "response_token_ids").alias("_full"))
+        .filter(pl.col("_full").list.len() >= min_tokens)
     )
-    successors = (
-        new.select("turn_id", "started_at", "prompt_token_ids")
-        .filter(pl.col("prompt_token_ids").list.len() >= key_tokens)
-        .with_columns(pl.col("prompt_token_ids").list.head(key_tokens).hash().alias("_key"))
+    lengths = candidates.select(
+        "turn_id",
+        pl.col("_full").list.len().alias("_full_len"),
+        pl.col("prompt_token_ids").list.len().alias("_prompt_len"),
     )
+    hashes = _prefix_hashes(candidates, "_full").join(lengths, on="turn_id")
+    keys = (
+        hashes.filter(pl.col("end") == pl.col("_full_len"))
+        .select("turn_id", "end", "prefix_hash")
+        .join(candidates.select("turn_id", "trajectory_id", "started_at", "_full"), on="turn_id")
+        .rename(
+            {"turn_id": "pred", "trajectory_id": "pred_trajectory", "started_at": "pred_started"}
+        )
+    )
+    successors = new.select("turn_id", "started_at", "prompt_token_ids")
+    offers = hashes.filter(
+        (pl.col("end") <= pl.col("_prompt_len")) & (pl.col("end") >= min_tokens)
+    ).join(successors.select("turn_id"), on="turn_id")
     links = (
-        successors.join(candidates, on="_key")
+        offers.select("turn_id", "end", "prefix_hash")
+        .join(keys, on=["end", "prefix_hash"])
+        .join(successors, on="turn_id")
         .filter(
             (pl.col("pred") != pl.col("turn_id"))
             & _before(
@@ -60,8 +93,7 @@ def infer_trajectories(
             )
             & extends(pl.col("prompt_token_ids"), pl.col("_full"))
         )
-        .with_columns(pl.col("_full").list.len().alias("_len"))
-        .sort(["turn_id", "_len", "pred_started", "pred"], descending=[False, True, True, True])
+        .sort(["turn_id", "end", "pred_started", "pred"], descending=[False, True, True, True])
         .unique("turn_id", keep="first", maintain_order=True)
         .sort(["pred", "started_at", "turn_id"])
         .unique("pred", keep="first", maintain_order=True)

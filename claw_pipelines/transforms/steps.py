@@ -108,7 +108,7 @@ def _last_per_trajectory(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _resolve_identity(
-    turns: pl.DataFrame, open_rows: pl.DataFrame, tails: pl.DataFrame, key_tokens: int
+    turns: pl.DataFrame, open_rows: pl.DataFrame, tails: pl.DataFrame, min_tokens: int
 ) -> pl.DataFrame:
     """Give identity-less turns the trajectory they continue (or a new inferred one)."""
     anonymous = turns.filter(pl.col("trajectory_inferred"))
@@ -124,7 +124,7 @@ def _resolve_identity(
             ),
         ]
     )
-    inferred = infer_trajectories(anonymous, known, key_tokens=key_tokens)
+    inferred = infer_trajectories(anonymous, known, min_tokens=min_tokens)
     return (
         turns.join(inferred.rename({"trajectory_id": "_inferred"}), on="turn_id", how="left")
         .with_columns(pl.coalesce("trajectory_id", "_inferred").alias("trajectory_id"))
@@ -179,7 +179,7 @@ def extract_steps(
     source_version: int | None = None,
     idle_timeout_s: float = 600.0,
     reopen_window_s: float = 3_600.0,
-    prefix_key_tokens: int = 16,
+    min_prefix_tokens: int = 16,
 ) -> StepExtraction:
     """Close trajectories and emit their steps.
 
@@ -207,7 +207,7 @@ def extract_steps(
         ]
     )
     turns = _new_turns(_collect(new_turns), source_version).join(seen, on="turn_id", how="anti")
-    turns = _resolve_identity(turns, open_rows, tails, prefix_key_tokens)
+    turns = _resolve_identity(turns, open_rows, tails, min_prefix_tokens)
     pending = pl.concat([open_rows.select(_PENDING), turns])
     events = _first_events(_collect(new_events))
 
