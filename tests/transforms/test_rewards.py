@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 
 import polars as pl
 import pytest
 from transform_rows import at, chain, event, events, rewards, turns
 
 from claw_pipelines.derived_schemas import REWARDED_STEPS, conform
-from claw_pipelines.reward_rules import RewardConfig, RewardRule, rule_rewards
+from claw_pipelines.reward_rules import (
+    JudgeConfig,
+    RewardConfig,
+    RewardRule,
+    openai_judge,
+    rule_rewards,
+)
 from claw_pipelines.transforms import (
     CreditAssignment,
     affected_trajectories,
@@ -149,3 +157,38 @@ def test_judge_is_off_by_default_and_pluggable():
     last = frame.filter(pl.col("is_last"))
     assert last["reward"].to_list() == [0.8, 0.8]
     assert last["reward_sources"].to_list() == [["model"], ["model"]]
+
+
+def test_openai_judge_asks_an_openai_compatible_endpoint():
+    seen: list[dict] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append({"path": self.path, "auth": self.headers["Authorization"], **body})
+            answer = "7" if "Paris" in body["messages"][0]["content"] else "no idea"
+            reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(reply.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        judge = openai_judge(JudgeConfig(enabled=True, base_url=url, model="judge"))
+        rows = pl.DataFrame(
+            {"ground_truth": ["Paris", "x"], "response_text": ["paris", "y"],
+             "request_messages": ["[]", "[]"]}
+        )  # fmt: skip
+        assert judge(rows).to_list() == [0.7, None]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [s["path"] for s in seen] == ["/v1/chat/completions"] * 2
+    assert seen[0]["model"] == "judge" and seen[0]["auth"].startswith("Bearer ")
