@@ -82,6 +82,7 @@ class SamplingRequest(OpenAIBaseModel):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Validated as vLLM does (bad values are 400s); the simulated policy does not use them.
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     return_token_ids: bool | None = None
@@ -112,7 +113,7 @@ class ChatCompletionRequest(SamplingRequest):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("when using `top_logprobs`, `logprobs` must be set to true.")
         names = {tool.function.name for tool in self.tools or []}
-        if self.tool_choice in ("required",) and not names:
+        if self.tool_choice == "required" and not names:
             raise ValueError('`tool_choice="required"` needs `tools`.')
         if (
             isinstance(self.tool_choice, NamedToolChoice)

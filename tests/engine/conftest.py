@@ -29,7 +29,7 @@ def client(answer_log: Path) -> Iterator[TestClient]:
 
 @pytest.fixture(scope="session")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    """A real engine process started the way ``claw up`` starts it."""
+    """A real ``claw sim`` process, configured by environment (``claw up`` passes flags)."""
     workdir = tmp_path_factory.mktemp("sim")
     port = free_port()
     command = [
@@ -44,9 +44,10 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     ]
     service = start_service(
         "engine",
-        [*command, "--log-file", str(workdir / "answers.jsonl")],
+        command,
         f"http://127.0.0.1:{port}",
         workdir / "engine.log",
+        env={"CLAW_ENGINE_LOG": str(workdir / "answers.jsonl"), "CLAW_ENGINE_LATENCY_MS": "1"},
     )
     try:
         service.wait_ready("/health", timeout_s=60)

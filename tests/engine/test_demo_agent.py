@@ -61,6 +61,14 @@ def test_demo_through_the_proxy(capture_stack) -> None:
     assert demo_turns["group_id"].n_unique() == 2
     assert demo_turns["token_source"].unique().to_list() == ["engine"]
     assert all('"ground_truth"' in metadata for metadata in demo_turns["metadata"])
+    for _, steps in demo_turns.sort("started_at").group_by("trajectory_id"):
+        prompts, responses = (
+            steps["prompt_token_ids"].to_list(),
+            steps["response_token_ids"].to_list(),
+        )
+        for k in range(1, len(prompts)):
+            extended = prompts[k - 1] + responses[k - 1]
+            assert prompts[k][: len(extended)] == extended
     trajectories = set(demo_turns["trajectory_id"])
     events = capture_stack.wait_for_rows(
         lambda frame: trajectories <= set(frame["trajectory_id"]), table="trajectory_events"

@@ -89,10 +89,11 @@ def test_plan_rollouts_groups_by_task() -> None:
     plan = plan_rollouts(generate_tasks(3, seed=1), 4, lambda: next(ids))
     assert len(plan) == 12
     assert len({r.trajectory_id for r in plan}) == 12
-    groups = {r.group_id: {r.task for r in plan if r.group_id == r.group_id} for r in plan}
-    assert len(groups) == 3
-    for group_id in groups:
-        assert len({r.task for r in plan if r.group_id == group_id}) == 1
+    tasks_by_group: dict[str, set[Task]] = {}
+    for rollout in plan:
+        tasks_by_group.setdefault(rollout.group_id, set()).add(rollout.task)
+    assert len(tasks_by_group) == 3
+    assert all(len(tasks) == 1 for tasks in tasks_by_group.values())
     assert plan[0].claw_metadata()["ground_truth"] == str(plan[0].task.answer)
 
 
