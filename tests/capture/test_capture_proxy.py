@@ -178,7 +178,9 @@ def test_planted_secrets_reach_no_table_and_no_log(capture_stack: CaptureStack) 
             scan = capture_stack.lake.scan(table)
             if scan is None:
                 continue
-            text = json.dumps(scan.collect().select(pl.col(pl.String, pl.List(pl.String))).to_dicts())
+            text = json.dumps(
+                scan.collect().select(pl.col(pl.String, pl.List(pl.String))).to_dicts()
+            )
             assert secret not in text, f"secret found in {table}"
         for log in (capture_stack.workdir / "logs").glob("*.log"):
             assert secret not in log.read_text(errors="replace"), f"secret found in {log.name}"
