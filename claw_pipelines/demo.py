@@ -248,7 +248,7 @@ def summary_table(summary: Summary) -> Table:
     mean = summary.mean_reward
     table.add_row("mean reward", "n/a" if mean is None else f"{mean:.3f}")
     counts = Counter(summary.rewards)
-    distribution = ", ".join(f"{value:g}: {counts[value]}" for value in sorted(counts))
+    distribution = ", ".join(f"{value:.1f} x {counts[value]}" for value in sorted(counts))
     table.add_row("reward distribution", distribution or "n/a")
     table.add_row("groups with mixed rewards", f"{summary.mixed_groups} / {summary.groups}")
     batches = summary.batches

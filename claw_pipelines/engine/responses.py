@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from claw_pipelines.engine.protocol import (
     ChatCompletionResponse,
@@ -192,7 +193,7 @@ def _completion_logprobs(
     sample: Sample, positions: range, top_k: int, offset: int
 ) -> CompletionLogProbs:
     tokens = [token_str(sample.token_ids[j]) for j in positions]
-    offsets = [offset + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    offsets = list(accumulate((len(t) for t in tokens), initial=offset))[: len(tokens)]
     return CompletionLogProbs(
         text_offset=offsets,
         token_logprobs=[sample.logprobs[j] for j in positions],

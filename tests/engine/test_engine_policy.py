@@ -45,8 +45,9 @@ def _token_runs(seed: int) -> list[list[int]]:
 
 
 def test_engine_seed_reproduces_a_run() -> None:
-    assert _token_runs(5) == _token_runs(5)
-    assert _token_runs(5) != _token_runs(6)
+    run = _token_runs(5)
+    assert run == _token_runs(5)
+    assert run != _token_runs(6)
 
 
 def test_request_seed_pins_the_answer(client: TestClient) -> None:
