@@ -55,13 +55,11 @@ class Preview:
 
 def group_table(rows: pl.DataFrame) -> pl.DataFrame:
     """Per group in the plan: rollouts, steps and the spread of trajectory rewards."""
-    outcome = (
-        pl.coalesce("outcome_reward", "reward") if "outcome_reward" in rows.columns else "reward"
-    )
+    outcome = pl.col("reward")
+    if "outcome_reward" in rows.columns:
+        outcome = pl.coalesce("outcome_reward", "reward")
     per_trajectory = rows.group_by("group_id", "trajectory_id").agg(
-        pl.len().alias("steps"),
-        pl.col("reward").sum().alias("credited"),
-        pl.first(outcome).alias("r"),
+        pl.len().alias("steps"), outcome.first().alias("r")
     )
     return (
         per_trajectory.group_by("group_id")

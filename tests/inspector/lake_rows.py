@@ -135,7 +135,7 @@ def land_rollouts(
     events: list[TrajectoryEventRow] = []
     rewards: list[Reward] = []
     for g in range(groups):
-        group_id = f"grp-{new_id()[:13]}"
+        group_id = f"grp-{new_id()[-12:]}"
         out.groups.append(group_id)
         a, b = 10 + 7 * g, 20 + 3 * g
         for r in range(rollouts):

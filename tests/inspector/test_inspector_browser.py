@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import polars as pl
-from lake_rows import land_rollouts
+from lake_rows import land_rollouts, rollout_turns
 from playwright.sync_api import expect
+
+from claw_pipelines.schemas import Turn, rows_to_arrow
 
 
 def test_overview_updates_when_new_turns_land(page, inspector_service, inspector_lake, screenshot):
@@ -78,3 +81,28 @@ def test_labelling_a_trajectory_untrainable_writes_a_labels_row(
     expect(page.locator("#trajectory-list tbody tr")).to_have_count(1)
     expect(page.locator("#trajectory-list tbody tr .badge.lbl")).to_have_text("bad")
     screenshot("curation")
+
+
+def test_an_open_trajectory_page_follows_new_turns(page, inspector_service, inspector_lake):
+    lake, rollouts = inspector_lake
+    trajectory_id = rollouts.open_trajectories[0]
+    page.goto(f"{inspector_service.url}/trajectories/{trajectory_id}")
+    expect(page.locator(".live")).to_be_visible()
+    steps = page.locator("article.step")
+    expect(steps).to_have_count(2)
+    (extra,) = rollout_turns(
+        trajectory_id,
+        "late",
+        5,
+        6,
+        11,
+        start=datetime.now(UTC),
+        policy_version=2,
+        channel="eval",
+        agent="arith-agent",
+        seed=9,
+        steps=1,
+    )
+    lake.append("turns", rows_to_arrow(Turn, [extra.model_dump()]))
+    expect(steps).to_have_count(3)
+    expect(page.locator(f'article.step[data-turn="{extra.turn_id}"]')).to_be_visible()
