@@ -1,8 +1,9 @@
 """The simulated policy: what the engine "decides" to say, drawn from a seeded RNG.
 
 It behaves like a small, imperfect model on the arithmetic tasks of ``tasks``: with a calculator
-tool it sometimes calls the tool and then answers from the result, sometimes answers directly
-(right or wrong), and sometimes rambles until it hits the token limit. That spread is what makes
+tool it sometimes calls the tool and then answers from the result (now and then double-checking
+with a second call first), sometimes answers directly (right or wrong), and sometimes rambles
+until it hits the token limit. That spread is what makes
 rewards vary inside a GRPO group of identical prompts. Every choice comes from the ``random.Random``
 passed in, so a run is reproducible from the engine seed.
 """
@@ -21,6 +22,7 @@ from claw_pipelines.engine.tokenizer import encode
 P_TOOL = 0.45
 P_RAMBLE = 0.12
 P_CORRECT = 0.55
+P_RECHECK = 0.25
 CALCULATOR = "calculator"
 
 NO_TASK_REPLY = "Please ask me an arithmetic question, for example what is 2 plus 3."
@@ -55,11 +57,20 @@ class Draft:
     tool_call: FunctionCall | None = None
 
 
-def _latest_task(messages: Sequence[Message]) -> Task | None:
+def _latest_task(messages: Sequence[Message]) -> tuple[Task, int] | None:
+    """The last question asked and how many tool calls the assistant made since."""
+    calls = 0
     for message in reversed(messages):
         if message.role == "user" and (task := parse_question(message.text())) is not None:
-            return task
+            return task, calls
+        if message.role == "assistant":
+            calls += len(message.tool_calls or [])
     return None
+
+
+def _recheck_expression(task: Task) -> str:
+    """The same sum or product with its operands swapped, as a cautious model would verify."""
+    return f"{task.b} {task.op} {task.a}" if task.op in "+*" else task.expression
 
 
 def _tool_name(tools: Sequence[Tool], forced: str | None) -> str:
@@ -107,17 +118,22 @@ def respond_chat(
 
     ``budget`` is the token limit; a ramble is made longer than it.
     """
-    task = _latest_task(messages)
-    if task is None:
+    latest = _latest_task(messages)
+    if latest is None:
         return Draft(NO_TASK_REPLY)
-    if messages[-1].role == "tool":
-        return _answer_from_tool(task, messages[-1].text(), rng)
+    task, calls = latest
     named = tool_choice not in (None, "none", "auto", "required")
     forced = named or tool_choice == "required"
-    if tools and tool_choice != "none" and (forced or rng.random() < P_TOOL):
-        name = _tool_name(tools, tool_choice if named else None)
-        call = FunctionCall(name=name, arguments=dumps({"expression": task.expression}))
-        return Draft("", tool_call=call)
+    may_call = bool(tools) and tool_choice != "none"
+    name = _tool_name(tools, tool_choice if named else None) if may_call else ""
+    if messages[-1].role == "tool":
+        if may_call and calls == 1 and rng.random() < P_RECHECK:
+            arguments = dumps({"expression": _recheck_expression(task)})
+            return Draft("", tool_call=FunctionCall(name=name, arguments=arguments))
+        return _answer_from_tool(task, messages[-1].text(), rng)
+    if may_call and (forced or rng.random() < P_TOOL):
+        arguments = dumps({"expression": task.expression})
+        return Draft("", tool_call=FunctionCall(name=name, arguments=arguments))
     if rng.random() < P_RAMBLE:
         return ramble(task, budget, rng)
     return _answer(task, rng)

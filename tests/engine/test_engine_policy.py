@@ -67,6 +67,28 @@ def test_answers_from_the_tool_result() -> None:
         assert parse_final_answer(draft.text) == 82
 
 
+def test_sometimes_double_checks_once_with_the_tool() -> None:
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": '{"expression": "37 + 45"}'},
+    }
+    after_one_call = [
+        Message(role="user", content="What is 37 + 45?"),
+        Message.model_validate({"role": "assistant", "content": None, "tool_calls": [call]}),
+        Message(role="tool", content="82", tool_call_id="c1"),
+    ]
+    drafts = [respond_chat(after_one_call, TOOLS, None, 100, random.Random(s)) for s in range(40)]
+    rechecks = [d.tool_call.arguments for d in drafts if d.tool_call]
+    assert rechecks
+    assert set(rechecks) == {'{"expression": "45 + 37"}'}
+    after_two_calls = [*after_one_call[:2], after_one_call[1], after_one_call[2]]
+    for seed in range(40):
+        assert (
+            respond_chat(after_two_calls, TOOLS, None, 100, random.Random(seed)).tool_call is None
+        )
+
+
 def test_tool_choice_none_never_calls_and_no_task_gets_a_plain_reply() -> None:
     question = [Message(role="user", content="What is 3 * 4?")]
     for seed in range(50):

@@ -26,29 +26,27 @@ def turn(client: TestClient, messages: list[dict], **extra) -> dict:
 
 
 def test_three_turn_tool_trajectory_extends_prefixes(client: TestClient) -> None:
+    """Tool call, tool result, answer, then a follow-up question: every turn extends the last."""
     messages: list[dict] = [
         {"role": "system", "content": "You are a careful math assistant."},
         {"role": "user", "content": "What is 37 + 45?"},
     ]
-    first = turn(client, messages, tool_choice="required")
-    message = first["choices"][0]["message"]
-    (call,) = message["tool_calls"]
-    messages.append(message)
-    messages.append(
-        {
-            "role": "tool",
-            "tool_call_id": call["id"],
-            "content": calculator(call["function"]["arguments"]),
-        }
-    )
-    second = turn(client, messages)
-    assert second["choices"][0]["finish_reason"] == "stop"
-    assert "The answer is 82." in second["choices"][0]["message"]["content"]
-    messages.append(second["choices"][0]["message"])
+    turns = [turn(client, messages, tool_choice="required")]
+    while turns[-1]["choices"][0]["finish_reason"] == "tool_calls":
+        message = turns[-1]["choices"][0]["message"]
+        messages.append(message)
+        for call in message["tool_calls"]:
+            result = calculator(call["function"]["arguments"])
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+        turns.append(turn(client, messages))
+    answer = turns[-1]["choices"][0]
+    assert answer["finish_reason"] == "stop"
+    assert "The answer is 82." in answer["message"]["content"]
+    messages.append(answer["message"])
     messages.append({"role": "user", "content": "Thanks. What is 12 * 3?"})
-    third = turn(client, messages, tool_choice="none")
+    turns.append(turn(client, messages, tool_choice="none"))
 
-    turns = [first, second, third]
+    assert len(turns) >= 3
     for earlier, later in pairwise(turns):
         response_ids = earlier["choices"][0]["token_ids"]
         assert response_ids[-1] == IM_END_ID
