@@ -93,22 +93,12 @@ class Lake:
         With ``app_id``/``app_version`` the commit carries a Delta app transaction, so a caller that
         crashed after committing can ask ``committed_app_version`` and never apply a batch twice.
         """
-        delta_table = self.ensure(table, data.schema)
-        transactions = None
-        if app_id is not None and app_version is not None:
-            transactions = [Transaction(app_id=app_id, version=app_version)]
-        write_deltalake(
-            delta_table,
-            data,
-            mode="append",
-            commit_properties=CommitProperties(
-                max_commit_retries=self.max_commit_retries,
-                app_transactions=transactions,
-                custom_metadata=metadata,
-            ),
-        )
-        delta_table.update_incremental()
-        return delta_table.version()
+        writer = self.writer(table)
+        writer.append(data, app_id=app_id, app_version=app_version, metadata=metadata)
+        return self.version(table)
+
+    def writer(self, table: str) -> TableWriter:
+        return TableWriter(self, table)
 
     def committed_app_version(self, table: str, app_id: str) -> int | None:
         """The last app-transaction version committed by ``app_id`` (None if it never committed)."""
@@ -148,7 +138,61 @@ class Lake:
         return frame, latest
 
     def scan(self, table: str, version: int | None = None) -> pl.LazyFrame | None:
-        """A lazy scan of the table at ``version`` (default latest), or None if it does not exist."""
+        """A lazy scan of the table at ``version`` (default latest); None if it does not exist."""
         if self.open(table) is None:
             return None
         return pl.scan_delta(self.uri(table), version=version, storage_options=self._options())
+
+
+class TableWriter:
+    """Appends to one table through a long-lived handle, re-opened every ``reopen_every`` commits.
+
+    Re-using the handle saves a log load per commit; re-opening bounds the snapshot a handle
+    accumulates (delta-rs keeps every file it ever saw, and commit latency grows with it).
+    """
+
+    def __init__(self, lake: Lake, table: str, reopen_every: int = 100) -> None:
+        self.lake = lake
+        self.table = table
+        self.reopen_every = reopen_every
+        self._handle: DeltaTable | None = None
+        self._commits = 0
+
+    def _open(self, schema: pa.Schema) -> DeltaTable:
+        if self._handle is None or self._commits >= self.reopen_every:
+            self._handle = self.lake.ensure(self.table, schema)
+            self._commits = 0
+        else:
+            self._handle.update_incremental()
+        return self._handle
+
+    def committed_app_version(self, app_id: str) -> int | None:
+        handle = self.lake.open(self.table) if self._handle is None else self._handle
+        if handle is None:
+            return None
+        handle.update_incremental()
+        return handle.transaction_version(app_id)
+
+    def append(
+        self,
+        data: pa.Table,
+        *,
+        app_id: str | None = None,
+        app_version: int | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
+        handle = self._open(data.schema)
+        transactions = None
+        if app_id is not None and app_version is not None:
+            transactions = [Transaction(app_id=app_id, version=app_version)]
+        write_deltalake(
+            handle,
+            data,
+            mode="append",
+            commit_properties=CommitProperties(
+                max_commit_retries=self.lake.max_commit_retries,
+                app_transactions=transactions,
+                custom_metadata=metadata,
+            ),
+        )
+        self._commits += 1

@@ -7,6 +7,7 @@ group that does not exit in time is killed).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -48,7 +49,7 @@ class Service:
             return ""
 
     def wait_ready(self, path: str, timeout_s: float = 120.0) -> None:
-        """Poll ``url + path`` until it answers 2xx; fail with the log tail if it dies or times out."""
+        """Poll ``url + path`` until it answers 2xx; fail with the log tail if it dies or hangs."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
@@ -102,10 +103,8 @@ def stop_group(process: subprocess.Popen, grace_s: float = 10.0, sig: int = sign
         if process.poll() is not None and not _group_alive(process.pid):
             return
         time.sleep(0.1)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait(timeout=10)
 
 

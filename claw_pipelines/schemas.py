@@ -13,6 +13,7 @@ import time
 import types
 import uuid
 from datetime import UTC, datetime
+from functools import cache
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import pyarrow as pa
@@ -55,7 +56,13 @@ def new_id() -> str:
     """A time-ordered unique id in the UUIDv7 layout, so ids sort by creation time."""
     millis = time.time_ns() // 1_000_000
     rand = int.from_bytes(os.urandom(10), "big")
-    value = (millis << 80) | (0x7 << 76) | ((rand >> 62) & 0xFFF) << 64 | (0b10 << 62) | (rand & (2**62 - 1))
+    value = (
+        (millis << 80)
+        | (0x7 << 76)
+        | ((rand >> 62) & 0xFFF) << 64
+        | (0b10 << 62)
+        | (rand & (2**62 - 1))
+    )
     return str(uuid.UUID(int=value))
 
 
@@ -89,11 +96,17 @@ class LandingRow(BaseModel):
 
     @classmethod
     def arrow_schema(cls) -> pa.Schema:
-        fields = []
-        for name, info in cls.model_fields.items():
-            arrow_type, nullable = _arrow_type(info.annotation, list(info.metadata))
-            fields.append(pa.field(name, arrow_type, nullable=nullable))
-        return pa.schema(fields)
+        return _arrow_schema_of(cls)
+
+
+@cache
+def _arrow_schema_of(model: type[LandingRow]) -> pa.Schema:
+    """Derived once per model: the spool calls this for every row it writes."""
+    fields = []
+    for name, info in model.model_fields.items():
+        arrow_type, nullable = _arrow_type(info.annotation, list(info.metadata))
+        fields.append(pa.field(name, arrow_type, nullable=nullable))
+    return pa.schema(fields)
 
 
 class Turn(LandingRow):
@@ -102,7 +115,9 @@ class Turn(LandingRow):
     table_name: ClassVar[str] = "turns"
     key: ClassVar[str] = "turn_id"
 
-    turn_id: str = Field(description="LiteLLM call id; also returned to the agent as x-litellm-call-id.")
+    turn_id: str = Field(
+        description="LiteLLM call id; also returned to the agent as x-litellm-call-id."
+    )
     trajectory_id: str | None = None
     group_id: str | None = None
     channel: str | None = None
@@ -119,7 +134,9 @@ class Turn(LandingRow):
     prompt_token_ids: TokenIds | None = None
     response_token_ids: TokenIds | None = None
     response_logprobs: Logprobs | None = None
-    request_messages: JsonText | None = Field(default=None, description="JSON list of chat messages.")
+    request_messages: JsonText | None = Field(
+        default=None, description="JSON list of chat messages."
+    )
     request_tools: JsonText | None = None
     sampling_params: JsonText | None = None
     response_message: JsonText | None = Field(
@@ -132,7 +149,9 @@ class Turn(LandingRow):
     ended_at: UtcTimestamp
     first_token_at: UtcTimestamp | None = None
     latency_ms: float | None = None
-    writer_id: str | None = Field(default=None, description="Spool writer (process) that landed it.")
+    writer_id: str | None = Field(
+        default=None, description="Spool writer (process) that landed it."
+    )
     metadata: JsonText | None = None
 
 
@@ -198,5 +217,5 @@ LANDING_MODELS: dict[str, type[LandingRow]] = {
 
 
 def rows_to_arrow(model: type[LandingRow], rows: list[dict[str, Any]]) -> pa.Table:
-    """Build an Arrow table of validated rows (as dumped by ``model_dump``) in the model's schema."""
+    """An Arrow table of validated rows (as dumped by ``model_dump``) in the model's schema."""
     return pa.Table.from_pylist(rows, schema=model.arrow_schema())

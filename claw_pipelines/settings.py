@@ -29,7 +29,7 @@ class ClawSettings(BaseSettings):
     )
     storage_options: dict[str, str] = Field(
         default_factory=dict,
-        description="delta-rs storage options (JSON in CLAW_STORAGE_OPTIONS), e.g. AWS_REGION, AWS_ENDPOINT_URL.",
+        description="delta-rs storage options (JSON in CLAW_STORAGE_OPTIONS), e.g. AWS_REGION.",
     )
     spool_dir: Path = Field(
         default=Path(".claw/spool"),
@@ -41,7 +41,7 @@ class ClawSettings(BaseSettings):
         "'interval': fsync every fsync_interval_ms in the background.",
     )
     fsync_interval_ms: int = Field(default=100, ge=1, le=200)
-    flush_max_rows: int = Field(default=512, ge=1, description="Rotate and commit a segment at this size.")
+    flush_max_rows: int = Field(default=512, ge=1, description="Commit once this many rows wait.")
     flush_interval_s: float = Field(default=1.0, gt=0, description="Commit at least this often.")
     max_commit_retries: int = Field(default=100, ge=0)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)

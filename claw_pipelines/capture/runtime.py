@@ -111,7 +111,7 @@ class CaptureRuntime:
     def land(self, rows: list[LandingRow]) -> None:
         """Append rows to the spool (synchronous write: durable against a process crash)."""
         for row in rows:
-            self.writer.append(row.table_name, row.model_dump_json())
+            self.writer.append(row)
         self.flusher.nudge()
 
     async def land_durably(self, rows: list[LandingRow]) -> None:

@@ -1,12 +1,13 @@
 """The local spool: where a turn becomes durable before its answer leaves the proxy.
 
 Each proxy process owns one spool directory (named by its writer id and held with an exclusive
-``flock``). Rows are appended as JSON lines to one active segment per table with a single
-``write`` call, so a killed process leaves at most a torn last line of a turn that was never
-answered. ``SpoolFlusher`` seals segments and commits them to Delta, each commit tagged with a
-Delta app transaction ``(writer_id, segment_seq)``; a segment is deleted only after its commit,
-and a commit that landed before a crash is recognised by its transaction version and never
-applied twice. Directories whose owner died are adopted and committed by any live process.
+``flock``). Rows are appended to one active segment per table, one frame per row written with a
+single ``write`` call (format in ``spool_codec``), so a killed process leaves at most a torn
+frame, of a turn that was never answered. ``SpoolFlusher`` seals segments and commits them to
+Delta, each commit tagged with a Delta app transaction ``(writer_id, segment_seq)``; a segment
+is deleted only after its commit, and a commit that landed before a crash is recognised by its
+transaction version and never applied twice. Directories whose owner died are adopted and
+committed by any live process.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pa_json
 
-from claw_pipelines.lake import Lake
-from claw_pipelines.schemas import LANDING_MODELS
+from claw_pipelines.capture import spool_codec
+from claw_pipelines.lake import Lake, TableWriter
+from claw_pipelines.schemas import LANDING_MODELS, LandingRow
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
-SEGMENT_SUFFIX = ".jsonl"
+SEGMENT_SUFFIX = ".spool"
 
 
 def new_writer_id() -> str:
@@ -46,7 +47,7 @@ def segment_name(table: str, seq: int) -> str:
 
 
 def parse_segment_name(name: str) -> tuple[str, int] | None:
-    """``turns-000000000007.jsonl`` -> ("turns", 7); None for anything else."""
+    """``turns-000000000007.spool`` -> ("turns", 7); None for anything else."""
     if not name.endswith(SEGMENT_SUFFIX):
         return None
     table, _, seq = name.removesuffix(SEGMENT_SUFFIX).rpartition("-")
@@ -81,14 +82,15 @@ class SpoolWriter:
         self._dirty: set[int] = set()
         self._fsync_task: asyncio.Future | None = None
 
-    def append(self, table: str, row_json: str) -> None:
-        """Write one row (a JSON object without newline) to the table's active segment."""
-        payload = (row_json + "\n").encode()
+    def append(self, row: LandingRow) -> None:
+        """Write one row to its table's active segment (one ``write`` of one IPC message)."""
+        table = row.table_name
+        message = spool_codec.encode(row)
         with self._mutex:
             segment = self._active.get(table)
             if segment is None:
                 segment = self._open_segment(table)
-            os.write(segment.fd, payload)
+            os.write(segment.fd, message)
             segment.rows += 1
             self._dirty.add(segment.fd)
 
@@ -155,21 +157,13 @@ class SpoolWriter:
 
 
 def read_segment(path: Path, table: str) -> pa.Table:
-    """Parse a segment into the table's Arrow schema, ignoring a torn (unanswered) last line."""
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        data = data[: data.rfind(b"\n") + 1]
-    schema = LANDING_MODELS[table].arrow_schema()
-    if not data:
-        return schema.empty_table()
-    options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error")
-    parsed = pa_json.read_json(pa.py_buffer(data), parse_options=options)
-    return parsed.select(schema.names).cast(schema)
+    """The rows of a segment, ignoring a torn (never answered) last frame."""
+    return spool_codec.decode(path.read_bytes(), table)
 
 
 def dedupe_on_key(data: pa.Table, key: str) -> pa.Table:
     """Keep the first row per key: a replayed or repeated row must not land twice."""
-    if data.num_rows < 2:
+    if data.num_rows < 2 or pc.count_distinct(data.column(key)).as_py() == data.num_rows:
         return data
     indices = pa.table({key: data.column(key), "_i": pa.array(range(data.num_rows))})
     first = indices.group_by(key, use_threads=False).aggregate([("_i", "min")]).column("_i_min")
@@ -192,6 +186,8 @@ class SpoolFlusher:
         self._wake = threading.Event()
         self._commit_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._tables: dict[str, TableWriter] = {}
+        self._committed: dict[tuple[str, str], int | None] = {}
         self.committed_rows = 0
 
     def start(self) -> None:
@@ -248,8 +244,20 @@ class SpoolFlusher:
         self.committed_rows += committed
         return committed
 
+    def _table(self, table: str) -> TableWriter:
+        if table not in self._tables:
+            self._tables[table] = self.lake.writer(table)
+        return self._tables[table]
+
+    def _last_committed(self, table: str, writer_id: str) -> int | None:
+        """Ask Delta once per (table, writer); afterwards this flusher knows its own commits."""
+        if (table, writer_id) not in self._committed:
+            committed = self._table(table).committed_app_version(writer_id)
+            self._committed[(table, writer_id)] = committed
+        return self._committed[(table, writer_id)]
+
     def _commit_segments(self, table: str, segments: list[tuple[int, Path]], writer_id: str) -> int:
-        already = self.lake.committed_app_version(table, writer_id)
+        already = self._last_committed(table, writer_id)
         pending = [(seq, path) for seq, path in segments if already is None or seq > already]
         for seq, path in segments:
             if already is not None and seq <= already:
@@ -260,13 +268,13 @@ class SpoolFlusher:
         parts = [read_segment(path, table) for _, path in pending]
         data = dedupe_on_key(pa.concat_tables(parts), model.key)
         if data.num_rows:
-            self.lake.append(
-                table,
+            self._table(table).append(
                 data,
                 app_id=writer_id,
                 app_version=pending[-1][0],
                 metadata={"claw.writer_id": writer_id, "claw.segments": str(len(pending))},
             )
+            self._committed[(table, writer_id)] = pending[-1][0]
         for _, path in pending:
             path.unlink(missing_ok=True)
         return data.num_rows

@@ -133,4 +133,4 @@ def test_kill_9_under_load_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     assert not missing, f"{len(missing)} answered turns missing"
     assert turns["turn_id"].n_unique() == turns.height, "duplicate turn ids"
     assert turns.filter(pl.col("status") == "success").height >= len(answered)
-    assert not any(Path(stack.env["CLAW_SPOOL_DIR"]).glob("*/*.jsonl"))
+    assert not any(Path(stack.env["CLAW_SPOOL_DIR"]).glob("*/*.spool"))

@@ -108,17 +108,19 @@ def test_restream_carries_prompt_and_response_ids() -> None:
     assert events[-2] == "data: [DONE]"
 
 
-def _turn_json(turn_id: str) -> str:
+def _turn(turn_id: str) -> Turn:
     now = utc_now()
-    return Turn(
-        turn_id=turn_id, model="m", started_at=now, ended_at=now, prompt_token_ids=[1]
-    ).model_dump_json()
+    return Turn(turn_id=turn_id, model="m", started_at=now, ended_at=now, prompt_token_ids=[1])
 
 
-def test_torn_last_line_is_ignored(tmp_path: Path) -> None:
-    path = tmp_path / "turns-000000000000.jsonl"
-    path.write_text(_turn_json("a") + "\n" + _turn_json("b")[:40])
-    assert read_segment(path, "turns").column("turn_id").to_pylist() == ["a"]
+def test_torn_last_frame_is_ignored(tmp_path: Path) -> None:
+    writer = SpoolWriter(tmp_path / "spool")
+    writer.append(_turn("a"))
+    writer.append(_turn("b"))
+    writer.seal()
+    segment = next(writer.directory.glob("turns-*"))
+    segment.write_bytes(segment.read_bytes()[:-20])
+    assert read_segment(segment, "turns").column("turn_id").to_pylist() == ["a"]
 
 
 def test_commit_is_never_applied_twice(tmp_path: Path) -> None:
@@ -126,10 +128,10 @@ def test_commit_is_never_applied_twice(tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"))
     writer = SpoolWriter(tmp_path / "spool")
     flusher = SpoolFlusher(writer, lake)
-    writer.append("turns", _turn_json("a"))
-    writer.append("turns", _turn_json("a"))
+    writer.append(_turn("a"))
+    writer.append(_turn("a"))
     writer.seal()
-    segment = next(writer.directory.glob("turns-*.jsonl"))
+    segment = next(writer.directory.glob("turns-*"))
     kept = segment.read_bytes()
     assert flusher.flush() == 1
     segment.write_bytes(kept)
@@ -141,7 +143,7 @@ def test_commit_is_never_applied_twice(tmp_path: Path) -> None:
 def test_orphaned_spool_is_adopted(tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"))
     dead = SpoolWriter(tmp_path / "spool")
-    dead.append("turns", _turn_json("left-behind"))
+    dead.append(_turn("left-behind"))
     dead.close()
     live = SpoolWriter(tmp_path / "spool")
     assert SpoolFlusher(live, lake).adopt_orphans() == 1

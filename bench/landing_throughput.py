@@ -1,0 +1,114 @@
+"""Landing throughput: spool segments -> Delta ``turns`` vs a bare ``write_deltalake``.
+
+Both sides write the same rows (1,024 prompt + 256 response tokens with logprobs) in the same
+batch size in one run; the spool side includes parsing the segments, app transactions, the
+idempotency check and segment deletion. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from deltalake import CommitProperties, write_deltalake
+
+from claw_pipelines.capture.spool import SpoolFlusher, SpoolWriter
+from claw_pipelines.lake import TABLE_CONFIGURATION, Lake
+from claw_pipelines.schemas import Turn, rows_to_arrow, utc_now
+
+
+def synthetic_turns(count: int, prompt_len: int, response_len: int, seed: int = 0) -> list[Turn]:
+    rng = random.Random(seed)
+    now = utc_now()
+    return [
+        Turn(
+            turn_id=f"turn-{i:08d}",
+            trajectory_id=f"traj-{i // 4:07d}",
+            group_id=f"group-{i // 16:06d}",
+            model="policy",
+            token_source="engine",
+            prompt_token_ids=[rng.randrange(50_000) for _ in range(prompt_len)],
+            response_token_ids=[rng.randrange(50_000) for _ in range(response_len)],
+            response_logprobs=[-rng.random() for _ in range(response_len)],
+            request_messages=json.dumps([{"role": "user", "content": f"task {i}"}]),
+            response_message=json.dumps({"role": "assistant", "content": f"answer {i}"}),
+            response_text=f"answer {i}",
+            started_at=now,
+            ended_at=now,
+        )
+        for i in range(count)
+    ]
+
+
+def spool_to_delta(turns: list[Turn], batch: int, workdir: Path) -> float:
+    """Seconds the flusher spends committing segments of ``batch`` rows, one commit each.
+
+    Appending to the spool happens on the request path and is measured by capture_overhead.
+    """
+    lake = Lake(str(workdir / "spool-lake"))
+    writer = SpoolWriter(workdir / "spool")
+    flusher = SpoolFlusher(writer, lake, max_rows=batch)
+    elapsed = 0.0
+    committed = 0
+    for start in range(0, len(turns), batch):
+        for turn in turns[start : start + batch]:
+            writer.append(turn)
+        began = time.perf_counter()
+        committed += flusher.flush()
+        elapsed += time.perf_counter() - began
+    assert committed == len(turns), (committed, len(turns))
+    return elapsed
+
+
+def bare_writes(turns: list[Turn], batch: int, workdir: Path) -> float:
+    """Seconds for plain ``write_deltalake`` appends of the same rows and batch size."""
+    uri = str(workdir / "bare-lake" / "turns")
+    tables = [
+        rows_to_arrow(Turn, [t.model_dump() for t in turns[start : start + batch]])
+        for start in range(0, len(turns), batch)
+    ]
+    began = time.perf_counter()
+    for table in tables:
+        write_deltalake(
+            uri,
+            table,
+            mode="append",
+            configuration=TABLE_CONFIGURATION,
+            commit_properties=CommitProperties(max_commit_retries=100),
+        )
+    return time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--turns", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--prompt-tokens", type=int, default=1024)
+    parser.add_argument("--response-tokens", type=int, default=256)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="claw-bench-landing-"))
+    turns = synthetic_turns(args.turns, args.prompt_tokens, args.response_tokens)
+    bare_s = bare_writes(turns, args.batch, workdir)
+    spool_s = spool_to_delta(turns, args.batch, workdir)
+    print(
+        json.dumps(
+            {
+                "benchmark": "landing_throughput",
+                "turns": args.turns,
+                "batch": args.batch,
+                "prompt_tokens": args.prompt_tokens,
+                "response_tokens": args.response_tokens,
+                "turns_per_s": round(args.turns / spool_s, 1),
+                "bare_turns_per_s": round(args.turns / bare_s, 1),
+                "ratio_vs_bare": round(bare_s / spool_s, 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
