@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import secrets
 import shutil
 import socket
 import threading
@@ -38,8 +39,9 @@ SEGMENT_SUFFIX = ".spool"
 
 
 def new_writer_id() -> str:
-    """Unique per process start: host, pid and start time (ms)."""
-    return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns() // 1_000_000}"
+    """Unique per writer: host, pid, start time (ms) and a random suffix."""
+    started = time.time_ns() // 1_000_000
+    return f"{socket.gethostname()}-{os.getpid()}-{started}-{secrets.token_hex(3)}"
 
 
 def segment_name(table: str, seq: int) -> str:
