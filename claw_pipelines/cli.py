@@ -20,11 +20,14 @@ def sim(
     log_file: Annotated[
         Path | None, typer.Option(help="Append every answer's token IDs here (JSONL).")
     ] = None,
+    latency_ms: Annotated[
+        float | None, typer.Option(help="Simulated generation time per answer.")
+    ] = None,
 ) -> None:
     """Run the embedded engine: a vLLM-shaped simulator (no GPU, not a real model)."""
     from claw_pipelines.engine.server import serve
 
-    serve(host=host, port=port, seed=seed, log_file=log_file)
+    serve(host=host, port=port, seed=seed, log_file=log_file, latency_ms=latency_ms)
 
 
 @app.command()
