@@ -53,24 +53,40 @@ class Preview:
     planned_at: datetime
 
 
-def group_table(rows: pl.DataFrame) -> pl.DataFrame:
-    """Per group in the plan: rollouts, steps and the spread of trajectory rewards."""
+def outcomes(rows: pl.DataFrame) -> pl.DataFrame:
+    """(group_id, trajectory_id, steps, r): one row per planned trajectory with its outcome.
+
+    A DPO plan has one row per preference pair: its chosen and rejected rewards both count
+    toward the group's spread, and the pair is listed under its chosen trajectory.
+    """
+    if "chosen_reward" in rows.columns:
+        return pl.concat(
+            [
+                rows.select("group_id", "trajectory_id", pl.lit(1).alias("steps"), r=kind)
+                for kind in ("chosen_reward", "rejected_reward")
+            ]
+        ).with_columns(pl.col("steps").cast(pl.UInt32))
     outcome = pl.col("reward")
     if "outcome_reward" in rows.columns:
         outcome = pl.coalesce("outcome_reward", "reward")
-    per_trajectory = rows.group_by("group_id", "trajectory_id").agg(
+    return rows.group_by("group_id", "trajectory_id").agg(
         pl.len().alias("steps"), outcome.first().alias("r")
     )
+
+
+def group_table(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per group in the plan: rollouts, steps and the spread of trajectory rewards."""
     return (
-        per_trajectory.group_by("group_id")
+        outcomes(rows)
+        .group_by("group_id")
         .agg(
-            pl.len().alias("rollouts"),
+            pl.col("trajectory_id").n_unique().alias("rollouts"),
             pl.col("steps").sum(),
             pl.col("r").min().alias("reward_min"),
             pl.col("r").max().alias("reward_max"),
             pl.col("r").mean().alias("reward_mean"),
             pl.col("r").std(ddof=0).alias("reward_std"),
-            pl.col("trajectory_id").sort(),
+            pl.col("trajectory_id").unique().sort(),
         )
         .sort("group_id")
     )

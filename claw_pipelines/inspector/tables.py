@@ -46,8 +46,8 @@ class Feed:
 
     table: str
     schema: dict[str, pl.DataType]
-    key: str | None = None
-    """Derived tables may re-emit rows; the newest row per key wins."""
+    key: list[str] | None = None
+    """Derived tables re-emit rows when an asset recomputes them; the newest row per key wins."""
     prepare: Callable[[pl.DataFrame], pl.DataFrame] | None = None
     read_columns: list[str] | None = None
 
@@ -61,7 +61,8 @@ class Feed:
         return conform(self.prepare(raw) if self.prepare else raw, self.schema)
 
     def absorb(self, current: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
-        merged = pl.concat([current, fresh], how="vertical_relaxed")
+        ordered = fresh.sort("_commit_version") if self.key else fresh
+        merged = pl.concat([current, ordered], how="vertical_relaxed")
         if self.key is None:
             return merged
         return merged.unique(subset=self.key, keep="last", maintain_order=True)
@@ -109,7 +110,7 @@ FEEDS: dict[str, Feed] = {
             "trajectory_inferred": pl.Boolean,
             "_commit_version": VERSION,
         },
-        key="turn_id",
+        key=["turn_id"],
     ),
     "scored_steps": Feed(
         "scored_steps",
@@ -120,7 +121,7 @@ FEEDS: dict[str, Feed] = {
             "quality_reasons": pl.List(pl.String),
             "_commit_version": VERSION,
         },
-        key="turn_id",
+        key=["turn_id"],
     ),
     "trajectories": Feed(
         "trajectories",
@@ -131,7 +132,7 @@ FEEDS: dict[str, Feed] = {
             "outcome_reward": pl.Float64,
             "_commit_version": VERSION,
         },
-        key="trajectory_id",
+        key=["trajectory_id"],
     ),
 }
 
@@ -149,8 +150,12 @@ def batch_feeds(recipes: list[str]) -> dict[str, Feed]:
     """The batch table and consumption ledger of each recipe (only ids are kept)."""
     feeds = {}
     for recipe in recipes:
-        feeds[f"batches/{recipe}"] = Feed(f"batches/{recipe}", BATCH_SCHEMA)
-        feeds[f"batch_ledger/{recipe}"] = Feed(f"batch_ledger/{recipe}", BATCH_SCHEMA)
+        feeds[f"batches/{recipe}"] = Feed(
+            f"batches/{recipe}", BATCH_SCHEMA, key=["batch_id", "turn_id"]
+        )
+        feeds[f"batch_ledger/{recipe}"] = Feed(
+            f"batch_ledger/{recipe}", BATCH_SCHEMA, key=["batch_id", "turn_id"]
+        )
     return feeds
 
 

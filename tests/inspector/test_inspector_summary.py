@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 from lake_rows import rollout_turns
 
+from claw_pipelines.inspector.batch_preview import dropped_table, group_table
 from claw_pipelines.inspector.curation import LabelRequest, label_rows
 from claw_pipelines.inspector.filters import TrajectoryFilter, apply, facets
 from claw_pipelines.inspector.summary import summarize, turn_index_rows, upsert
@@ -219,3 +220,39 @@ def test_label_rows_match_the_labels_schema():
     assert rows[0]["label_id"] != rows[1]["label_id"]
     with pytest.raises(ValueError, match="at least one"):
         LabelRequest(target_kind="step", target_ids=["a"], author="me")
+
+
+def test_batch_preview_tables_for_grouped_and_pair_plans():
+    grpo = pl.DataFrame(
+        {
+            "group_id": ["g", "g", "g"],
+            "trajectory_id": ["a", "a", "b"],
+            "reward": [1.0, 1.0, 0.0],
+            "outcome_reward": [1.0, 1.0, 0.0],
+        }
+    )
+    row = group_table(grpo).row(0, named=True)
+    assert (row["rollouts"], row["steps"], row["reward_min"], row["reward_max"]) == (2, 3, 0.0, 1.0)
+    assert row["reward_std"] == pytest.approx(0.5)
+    dpo = pl.DataFrame(
+        {
+            "group_id": ["g"],
+            "trajectory_id": ["a"],
+            "chosen_reward": [1.0],
+            "rejected_reward": [0.0],
+        }
+    )
+    assert group_table(dpo).select("reward_min", "reward_max").row(0) == (0.0, 1.0)
+    dropped = pl.DataFrame(
+        {
+            "turn_id": ["1", "2", "3"],
+            "trajectory_id": ["a", "a", "b"],
+            "group_id": ["g", "g", "g"],
+            "reason": ["untrainable", "untrainable", "zero_variance"],
+        }
+    )
+    reasons = dropped_table(dropped).rows(named=True)
+    assert [(r["reason"], r["steps"], r["trajectories"]) for r in reasons] == [
+        ("untrainable", 2, 1),
+        ("zero_variance", 1, 1),
+    ]
