@@ -54,7 +54,7 @@ MISSING_REASONS = {
     "turns": "no turns yet: point an agent at the capture proxy (`claw up`, then `claw demo`)",
     "rewards": "no rewards table yet: nothing posted a reward (/claw/v1/rewards) so far",
     "trajectory_events": "no trajectory_events yet: no agent completed a trajectory so far",
-    "labels": "no labels yet: label a step or trajectory below to create the table",
+    "labels": "no labels yet: nobody labelled a step or trajectory on its page so far",
     "steps": "no steps table yet: Dagster has not materialized `steps` (run `claw up`)",
     "scored_steps": "no scored_steps yet: quality scores appear after Dagster's next refresh",
     "trajectories": "no trajectories table yet: Dagster has not materialized it",
