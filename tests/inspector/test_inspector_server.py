@@ -143,3 +143,17 @@ def test_a_context_edit_is_reported_as_a_prefix_break(client, lake):
     tokens = client.get(f"/api/steps/{turns[0].turn_id}/prompt_tokens").json()
     assert tokens["ids"] == turns[0].prompt_token_ids
     assert "".join(t["text"] for t in tokens["tokens"]).startswith("<|im_start|>system")
+
+
+def test_trajectories_open_after_compaction_and_vacuum(client, lake):
+    rollouts = land_rollouts(lake, groups=1, rollouts=2)
+    land_rollouts(lake, groups=1, rollouts=2)
+    refresh(client)
+    table = lake.open("turns")
+    table.optimize.compact()
+    table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    refresh(client)
+    assert client.get("/api/trajectories").json()["total"] == 4
+    steps = client.get(f"/api/trajectories/{rollouts.trajectories[0]}").json()["steps"]
+    assert [s["step_index"] for s in steps] == [0, 1]
+    assert steps[1]["response"]["content"].startswith("The answer is")
