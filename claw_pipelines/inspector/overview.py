@@ -24,6 +24,8 @@ class RecipeStatus(BaseModel):
     steps_in_batches: int
     steps_consumed: int
     dagster_url: str
+    plan_error: str | None = None
+    """Why the planner could not plan this recipe over the current tables."""
 
 
 class Overview(BaseModel):

@@ -126,6 +126,7 @@ class Inspector:
                     steps_in_batches=in_batches,
                     steps_consumed=consumed,
                     dagster_url=dagster_asset_url(name),
+                    plan_error=self.preview_errors.get(name),
                 )
             )
         return compute(state, datetime.now(UTC), statuses)

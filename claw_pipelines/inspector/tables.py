@@ -25,6 +25,8 @@ from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Label, Reward, TrajectoryEventRow, Turn
 
 VERSION = pl.Int64
+MAX_CHUNKS = 32
+"""Appends add a chunk each; past this many, a frame is compacted once into one chunk."""
 
 
 def _landing_schema(model: type, columns: list[str]) -> dict[str, pl.DataType]:
@@ -61,11 +63,13 @@ class Feed:
         return conform(self.prepare(raw) if self.prepare else raw, self.schema)
 
     def absorb(self, current: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
-        ordered = fresh.sort("_commit_version") if self.key else fresh
-        merged = pl.concat([current, ordered], how="vertical_relaxed")
-        if self.key is None:
-            return merged
-        return merged.unique(subset=self.key, keep="last", maintain_order=True)
+        """``current`` plus ``fresh`` without copying ``current`` (its chunks are reused);
+        for keyed feeds a fresh row replaces the older row with the same key."""
+        if self.key is not None:
+            fresh = fresh.sort("_commit_version").unique(self.key, keep="last", maintain_order=True)
+            current = current.join(fresh.select(self.key), on=self.key, how="anti")
+        merged = pl.concat([current, fresh], how="vertical_relaxed", rechunk=False)
+        return merged.rechunk() if merged.n_chunks() > MAX_CHUNKS else merged
 
 
 _TURN_SCHEMA = turn_index_rows(
@@ -232,6 +236,10 @@ def adopt_inferred(turns: pl.DataFrame, steps: pl.DataFrame) -> tuple[pl.DataFra
     return updated, changed
 
 
+SUMMARY_INPUTS = ["turns", "trajectory_events", "rewards", "labels", "scored_steps", "trajectories"]
+"""The frames ``summarize`` takes, in its argument order."""
+
+
 class LakeIndex:
     """Follows the lake's tables and keeps the latest ``LakeState``."""
 
@@ -268,7 +276,8 @@ class LakeIndex:
                     new[name] = feed.prepared(raw)
                     frames[name] = feed.absorb(frames[name], new[name])
             if not new and versions == state.versions:
-                return state
+                self.state = replace(state, refreshed_at=datetime.now(UTC))
+                return self.state
             affected = _affected(new, frames["turns"])
             if "steps" in new:
                 frames["turns"], moved = adopt_inferred(frames["turns"], new["steps"])
@@ -286,7 +295,3 @@ class LakeIndex:
                 refreshed_at=datetime.now(UTC),
             )
             return self.state
-
-
-SUMMARY_INPUTS = ["turns", "trajectory_events", "rewards", "labels", "scored_steps", "trajectories"]
-"""The frames ``summarize`` takes, in its argument order."""

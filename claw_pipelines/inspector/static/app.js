@@ -54,7 +54,8 @@ function renderOverview(o) {
     if (!row) continue;
     row.querySelectorAll("[data-col]").forEach((td) => {
       const v = r[td.dataset.col];
-      text(td, v === null ? "–" : v === true ? "yes" : v === false ? "no" : String(v));
+      const empty = td.dataset.col === "plan_error" ? "" : "–";
+      text(td, v === null ? empty : v === true ? "yes" : v === false ? "no" : String(v));
     });
   }
   const tables = document.getElementById("tables");
@@ -86,6 +87,7 @@ async function pollTrajectory(id, steps) {
 async function submitLabel(event) {
   event.preventDefault();
   const form = event.currentTarget;
+  if (form.dataset.kind === "filter" && !confirm(`${form.querySelector("strong").textContent} Are you sure?`)) return;
   const status = form.querySelector(".label-status");
   const data = new FormData(form);
   const author = data.get("author").trim();
