@@ -106,3 +106,21 @@ def test_an_open_trajectory_page_follows_new_turns(page, inspector_service, insp
     lake.append("turns", rows_to_arrow(Turn, [extra.model_dump()]))
     expect(steps).to_have_count(3)
     expect(page.locator(f'article.step[data-turn="{extra.turn_id}"]')).to_be_visible()
+
+
+def test_labelling_a_whole_filter_result(page, inspector_service, inspector_lake):
+    lake, _ = inspector_lake
+    page.goto(inspector_service.url + "/trajectories?channel=eval&status=completed")
+    matched = int(page.locator("#matched").inner_text())
+    assert matched > 0
+    page.on("dialog", lambda dialog: dialog.accept())
+    form = page.locator('form.label-form[data-kind="filter"]')
+    form.locator('input[name="tags"]').fill("eval-set, reviewed")
+    form.locator('input[name="author"]').fill("curator-2")
+    form.locator("button[type=submit]").click()
+    expect(form.locator(".label-status")).to_contain_text(f"saved {matched} trajectory label")
+    labels = lake.scan("labels").filter(pl.col("author") == "curator-2").collect()
+    assert labels.height == matched
+    assert labels["tags"].to_list() == [["eval-set", "reviewed"]] * matched
+    page.goto(inspector_service.url + "/trajectories?text=reviewed")
+    expect(page.locator("#matched")).to_have_text(str(matched))
