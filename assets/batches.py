@@ -54,7 +54,9 @@ def _write_batch(lake: Lake, recipe: str, batch_id: str, rows) -> None:
 
 def _group_check(recipe: Recipe, rows: pl.DataFrame) -> dg.AssetCheckResult:
     if recipe.algorithm not in GROUPED:
-        return dg.AssetCheckResult(passed=True, metadata={"grouped": False})
+        return dg.AssetCheckResult(
+            check_name="groups_complete", passed=True, metadata={"grouped": False}
+        )
     sizes = rows.group_by("group_id").agg(pl.col("trajectory_id").n_unique().alias("size"))
     minimum = 2 if recipe.straggler_policy == "emit" else recipe.group_size
     bad = sizes.filter((pl.col("size") < minimum) | (pl.col("size") > recipe.group_size))

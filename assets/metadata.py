@@ -62,7 +62,9 @@ def histogram(values: pl.Series, bins: int = 10) -> dg.MetadataValue:
         for b in range(bins):
             count = by_bin.get(b, 0)
             bar = "█" * round(20 * count / peak)
-            lines.append(f"`[{low + b * width:.3g}, {low + (b + 1) * width:.3g})` {bar} {count}")
+            close = "]" if b == bins - 1 else ")"
+            span = f"[{low + b * width:.3g}, {low + (b + 1) * width:.3g}{close}"
+            lines.append(f"`{span}` {bar} {count}")
     lines.append(f"null: {nulls}")
     return dg.MetadataValue.md("  \n".join(lines))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import dagster as dg
 import httpx
 import pytest
+from dagster_rollouts import land_rollouts
 
 from claw_pipelines.definitions import build_definitions
 from claw_pipelines.lake import Lake
@@ -49,6 +51,20 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield test_instance
 
 
+DEADLINE_S = 300.0
+"""Give up on something the live server should do (and show its log) after this long."""
+
+BATCH_MATERIALIZATIONS = """
+query Batches {
+  assetOrError(assetKey: {path: ["batch_grpo"]}) {
+    ... on Asset {
+      assetMaterializations(limit: 20) { partition runId metadataEntries { label } }
+    }
+  }
+}
+"""
+
+
 @dataclass
 class DagsterDev:
     service: Service
@@ -67,6 +83,20 @@ class DagsterDev:
         body = response.json()
         assert "errors" not in body, body["errors"]
         return body["data"]
+
+    def wait_for(self, predicate, what: str):
+        """Poll ``predicate`` until it returns something truthy; fail with the server log."""
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            found = predicate()
+            if found:
+                return found
+            time.sleep(1.0)
+        raise AssertionError(f"{what} did not happen:\n{self.service.log_tail(6000)}")
+
+    def batch_materializations(self) -> list[dict]:
+        asset = self.graphql(BATCH_MATERIALIZATIONS)["assetOrError"]
+        return asset.get("assetMaterializations") or []
 
 
 @pytest.fixture(scope="session")
@@ -95,3 +125,13 @@ def dagster_dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev
         yield DagsterDev(service, port, lake)
     finally:
         service.stop(grace_s=15)
+
+
+@pytest.fixture(scope="session")
+def first_batch(dagster_dev: DagsterDev) -> dict:
+    """Land four complete GRPO groups and wait until the sensors turned them into a batch."""
+    land_rollouts(dagster_dev.lake, groups=4, group_size=4, steps=2, seed=11)
+    materializations = dagster_dev.wait_for(
+        dagster_dev.batch_materializations, "a batch_grpo materialization"
+    )
+    return materializations[-1]
