@@ -12,6 +12,8 @@ from the Delta change feeds in a background thread, serves every request.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -24,6 +26,7 @@ import polars as pl
 import uvicorn
 from fastapi import Body, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
+from fastapi.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -162,9 +165,15 @@ def preview_out(preview: Preview) -> BatchPreviewOut:
     )
 
 
-def create_app(lake: Lake | None = None, *, background: bool = True) -> FastAPI:
+def create_app(
+    lake: Lake | None = None,
+    *,
+    background: bool = True,
+    allowed_hosts: list[str] | None = None,
+) -> FastAPI:
     """The app over ``lake`` (default: CLAW_LAKE_URI). ``background=False`` leaves refreshing
-    to the caller (tests call ``app.state.inspector.refresh()``)."""
+    to the caller (tests call ``app.state.inspector.refresh()``); ``allowed_hosts`` restricts
+    the Host header (a loopback server refuses other names, against DNS rebinding)."""
     inspector = Inspector(lake or Lake.from_settings())
 
     @contextlib.asynccontextmanager
@@ -177,6 +186,8 @@ def create_app(lake: Lake | None = None, *, background: bool = True) -> FastAPI:
 
     app = FastAPI(title="claw inspector", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
     app.state.inspector = inspector
+    if allowed_hosts:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
@@ -350,6 +361,11 @@ def create_app(lake: Lake | None = None, *, background: bool = True) -> FastAPI:
     return app
 
 
+LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1"]
+
+
 def serve(host: str = "127.0.0.1", port: int = 8120) -> None:
     """Run the inspector over CLAW_LAKE_URI until interrupted."""
-    uvicorn.run(create_app(), host=host, port=port, log_level="warning")
+    loopback = ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    app = create_app(allowed_hosts=LOOPBACK_NAMES if loopback else None)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

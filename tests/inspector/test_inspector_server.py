@@ -157,3 +157,15 @@ def test_trajectories_open_after_compaction_and_vacuum(client, lake):
     steps = client.get(f"/api/trajectories/{rollouts.trajectories[0]}").json()["steps"]
     assert [s["step_index"] for s in steps] == [0, 1]
     assert steps[1]["response"]["content"].startswith("The answer is")
+
+
+def test_labels_need_a_json_body_and_a_loopback_server_checks_the_host(lake):
+    app = create_app(lake, background=False, allowed_hosts=["127.0.0.1", "localhost"])
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        body = '{"target_kind": "filter", "filter": {}, "trainable": false, "author": "x"}'
+        form_post = client.post("/api/labels", content=body, headers={"content-type": "text/plain"})
+        assert form_post.status_code == 422
+        assert lake.open("labels") is None
+        assert client.get("/api/health").status_code == 200
+        rebound = client.get("/api/health", headers={"host": "evil.example:8120"})
+        assert rebound.status_code == 400
