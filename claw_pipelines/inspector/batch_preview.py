@@ -118,8 +118,8 @@ def _empty_preview(recipe: Recipe, why: str) -> Preview:
 
 
 def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
-    scored = lake.scan("scored_steps")
-    if scored is None:
+    """Plan over the table versions ``state`` has seen, so the plan matches the rest of the page."""
+    if not state.has("scored_steps"):
         return _empty_preview(
             recipe,
             "no scored_steps table yet: Dagster has not materialized the pipeline "
@@ -127,10 +127,14 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
         )
     labels = state["labels"].drop("_commit_version")
     policy_versions = state["turns"]["policy_version"].drop_nulls()
+    ledger = f"batch_ledger/{recipe.name}"
     plan = plan_batch(
         recipe,
-        curate_steps(scored, labels if labels.height else None),
-        lake.scan(f"batch_ledger/{recipe.name}"),
+        curate_steps(
+            lake.scan("scored_steps", state.versions["scored_steps"]),
+            labels if labels.height else None,
+        ),
+        lake.scan(ledger, state.versions[ledger]) if state.has(ledger) else None,
         datetime.now(UTC),
         latest_policy_version=policy_versions.max() if policy_versions.len() else None,
     )

@@ -4,7 +4,9 @@ claw_pipelines.definitions, run in-process over the same lake)."""
 
 from __future__ import annotations
 
+import re
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,6 +58,15 @@ def inspector_over(pipeline, tmp_path: Path) -> Iterator[Service]:
         service.stop()
 
 
+def caught_up(service: Service, lake, table: str) -> None:
+    """Wait until the inspector's index has read ``table`` up to its current version."""
+    want = lake.version(table)
+    deadline = time.monotonic() + 60
+    while httpx.get(service.url + "/api/health").json()["versions"][table] != want:
+        assert time.monotonic() < deadline, f"the inspector never read {table} v{want}"
+        time.sleep(0.2)
+
+
 def planned_trajectories(preview: dict) -> set[str]:
     return {t for group in preview["groups"] for t in group["trajectory_id"]}
 
@@ -72,6 +83,7 @@ def test_untrainable_label_removes_the_trajectory_from_the_next_batch(
         lake.scan("turns").filter(pl.col("trajectory_id") == victim).collect()["turn_id"]
     )
     inspector_over.wait_ready("/api/health", timeout_s=60)
+    caught_up(inspector_over, lake, "scored_steps")
     api = inspector_over.url + "/api/batches/grpo"
     before = httpx.get(api, timeout=30).json()
     assert before["ready"] is True
@@ -104,3 +116,12 @@ def test_untrainable_label_removes_the_trajectory_from_the_next_batch(
     assert batch["group_id"].n_unique() == 4
     assert not set(batch["turn_id"]) & victim_turns
     assert victim not in set(batch["trajectory_id"])
+
+    caught_up(inspector_over, lake, "scored_steps")
+    scored = landed.trajectories[0]
+    page.goto(f"{inspector_over.url}/trajectories/{scored}")
+    last = page.locator("article.step").nth(1)
+    expect(last.locator(".quality-score")).to_have_text(re.compile(r"^\d\.\d\d$"))
+    expect(last.locator(".credited-reward")).to_have_text(re.compile(r"^\d\.\d{3}$"))
+    expect(last.locator(".reward")).to_contain_text("(pipeline)")
+    screenshot("trajectory-scored")
