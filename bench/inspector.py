@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import polars as pl
+import psutil
 
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import free_port, start_service
@@ -225,6 +226,7 @@ def main() -> None:
             while client.get("/api/overview").json()["turns_total"] < before + extra.height:
                 time.sleep(0.02)
             refresh_lag_ms = (time.perf_counter() - began) * 1000
+        rss_mb = psutil.Process(service.pid).memory_info().rss / 2**20
     finally:
         service.stop()
     print(
@@ -244,6 +246,7 @@ def main() -> None:
                 "list_page_p50_ms": percentile(list_page_ms, 50),
                 "overview_p50_ms": percentile(overview_ms, 50),
                 "refresh_lag_ms_for_new_commit": round(refresh_lag_ms, 1),
+                "inspector_rss_mb": round(rss_mb),
                 "goal_ms": 300,
             }
         )
