@@ -162,8 +162,6 @@ class TableWriter:
         if self._handle is None or self._commits >= self.reopen_every:
             self._handle = self.lake.ensure(self.table, schema)
             self._commits = 0
-        else:
-            self._handle.update_incremental()
         return self._handle
 
     def committed_app_version(self, app_id: str) -> int | None:
