@@ -161,7 +161,7 @@ class Increment:
         for candidate in range(version, max(version - STATE_LOOKBACK, -1), -1):
             table = latest if candidate == version else self.lake.open(state_table, candidate)
             if _watermark(table, self.asset, sources) == self.after:
-                return pl.DataFrame(table.to_pyarrow_table())
+                return self.lake.scan(state_table, candidate).collect()
         raise RuntimeError(f"no version of {state_table} matches watermark {self.after}")
 
     def ranges(self) -> dict[str, list[int | None]]:

@@ -13,9 +13,9 @@ from pathlib import Path
 import dagster as dg
 import httpx
 import pytest
+from dagster_harness import Bound
 from dagster_rollouts import land_rollouts
 
-from claw_pipelines.definitions import build_definitions
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import Service, free_port, start_service
 from resources.lake import LakeResource
@@ -24,25 +24,10 @@ REPO = Path(__file__).resolve().parents[2]
 DAGSTER = str(Path(sys.executable).parent / "dagster")
 
 
-@dataclass
-class Bound:
-    """A temporary lake and the code location bound to it."""
-
-    lake: Lake
-    resource: LakeResource
-    defs: dg.Definitions
-
-    def sensor(self, name: str) -> dg.SensorDefinition:
-        return self.defs.resolve_sensor_def(name)
-
-    def asset(self, key: str) -> dg.AssetsDefinition:
-        return self.defs.resolve_assets_def(key)
-
-
 @pytest.fixture
 def bound(tmp_path: Path) -> Bound:
     resource = LakeResource(lake_uri=str(tmp_path / "lake"))
-    return Bound(resource.lake(), resource, build_definitions(lake=resource, sensor_interval_s=1))
+    return Bound.over(resource)
 
 
 @pytest.fixture
