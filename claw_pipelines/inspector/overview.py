@@ -126,6 +126,6 @@ def compute(state: LakeState, now: datetime, recipes: list[RecipeStatus]) -> Ove
         },
         latest_policy_version=versions.max() if versions.len() else None,  # type: ignore[arg-type]
         recipes=recipes,
-        tables={t: v for t, v in state.versions.items()},
+        tables=dict(state.versions),
         missing=[reason for t, reason in MISSING_REASONS.items() if not state.has(t)],
     )

@@ -67,7 +67,7 @@ def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame()
     present = {f.name for f in table.schema().fields}
     columns = [c for c in STEP_COLUMNS if c in present]
-    frames = []
+    frames, vacuumed = [], []
     for (version,), part in located.group_by("_commit_version"):
         predicate = f"_change_type = 'insert' AND turn_id IN ({_quoted(part['turn_id'])})"
         try:
@@ -79,9 +79,11 @@ def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
             )
             frames.append(pl.DataFrame(reader.read_all()).select(columns))
         except Exception:  # vacuumed files surface as a bare Exception from the Arrow stream
-            scan = lake.scan("turns")
-            wanted = part["turn_id"].implode()
-            frames.append(scan.filter(pl.col("turn_id").is_in(wanted)).select(columns).collect())
+            vacuumed.append(part["turn_id"])
+    if vacuumed:
+        wanted = pl.concat(vacuumed).implode()
+        scan = lake.scan("turns").filter(pl.col("turn_id").is_in(wanted))
+        frames.append(scan.select(columns).collect())
     return pl.concat(frames, how="vertical_relaxed").unique("turn_id", keep="first")
 
 
