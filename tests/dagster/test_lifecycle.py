@@ -102,6 +102,16 @@ def test_landing_to_exported_grpo_batch_incrementally(driver: Driver, bound) -> 
     assert ledger.height == ledger.get_column("turn_id").n_unique() == 64
     assert isinstance(driver.tick("batch_grpo_planner"), dg.SkipReason)
 
+    # The other shipped recipes batch the same steps independently, in their own formats.
+    for recipe in ("dpo", "sft"):
+        (request, *_) = driver.tick(f"batch_{recipe}_planner").run_requests
+        result = driver.materialize(
+            [f"batch_{recipe}", f"export_{recipe}"], partition_key=request.partition_key
+        )
+        assert driver.metadata(result, f"batch_{recipe}")["dagster/partition_row_count"] > 0
+        manifest = driver.metadata(result, f"export_{recipe}")["manifest"]
+        assert manifest["algorithm"] == recipe and manifest["files"]
+
 
 def test_a_stale_concurrent_run_cannot_commit_twice(bound) -> None:
     land_rollouts(bound.lake, groups=1, group_size=2, steps=1)

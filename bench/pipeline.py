@@ -1,0 +1,240 @@
+"""Benchmark: landed turns -> GRPO batch through the Dagster assets, against a bare Delta scan.
+
+Lands N single-step GRPO rollouts (1,024 prompt + 256 response tokens, groups of 4, completion
+events with rewards) with ``Lake.append`` in large commits, then, each phase in a fresh process
+so its peak RSS is its own:
+
+* ``scan``: ``pl.scan_delta(turns).collect()``, the bare read of the same turns;
+* ``build``: steps -> trajectories -> rewarded -> scored -> curated (one in-process Dagster run
+  of the real assets) and one batch asset partition holding every group (recipe ``grpo`` with
+  ``groups_per_batch`` = all groups);
+* ``refresh``: +1 % turns landed, the same assets re-run (they read only the new versions) and
+  the next batch planned and written.
+
+Prints one JSON object: ``throughput_ratio`` = scan time / build time (goal >= 0.5),
+``refresh_ratio`` = refresh time / build time (goal <= 0.05), ``peak_rss_mib`` of the build
+(goal <= 2 GiB at 100k turns) and of the refresh (which must not grow with the table).
+
+    .venv/bin/python bench/pipeline.py [--turns 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from claw_pipelines.lake import Lake
+from claw_pipelines.schemas import TrajectoryEventRow, Turn
+
+PROMPT_TOKENS = 1024
+RESPONSE_TOKENS = 256
+GROUP_SIZE = 4
+COMMIT_ROWS = 10_000
+CHAIN = ["steps", "trajectories", "rewarded_steps", "scored_steps", "curated_steps"]
+
+
+def _tokens(rng: np.random.Generator, rows: int, width: int) -> pa.ListArray:
+    values = pa.array(rng.integers(1, 150_000, rows * width, dtype=np.int32))
+    return pa.ListArray.from_arrays(
+        pa.array(np.arange(0, rows * width + 1, width, np.int32)), values
+    )
+
+
+def _ids(prefix: str, start: int, rows: int) -> pa.Array:
+    return pa.array([f"{prefix}-{i:09d}" for i in range(start, start + rows)])
+
+
+def land(lake: Lake, first: int, count: int, seed: int) -> None:
+    """Land ``count`` one-turn trajectories (in complete groups) and their completion events."""
+    rng = np.random.default_rng(seed)
+    turn_schema, event_schema = Turn.arrow_schema(), TrajectoryEventRow.arrow_schema()
+    base = datetime(2026, 11, 30, tzinfo=UTC)
+    for start in range(first, first + count, COMMIT_ROWS):
+        rows = min(COMMIT_ROWS, first + count - start)
+        index = np.arange(start, start + rows)
+        trajectories = _ids("t", start, rows)
+        groups = pa.array([f"g-{i // GROUP_SIZE:09d}" for i in index])
+        started = pa.array(
+            [base + timedelta(milliseconds=int(i)) for i in index], pa.timestamp("us", "UTC")
+        )
+        text = pa.array([f"answer {i % 97}" for i in index])
+        columns = {
+            "turn_id": _ids("turn", start, rows),
+            "trajectory_id": trajectories,
+            "group_id": groups,
+            "agent": pa.array(["bench"] * rows),
+            "policy_version": pa.array(np.ones(rows, np.int64)),
+            "model": pa.array(["policy"] * rows),
+            "call_type": pa.array(["chat"] * rows),
+            "stream": pa.array([False] * rows),
+            "status": pa.array(["success"] * rows),
+            "finish_reason": pa.array(["stop"] * rows),
+            "token_source": pa.array(["engine"] * rows),
+            "prompt_token_ids": _tokens(rng, rows, PROMPT_TOKENS),
+            "response_token_ids": _tokens(rng, rows, RESPONSE_TOKENS),
+            "response_logprobs": pa.ListArray.from_arrays(
+                pa.array(np.arange(0, rows * RESPONSE_TOKENS + 1, RESPONSE_TOKENS, np.int32)),
+                pa.array(np.full(rows * RESPONSE_TOKENS, -0.5, np.float32)),
+            ),
+            "request_messages": pa.array(['[{"role": "user", "content": "solve"}]'] * rows),
+            "response_message": pa.array(
+                [f'{{"role": "assistant", "content": "{t}"}}' for t in text.to_pylist()]
+            ),
+            "response_text": text,
+            "prompt_tokens": pa.array(np.full(rows, PROMPT_TOKENS, np.int32)),
+            "completion_tokens": pa.array(np.full(rows, RESPONSE_TOKENS, np.int32)),
+            "started_at": started,
+            "ended_at": started,
+        }
+        turns = pa.table(
+            {f.name: columns.get(f.name, pa.nulls(rows, f.type)) for f in turn_schema}
+        ).cast(turn_schema)
+        lake.append("turns", turns)
+        events = {
+            "event_id": _ids("e", start, rows),
+            "trajectory_id": trajectories,
+            "group_id": groups,
+            "event": pa.array(["completed"] * rows),
+            "reward": pa.array((index % 2).astype(np.float64)),
+            "created_at": started,
+        }
+        lake.append(
+            "trajectory_events",
+            pa.table(
+                {f.name: events.get(f.name, pa.nulls(rows, f.type)) for f in event_schema}
+            ).cast(event_schema),
+        )
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def phase_scan(lake: Lake) -> dict:
+    started = time.perf_counter()
+    frame = pl.scan_delta(lake.uri("turns")).collect()
+    return {"seconds": time.perf_counter() - started, "rows": frame.height}
+
+
+def phase_pipeline(lake: Lake, batch_id: str, groups: int) -> dict:
+    """One run of the asset chain, then one batch partition with up to ``groups`` groups."""
+    import dagster as dg
+
+    from assets.batches import build_batch_asset
+    from assets.configs import recipes
+    from claw_pipelines.definitions import build_definitions
+    from resources.lake import LakeResource
+
+    resource_ = LakeResource(lake_uri=lake.root)
+    defs = build_definitions(lake=resource_)
+    recipe = recipes()["grpo"].model_copy(update={"groups_per_batch": groups})
+    batch = build_batch_asset(recipe)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("batches_grpo", [batch_id])
+    started = time.perf_counter()
+    job = defs.resolve_implicit_job_def_def_for_assets([dg.AssetKey(k) for k in CHAIN])
+    chain = job.execute_in_process(
+        instance=instance, asset_selection=[dg.AssetKey(k) for k in CHAIN]
+    )
+    chain_s = time.perf_counter() - started
+    result = dg.materialize(
+        [batch], instance=instance, resources={"lake": resource_}, partition_key=batch_id
+    )
+    total_s = time.perf_counter() - started
+    (event,) = result.asset_materializations_for_node("batch_grpo")
+    return {
+        "seconds": total_s,
+        "chain_seconds": chain_s,
+        "batch_seconds": total_s - chain_s,
+        "ok": chain.success and result.success,
+        "batch_rows": event.metadata["dagster/partition_row_count"].value,
+    }
+
+
+def run_phase(args: list[str]) -> dict:
+    """Run one phase in a fresh interpreter and add its peak RSS."""
+    done = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"phase {args} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=100_000)
+    parser.add_argument("--phase", choices=["scan", "pipeline"], help=argparse.SUPPRESS)
+    parser.add_argument("--lake", help=argparse.SUPPRESS)
+    parser.add_argument("--batch-id", help=argparse.SUPPRESS)
+    parser.add_argument("--groups", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase:
+        lake = Lake(args.lake)
+        measured = (
+            phase_scan(lake)
+            if args.phase == "scan"
+            else phase_pipeline(lake, args.batch_id, args.groups)
+        )
+        print(json.dumps({**measured, "peak_rss_mib": round(_peak_rss_mib(), 1)}))
+        return
+
+    turns = args.turns - args.turns % GROUP_SIZE
+    extra = max(GROUP_SIZE, (turns // 100) - (turns // 100) % GROUP_SIZE)
+    with tempfile.TemporaryDirectory(prefix="claw-bench-") as root:
+        lake = Lake(str(Path(root) / "lake"))
+        started = time.perf_counter()
+        land(lake, 0, turns, seed=0)
+        land_s = time.perf_counter() - started
+        scan = run_phase(["--phase", "scan", "--lake", lake.root])
+        build = run_phase(
+            ["--phase", "pipeline", "--lake", lake.root, "--batch-id", "grpo-bench-1",
+             "--groups", str(turns // GROUP_SIZE)]
+        )  # fmt: skip
+        land(lake, turns, extra, seed=1)
+        refresh = run_phase(
+            ["--phase", "pipeline", "--lake", lake.root, "--batch-id", "grpo-bench-2",
+             "--groups", str(extra // GROUP_SIZE)]
+        )  # fmt: skip
+    tokens = turns * (PROMPT_TOKENS + RESPONSE_TOKENS)
+    print(
+        json.dumps(
+            {
+                "turns": turns,
+                "tokens_per_turn": PROMPT_TOKENS + RESPONSE_TOKENS,
+                "land_seconds": round(land_s, 2),
+                "scan_seconds": round(scan["seconds"], 3),
+                "build_seconds": round(build["seconds"], 3),
+                "build_chain_seconds": round(build["chain_seconds"], 3),
+                "build_batch_seconds": round(build["batch_seconds"], 3),
+                "build_batch_rows": build["batch_rows"],
+                "steps_per_s": round(turns / build["seconds"], 1),
+                "tokens_per_s": round(tokens / build["seconds"]),
+                "scan_steps_per_s": round(turns / scan["seconds"], 1),
+                "throughput_ratio": round(scan["seconds"] / build["seconds"], 4),
+                "refresh_turns": extra,
+                "refresh_seconds": round(refresh["seconds"], 3),
+                "refresh_batch_rows": refresh["batch_rows"],
+                "refresh_ratio": round(refresh["seconds"] / build["seconds"], 4),
+                "peak_rss_mib": build["peak_rss_mib"],
+                "refresh_peak_rss_mib": refresh["peak_rss_mib"],
+                "scan_peak_rss_mib": scan["peak_rss_mib"],
+                "ok": build["ok"] and refresh["ok"],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
