@@ -104,7 +104,8 @@ def run_stack(
         "LITELLM_MASTER_KEY": os.environ.get("LITELLM_MASTER_KEY", LOCAL_MASTER_KEY),
     }
     stack = Stack()
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         engine = start_engine(engine_port, claw_dir, env)
         stack.services.append(engine)
