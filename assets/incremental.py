@@ -122,7 +122,10 @@ class Increment:
 
         ``replace=(column, keys)`` first removes the rows whose ``column`` is in ``keys`` (same
         commit): recomputed trajectories replace their old rows instead of duplicating them.
+        A run that read nothing new writes nothing (no empty versions from periodic sweeps).
         """
+        if self.snapshot is not None and not self.has_new_data and data.num_rows == 0:
+            return self.snapshot
         if self.snapshot is None or replace is None or not replace[1]:
             target = self.snapshot or self.lake.ensure(self.output, data.schema)
             write_deltalake(target, data, mode="append", commit_properties=self._properties())
