@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 import dagster as dg
 
 from claw_pipelines.definitions import defs
+from claw_pipelines.settings import ClawSettings, get_settings
+from resources.lake import LakeResource
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -40,9 +43,7 @@ def test_definitions_load_and_read_as_the_lifecycle() -> None:
     assert dg.AssetKey("labels") in graph.get(dg.AssetKey("curated_steps")).parent_keys
     assert graph.get(dg.AssetKey("batch_grpo")).parent_keys == {dg.AssetKey("curated_steps")}
     sensors = {s.name: s for s in defs.sensors}
-    assert {"landing_ingest_sensor", "claw_automation_sensor", "batch_grpo_planner"} <= set(
-        sensors
-    )
+    assert {"landing_ingest_sensor", "claw_automation_sensor", "batch_grpo_planner"} <= set(sensors)
     assert all(s.default_status == dg.DefaultSensorStatus.RUNNING for s in sensors.values())
 
 
@@ -58,3 +59,22 @@ def test_workspace_validates_from_the_cli(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "All code locations passed validation" in done.stderr + done.stdout
+
+
+def test_lake_resource_keeps_secrets_out_of_config(monkeypatch) -> None:
+    options = {"AWS_REGION": "eu-west-1", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    monkeypatch.setenv("CLAW_STORAGE_OPTIONS", json.dumps(options))
+    get_settings.cache_clear()
+    try:
+        resource = LakeResource.from_settings(
+            ClawSettings(lake_uri="s3://bucket/lake", storage_options=options)
+        )
+        assert resource.storage_options == {"AWS_REGION": "eu-west-1"}
+        assert "s3cr3t" not in resource.model_dump_json()
+        lake = resource.lake()
+    finally:
+        get_settings.cache_clear()
+    assert lake.storage_options == options
+    assert lake.uri("batches/grpo") == "s3://bucket/lake/batches/grpo"
+    local = LakeResource.from_settings(ClawSettings(lake_uri="relative/lake"))
+    assert Path(local.lake_uri).is_absolute()

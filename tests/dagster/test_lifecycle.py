@@ -13,7 +13,7 @@ from dagster_rollouts import Rollouts, land_rollouts
 from deltalake.exceptions import CommitFailedError
 
 from assets.incremental import Increment
-from claw_pipelines.derived_schemas import STEPS, conform, empty
+from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform, empty
 
 
 @pytest.fixture
@@ -143,3 +143,18 @@ def test_new_landing_versions_trigger_automation(driver: Driver, bound, instance
     requested = {key for key in CHAIN if evaluation.get_num_requested(dg.AssetKey(key))}
     assert requested == set(CHAIN)
     assert not evaluation.get_num_requested(dg.AssetKey("export_grpo"))
+
+
+def test_steps_recover_from_a_crash_between_state_and_output(driver: Driver, bound) -> None:
+    """The state commit lands first; if the run dies before the steps commit, the next run
+    must take the state matching the steps' watermark, so nothing is lost or emitted twice."""
+    land_rollouts(bound.lake, groups=1, group_size=2, steps=2, complete=False)
+    driver.refresh()  # turns of open trajectories: all in the state, no steps yet
+    land_rollouts(bound.lake, groups=1, group_size=2, steps=2, seed=3)
+    crashed = Increment.begin(bound.lake, "steps", "steps", ["turns", "trajectory_events"])
+    crashed.replace_state("steps_open", conform(empty(OPEN_STATE), OPEN_STATE))
+    metadata = driver.refresh()
+    steps = bound.lake.scan("steps").collect()
+    assert steps.height == steps.get_column("step_id").n_unique()
+    assert metadata["steps"]["open_turns"] == 4  # the first group never completed
+    assert steps.height == 4
