@@ -18,16 +18,37 @@ state that matches the output's watermark.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+from claw_pipelines.derived_schemas import conform, empty
 from claw_pipelines.lake import Lake
+
+CHUNK_TRAJECTORIES = 4096
+"""Trajectories recomputed per commit by ``Increment.recompute``."""
+
+SAMPLE_ROWS = 5
 
 STATE_LOOKBACK = 5
 """How many state-table versions to walk back to find the one matching a watermark."""
+
+
+@dataclass
+class Written:
+    """What ``Increment.recompute`` wrote: the table after it, the first rows (for a sample)
+    and the summary columns of every row (for distributions)."""
+
+    table: DeltaTable | None
+    head: pl.DataFrame
+    summaries: list[pl.DataFrame]
+
+    @property
+    def summary(self) -> pl.DataFrame:
+        return pl.concat(self.summaries, how="vertical_relaxed")
 
 
 def app_id(asset: str, source: str) -> str:
@@ -51,6 +72,7 @@ class Increment:
     after: dict[str, int | None]
     upto: dict[str, int | None]
     rows_read: dict[str, int] = field(default_factory=dict)
+    _chunks_written: int = 0
 
     @classmethod
     def begin(cls, lake: Lake, asset: str, output: str, sources: list[str]) -> Increment:
@@ -110,36 +132,86 @@ class Increment:
             if v is not None
         ]
 
-    def _properties(self) -> CommitProperties:
+    def _properties(self, watermark: bool = True) -> CommitProperties:
         return CommitProperties(
             max_commit_retries=self.lake.max_commit_retries,
-            app_transactions=self._transactions(),
+            app_transactions=self._transactions() if watermark else None,
             custom_metadata={"claw.asset": self.asset, "claw.read": json.dumps(self.ranges())},
         )
 
-    def commit(self, data: pa.Table, replace: tuple[str, list[str]] | None = None) -> DeltaTable:
+    def _target(self, schema: pa.Schema, watermark: bool) -> DeltaTable:
+        """The snapshot the watermark was read from, so a racing run's commit conflicts; after
+        this run's own chunk commits, the latest table, provided the watermark has not moved."""
+        if not self._chunks_written:
+            return self.snapshot or self.lake.ensure(self.output, schema)
+        latest = self.lake.open(self.output)
+        if watermark and _watermark(latest, self.asset, list(self.after)) != self.after:
+            raise RuntimeError(f"another run advanced the watermark of {self.output}")
+        return latest
+
+    def commit(
+        self,
+        data: pa.Table,
+        replace: tuple[str, list[str]] | None = None,
+        *,
+        watermark: bool = True,
+    ) -> DeltaTable:
         """Write this run's rows and advance the watermark in one commit (even with 0 rows).
 
         ``replace=(column, keys)`` first removes the rows whose ``column`` is in ``keys`` (same
         commit): recomputed trajectories replace their old rows instead of duplicating them.
         A run that read nothing new writes nothing (no empty versions from periodic sweeps).
+        ``watermark=False`` writes a chunk of the run without moving the watermark.
         """
         if self.snapshot is not None and not self.has_new_data and data.num_rows == 0:
             return self.snapshot
-        if self.snapshot is None or replace is None or not replace[1]:
-            target = self.snapshot or self.lake.ensure(self.output, data.schema)
-            write_deltalake(target, data, mode="append", commit_properties=self._properties())
+        target = self._target(data.schema, watermark)
+        exists = self.snapshot is not None or self._chunks_written
+        if not exists or replace is None or not replace[1]:
+            write_deltalake(
+                target, data, mode="append", commit_properties=self._properties(watermark)
+            )
         else:
             column, keys = replace
             quoted = ", ".join("'" + k.replace("'", "''") + "'" for k in keys)
             write_deltalake(
-                self.snapshot,
+                target,
                 data,
                 mode="overwrite",
                 predicate=f"{column} IN ({quoted})",
-                commit_properties=self._properties(),
+                commit_properties=self._properties(watermark),
             )
+        self._chunks_written += not watermark
         return self.lake.open(self.output)
+
+    def recompute(
+        self,
+        affected: list[str],
+        build: Callable[[list[str]], pl.DataFrame],
+        schema: pa.Schema,
+        summary: list[str],
+    ) -> Written:
+        """Rebuild the rows of the ``affected`` trajectories, ``CHUNK_TRAJECTORIES`` per commit.
+
+        Each commit replaces its trajectories' rows, and only the last one moves the watermark:
+        after a crash part-way the next run recomputes all of them, which replacing makes
+        harmless. Memory is bounded by a chunk, not by the backlog (e.g. a first build).
+        """
+        chunks = [
+            affected[i : i + CHUNK_TRAJECTORIES]
+            for i in range(0, len(affected), CHUNK_TRAJECTORIES)
+        ]
+        written = Written(None, empty(schema).head(0), [])
+        for index, keys in enumerate(chunks or [[]]):
+            rows = build(keys) if keys else empty(schema)
+            final = index == max(len(chunks) - 1, 0)
+            written.table = self.commit(
+                conform(rows, schema), replace=("trajectory_id", keys), watermark=final
+            )
+            if written.head.is_empty():
+                written.head = rows.head(SAMPLE_ROWS)
+            written.summaries.append(rows.select(summary))
+        return written
 
     def replace_state(self, state_table: str, data: pa.Table) -> None:
         """Overwrite the carried-over state, tagged with this run's watermark."""

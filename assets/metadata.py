@@ -9,9 +9,8 @@ import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from assets.incremental import Increment
+from assets.incremental import SAMPLE_ROWS, Increment
 
-SAMPLE_ROWS = 5
 CELL_CHARS = 80
 
 
@@ -89,11 +88,11 @@ def counts(frame: pl.DataFrame, column: str) -> dict[str, int]:
     return {str(k): n for k, n in frame.group_by(column).len().sort(column).iter_rows()}
 
 
-def written_metadata(increment: Increment, table: DeltaTable, rows: pl.DataFrame) -> dict[str, Any]:
+def written_metadata(increment: Increment, table: DeltaTable, rows_written: int) -> dict[str, Any]:
     """Whole-table facts plus what this run read (version range per input) and wrote."""
     return {
         **table_metadata(table, increment.lake.uri(increment.output)),
         "read_versions": dg.MetadataValue.json(increment.ranges()),
         "rows_read": dg.MetadataValue.json(increment.rows_read),
-        "rows_written": rows.height,
+        "rows_written": rows_written,
     }

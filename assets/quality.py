@@ -9,7 +9,7 @@ from assets.incremental import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
 from assets.rewards import rewarded_steps
-from claw_pipelines.derived_schemas import CURATED_STEPS, SCORED_STEPS, conform, empty
+from claw_pipelines.derived_schemas import CURATED_STEPS, SCORED_STEPS, empty
 from claw_pipelines.transforms.curation import curate_steps
 from claw_pipelines.transforms.quality import score_steps
 from resources.lake import LakeResource
@@ -31,26 +31,32 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """
     increment = Increment.begin(lake.lake(), "scored_steps", "scored_steps", ["rewarded_steps"])
     affected = trajectory_ids(increment.new_rows("rewarded_steps", ["trajectory_id"]))
-    rows = empty(SCORED_STEPS)
+    latest_policy = None
     if affected:
         latest_policy = (
             increment.scan("rewarded_steps").select(pl.col("policy_version").max()).collect().item()
         )
-        rows = score_steps(
-            increment.rows_where("rewarded_steps", "trajectory_id", affected),
+
+    def build(keys: list[str]) -> pl.DataFrame:
+        return score_steps(
+            increment.rows_where("rewarded_steps", "trajectory_id", keys),
             quality_config(),
             latest_policy_version=latest_policy,
         ).collect()
-    table = increment.commit(conform(rows, SCORED_STEPS), replace=("trajectory_id", affected))
-    context.log.info("%d steps scored", rows.height)
-    reasons = rows.select(
+
+    written = increment.recompute(
+        affected, build, SCORED_STEPS, ["quality_score", "quality_reasons"]
+    )
+    summary = written.summary
+    context.log.info("%d steps scored", summary.height)
+    reasons = summary.select(
         pl.col("quality_reasons").explode(empty_as_null=False).alias("reason")
     ).drop_nulls()
     return dg.MaterializeResult(
         metadata={
-            **written_metadata(increment, table, rows),
+            **written_metadata(increment, written.table, summary.height),
             "sample": sample(
-                rows,
+                written.head,
                 [
                     "trajectory_id",
                     "step_index",
@@ -59,7 +65,7 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
                     "response_text",
                 ],
             ),
-            "quality_distribution": histogram(rows.get_column("quality_score")),
+            "quality_distribution": histogram(summary.get_column("quality_score")),
             "quality_reasons": dg.MetadataValue.json(counts(reasons, "reason")),
         }
     )
@@ -84,18 +90,20 @@ def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     rescored = increment.new_rows("scored_steps", ["trajectory_id"])
     labelled = _labelled_trajectories(increment, increment.new_rows("labels"))
     affected = trajectory_ids(rescored, labelled)
-    rows = empty(CURATED_STEPS)
-    if affected:
-        scored = increment.rows_where("scored_steps", "trajectory_id", affected)
-        targets = [*affected, *scored.get_column("turn_id").to_list()]
-        rows = curate_steps(scored, increment.rows_where("labels", "target_id", targets)).collect()
-    table = increment.commit(conform(rows, CURATED_STEPS), replace=("trajectory_id", affected))
-    context.log.info("%d steps curated", rows.height)
+
+    def build(keys: list[str]) -> pl.DataFrame:
+        scored = increment.rows_where("scored_steps", "trajectory_id", keys)
+        targets = [*keys, *scored.get_column("turn_id").to_list()]
+        return curate_steps(scored, increment.rows_where("labels", "target_id", targets)).collect()
+
+    written = increment.recompute(affected, build, CURATED_STEPS, ["trainable", "quality_label"])
+    summary = written.summary
+    context.log.info("%d steps curated", summary.height)
     return dg.MaterializeResult(
         metadata={
-            **written_metadata(increment, table, rows),
+            **written_metadata(increment, written.table, summary.height),
             "sample": sample(
-                rows,
+                written.head,
                 [
                     "trajectory_id",
                     "step_index",
@@ -105,8 +113,8 @@ def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):
                     "response_text",
                 ],
             ),
-            "trainable_share": float(rows["trainable"].mean()) if rows.height else None,
-            "quality_labels": dg.MetadataValue.json(counts(rows, "quality_label")),
+            "trainable_share": float(summary["trainable"].mean()) if summary.height else None,
+            "quality_labels": dg.MetadataValue.json(counts(summary, "quality_label")),
         }
     )
 

@@ -9,7 +9,7 @@ from assets.incremental import Increment
 from assets.landing import OWNERS
 from assets.metadata import histogram, sample, written_metadata
 from assets.steps import steps
-from claw_pipelines.derived_schemas import REWARDED_STEPS, conform, empty
+from claw_pipelines.derived_schemas import REWARDED_STEPS
 from claw_pipelines.reward_rules import openai_judge
 from claw_pipelines.transforms.rewards import affected_trajectories, reward_steps
 from resources.lake import LakeResource
@@ -40,7 +40,6 @@ def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     new_rewards = increment.new_rows("rewards")
     new_events = increment.new_rows("trajectory_events")
     all_steps = increment.scan("steps")
-    rows = empty(REWARDED_STEPS)
     affected: list[str] = []
     if all_steps is not None:
         affected = (
@@ -49,25 +48,30 @@ def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
             .sort()
             .to_list()
         )
-    if affected:
-        touched = increment.rows_where("steps", "trajectory_id", affected)
-        config = reward_config()
-        judge = openai_judge(config.judge) if config.judge.enabled else None
-        rows = reward_steps(
+    config = reward_config()
+    judge = openai_judge(config.judge) if config.judge.enabled else None
+
+    def build(keys: list[str]) -> pl.DataFrame:
+        touched = increment.rows_where("steps", "trajectory_id", keys)
+        return reward_steps(
             touched,
             _rewards_for(increment, touched),
-            increment.rows_where("trajectory_events", "trajectory_id", affected),
+            increment.rows_where("trajectory_events", "trajectory_id", keys),
             config,
             judge=judge,
         ).collect()
-    table = increment.commit(conform(rows, REWARDED_STEPS), replace=("trajectory_id", affected))
-    context.log.info("%d trajectories re-credited (%d steps)", len(affected), rows.height)
+
+    written = increment.recompute(affected, build, REWARDED_STEPS, ["reward", "reward_present"])
+    summary = written.summary
+    context.log.info("%d trajectories re-credited (%d steps)", len(affected), summary.height)
     return dg.MaterializeResult(
         metadata={
-            **written_metadata(increment, table, rows),
-            "sample": sample(rows, REWARD_SAMPLE),
-            "reward_distribution": histogram(rows.get_column("reward")),
-            "reward_present_share": float(rows["reward_present"].mean()) if rows.height else None,
+            **written_metadata(increment, written.table, summary.height),
+            "sample": sample(written.head, REWARD_SAMPLE),
+            "reward_distribution": histogram(summary.get_column("reward")),
+            "reward_present_share": (
+                float(summary["reward_present"].mean()) if summary.height else None
+            ),
         }
     )
 

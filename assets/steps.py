@@ -7,7 +7,7 @@ from assets.automation import on_new_data, on_new_data_or_idle_sweep
 from assets.incremental import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
-from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, TRAJECTORIES, conform, empty
+from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, TRAJECTORIES, conform
 from claw_pipelines.schemas import utc_now
 from claw_pipelines.transforms.steps import extract_steps
 from claw_pipelines.transforms.trajectories import summarize_trajectories
@@ -65,7 +65,7 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
         ),
     }
     if table is not None:
-        metadata.update(written_metadata(increment, table, new_steps))
+        metadata.update(written_metadata(increment, table, new_steps.height))
     return dg.MaterializeResult(metadata=metadata)
 
 
@@ -89,19 +89,26 @@ def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
         increment.new_rows("steps", ["trajectory_id"]),
         increment.new_rows("trajectory_events", ["trajectory_id"]),
     )
-    summary = empty(TRAJECTORIES)
-    if affected and increment.upto["steps"] is not None:
-        summary = summarize_trajectories(
-            increment.rows_where("steps", "trajectory_id", affected),
-            increment.rows_where("trajectory_events", "trajectory_id", affected),
+    if increment.upto["steps"] is None:
+        affected = []
+
+    def build(keys: list[str]) -> pl.DataFrame:
+        return summarize_trajectories(
+            increment.rows_where("steps", "trajectory_id", keys),
+            increment.rows_where("trajectory_events", "trajectory_id", keys),
         ).collect()
-    table = increment.commit(conform(summary, TRAJECTORIES), replace=("trajectory_id", affected))
+
+    written = increment.recompute(
+        affected, build, TRAJECTORIES, ["num_steps", "outcome", "complete"]
+    )
+    summary = written.summary
     context.log.info("%d trajectories recomputed", summary.height)
     return dg.MaterializeResult(
         metadata={
-            **written_metadata(increment, table, summary),
+            **written_metadata(increment, written.table, summary.height),
             "sample": sample(
-                summary, ["trajectory_id", "num_steps", "complete", "outcome", "outcome_reward"]
+                written.head,
+                ["trajectory_id", "num_steps", "complete", "outcome", "outcome_reward"],
             ),
             "steps_per_trajectory": histogram(summary.get_column("num_steps")),
             "outcomes": dg.MetadataValue.json(counts(summary, "outcome")),

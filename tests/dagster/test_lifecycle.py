@@ -158,3 +158,44 @@ def test_steps_recover_from_a_crash_between_state_and_output(driver: Driver, bou
     assert steps.height == steps.get_column("step_id").n_unique()
     assert metadata["steps"]["open_turns"] == 4  # the first group never completed
     assert steps.height == 4
+
+
+def test_chunked_recompute_survives_a_crash_part_way(
+    driver: Driver, bound, instance, monkeypatch
+) -> None:
+    """Big backlogs are recomputed a few trajectories per commit; a run dying after some chunks
+    committed (watermark not moved yet) is redone by the next run without duplicates."""
+    import assets.incremental
+    import assets.quality
+
+    monkeypatch.setattr(assets.incremental, "CHUNK_TRAJECTORIES", 3)
+    land_rollouts(bound.lake, groups=4, group_size=4, steps=1)
+    score = assets.quality.score_steps
+    calls = []
+
+    def dies_on_third_chunk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("worker killed")
+        return score(*args, **kwargs)
+
+    monkeypatch.setattr(assets.quality, "score_steps", dies_on_third_chunk)
+    driver.tick("landing_ingest_sensor")
+    keys = [dg.AssetKey(k) for k in CHAIN]
+    job = bound.defs.resolve_implicit_job_def_def_for_assets(keys)
+    failed = job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=False)
+    assert not failed.success
+    partial = bound.lake.scan("scored_steps").collect()
+    assert partial.height == 6  # two chunks of 3 one-step trajectories committed
+    assert (
+        bound.lake.open("scored_steps").transaction_version("claw/scored_steps/rewarded_steps")
+        is None
+    )
+
+    metadata = driver.refresh()
+    assert metadata["scored_steps"]["rows_written"] == 16
+    for key in CHAIN:
+        table = bound.lake.scan(key).collect()
+        assert table.height == 16, key  # one-step trajectories: as many rows as steps
+    scored = bound.lake.scan("scored_steps").collect()
+    assert scored.get_column("step_id").n_unique() == 16
