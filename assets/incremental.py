@@ -119,11 +119,19 @@ class Increment:
         return self.lake.scan(source, self.upto[source])
 
     def rows_where(self, source: str, column: str, keys: list[str]) -> pl.DataFrame | None:
-        """Every row of ``source`` (as of the pinned version) whose ``column`` is in ``keys``."""
+        """Every row of ``source`` (as of the pinned version) whose ``column`` is in ``keys``.
+
+        The redundant min/max bounds let the scan skip files and row groups by their statistics
+        (ids are time-ordered, so a chunk of sorted keys maps to few files).
+        """
         frame = self.scan(source)
-        if frame is None:
-            return None
-        return frame.filter(pl.col(column).is_in(keys)).collect()
+        if frame is None or not keys:
+            return None if frame is None else frame.head(0).collect()
+        ordered = sorted(keys)
+        value = pl.col(column)
+        return frame.filter(
+            (value >= ordered[0]) & (value <= ordered[-1]) & value.is_in(ordered)
+        ).collect()
 
     def _transactions(self) -> list[Transaction]:
         return [
