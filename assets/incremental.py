@@ -23,15 +23,21 @@ from dataclasses import dataclass, field
 
 import polars as pl
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 
 from claw_pipelines.derived_schemas import conform, empty
 from claw_pipelines.lake import Lake
 
-CHUNK_TRAJECTORIES = 4096
+CHUNK_TRAJECTORIES = 8192
 """Trajectories recomputed per commit by ``Increment.recompute``."""
 
+ROW_GROUP_ROWS = 8192
+"""Small row groups, so re-reading a chunk of (time-ordered) trajectory ids skips the rest of
+a file by its statistics instead of decoding every token list in it."""
+
 SAMPLE_ROWS = 5
+
+WRITER = WriterProperties(max_row_group_size=ROW_GROUP_ROWS)
 
 STATE_LOOKBACK = 5
 """How many state-table versions to walk back to find the one matching a watermark."""
@@ -188,6 +194,7 @@ class Increment:
                 mode="overwrite",
                 predicate=f"{column} IN ({quoted})",
                 commit_properties=self._properties(watermark),
+                writer_properties=WRITER,
             )
         self._chunks_written += not watermark
         return self.lake.open(self.output)
