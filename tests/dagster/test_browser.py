@@ -69,6 +69,7 @@ def test_lineage_materialize_from_the_ui_and_metadata(
     page.keyboard.press("Alt+e")  # expand every group so each asset shows
     for key in LIFECYCLE:
         expect(page.get_by_text(key, exact=True).first).to_be_visible()
+    page.wait_for_timeout(3000)  # let the nodes' materialization status colour in
     shoot(page, tmp_path, "lineage")
 
     before = len(dagster_dev.batch_materializations())

@@ -14,27 +14,35 @@ from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
 
 PROMPTS = 8
-"""Groups of 4 rollouts; with the engine's 55 % accuracy nearly all groups have mixed rewards,
-so at least the 4 a grpo batch needs survive the zero-variance filter."""
+MAX_ROUNDS = 6
+"""Rounds of ``PROMPTS`` groups of 4 rollouts, until 4 groups have mixed rewards (a grpo batch
+drops zero-variance groups); how many a round yields depends on the simulated policy."""
 
 
 def test_demo_agents_to_grpo_batch(capture_stack, instance) -> None:
     started = utc_now()
-    summary = run_demo(
-        prompts=PROMPTS,
-        rollouts=4,
-        proxy_url=capture_stack.proxy_url,
-        concurrency=8,
-        key=capture_stack.key,
-        lake=capture_stack.lake,
-    )
-    assert summary.errors == 0
+    turns_played, mixed = 0, 0
+    for _ in range(MAX_ROUNDS):
+        summary = run_demo(
+            prompts=PROMPTS,
+            rollouts=4,
+            proxy_url=capture_stack.proxy_url,
+            concurrency=8,
+            key=capture_stack.key,
+            lake=capture_stack.lake,
+        )
+        assert summary.errors == 0
+        turns_played += summary.turns
+        mixed += summary.mixed_groups
+        if mixed >= 4:
+            break
+    assert mixed >= 4, f"only {mixed} groups with mixed rewards in {MAX_ROUNDS} rounds"
 
     def mine(frame: pl.DataFrame) -> pl.DataFrame:
         return frame.filter((pl.col("agent") == AGENT) & (pl.col("started_at") >= started))
 
-    turns = mine(capture_stack.wait_for_rows(lambda f: mine(f).height >= summary.turns))
-    assert turns.height == summary.turns
+    turns = mine(capture_stack.wait_for_rows(lambda f: mine(f).height >= turns_played))
+    assert turns.height == turns_played
     trajectories = set(turns["trajectory_id"])
     capture_stack.wait_for_rows(
         lambda f: trajectories <= set(f["trajectory_id"]), table="trajectory_events"
@@ -44,12 +52,12 @@ def test_demo_agents_to_grpo_batch(capture_stack, instance) -> None:
     driver.refresh()
     planned = driver.tick("batch_grpo_planner")
     assert isinstance(planned, dg.SensorResult), planned
-    batch_id = planned.run_requests[0].partition_key
-    driver.materialize(["batch_grpo"], partition_key=batch_id)
-    rows = capture_stack.lake.scan("batches/grpo").filter(pl.col("batch_id") == batch_id).collect()
+    batch_ids = [request.partition_key for request in planned.run_requests]
+    for batch_id in batch_ids:  # the shared lake may hold other areas' ready groups too
+        driver.materialize(["batch_grpo"], partition_key=batch_id)
+    rows = capture_stack.lake.scan("batches/grpo").filter(pl.col("batch_id").is_in(batch_ids))
+    rows = rows.collect()
 
-    sizes = rows.group_by("group_id").agg(pl.col("trajectory_id").n_unique().alias("n"))
-    assert sizes.height == 4 and set(sizes["n"]) == {4}
     landed = capture_stack.rows("turns").select("turn_id", "prompt_token_ids", "response_token_ids")
     joined = rows.join(landed, on="turn_id", suffix="_landed")
     assert joined.height == rows.height
@@ -59,7 +67,8 @@ def test_demo_agents_to_grpo_batch(capture_stack, instance) -> None:
     assert all(tuple(ids) in sent for ids in rows["response_token_ids"].to_list())
 
     ours = rows.filter(pl.col("trajectory_id").is_in(list(trajectories)))
-    assert ours.height == rows.height  # nothing else in the lake forms complete groups of 4
+    sizes = ours.group_by("group_id").agg(pl.col("trajectory_id").n_unique().alias("n"))
+    assert sizes.height >= 1 and set(sizes["n"]) == {4}
     for row in ours.filter(pl.col("is_last")).iter_rows(named=True):
         truth = json.loads(row["metadata"])["claw"]["ground_truth"]
         content = json.loads(row["response_message"])["content"]
