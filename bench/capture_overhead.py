@@ -1,7 +1,9 @@
 """Capture overhead: the proxy with the capture callback vs the same proxy without it.
 
-Same embedded engine, same request mix (non-streaming, return_token_ids + logprobs), same
-concurrency, measured in one run. Prints one JSON object.
+Both are started by ``claw proxy`` with the same uvicorn settings and config (``--no-capture``
+drops the callback and the HTTP edge), against the same embedded engine, with the same request
+mix (non-streaming, return_token_ids + logprobs) and concurrency, alternating rounds in one run.
+Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -12,40 +14,14 @@ import json
 import os
 import secrets
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-import yaml
 
-from claw_pipelines.processes import Service, free_port, start_service
-from claw_pipelines.stack import REPO_ROOT, start_engine, start_proxy
-
-
-def baseline_config(workdir: Path) -> Path:
-    """resources/litellm.yaml without the capture callback: the plain LiteLLM proxy."""
-    config = yaml.safe_load((REPO_ROOT / "resources" / "litellm.yaml").read_text())
-    config["litellm_settings"].pop("callbacks")
-    for entry in config["model_list"]:
-        entry.pop("model_info", None)
-    path = workdir / "baseline.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def start_baseline(port: int, workdir: Path, env: dict[str, str]) -> Service:
-    litellm = str(Path(sys.executable).parent / "litellm")
-    command = [litellm, "--config", str(baseline_config(workdir)), "--host", "127.0.0.1"]
-    return start_service(
-        "baseline-proxy",
-        [*command, "--port", str(port)],
-        f"http://127.0.0.1:{port}",
-        workdir / "logs" / "baseline.log",
-        env=env,
-        cwd=workdir,
-    )
+from claw_pipelines.processes import free_port
+from claw_pipelines.stack import start_engine, start_proxy
 
 
 async def drive(url: str, key: str, requests: int, concurrency: int) -> list[float]:
@@ -86,8 +62,9 @@ def measure(url: str, key: str, requests: int, concurrency: int) -> dict[str, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=2000, help="per throughput round")
+    parser.add_argument("--concurrency", type=int, default=16, help="for throughput")
+    parser.add_argument("--latency-requests", type=int, default=400, help="sequential, per round")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per proxy")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="claw-bench-capture-"))
@@ -97,49 +74,57 @@ def main() -> None:
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "CLAW_LAKE_URI": str(workdir / "lake"),
         "CLAW_SPOOL_DIR": str(workdir / "spool"),
-        "CLAW_BACKEND_URL": "",
     }
     engine = start_engine(free_port(), workdir, env)
     services = [engine]
     try:
         engine.wait_ready("/health", timeout_s=60)
-        env["CLAW_BACKEND_URL"] = f"{engine.url}/v1"
-        capture = start_proxy(free_port(), workdir, env["CLAW_BACKEND_URL"], env)
-        baseline = start_baseline(free_port(), workdir, env)
-        services += [capture, baseline]
-        capture.wait_ready("/health/liveliness", timeout_s=300)
-        baseline.wait_ready("/health/liveliness", timeout_s=300)
-        results: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
+        backend = f"{engine.url}/v1"
+        (workdir / "plain").mkdir()
+        proxies = {
+            "with": start_proxy(free_port(), workdir, backend, env),
+            "without": start_proxy(free_port(), workdir / "plain", backend, env, capture=False),
+        }
+        services += proxies.values()
+        for proxy in proxies.values():
+            proxy.wait_ready("/health/liveliness", timeout_s=300)
+        load: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
+        latency: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
         for _ in range(args.rounds):
-            results["without"].append(measure(baseline.url, key, args.requests, args.concurrency))
-            results["with"].append(measure(capture.url, key, args.requests, args.concurrency))
+            for name in ("without", "with"):
+                url = proxies[name].url
+                load[name].append(measure(url, key, args.requests, args.concurrency))
+                latency[name].append(measure(url, key, args.latency_requests, 1))
     finally:
         for service in reversed(services):
             service.stop()
 
-    def best(runs: list[dict[str, float]], metric: str, pick=max) -> float:
-        return pick(run[metric] for run in runs)
+    def median(runs: list[dict[str, float]], metric: str) -> float:
+        return statistics.median(run[metric] for run in runs)
 
-    with_rps, without_rps = best(results["with"], "rps"), best(results["without"], "rps")
-    with_p99 = best(results["with"], "p99_ms", min)
-    without_p99 = best(results["without"], "p99_ms", min)
+    rps = {name: median(load[name], "rps") for name in load}
+    p50 = {name: median(latency[name], "p50_ms") for name in latency}
+    p99 = {name: median(latency[name], "p99_ms") for name in latency}
     print(
         json.dumps(
             {
                 "benchmark": "capture_overhead",
                 "requests": args.requests,
                 "concurrency": args.concurrency,
+                "latency_requests": args.latency_requests,
                 "rounds": args.rounds,
-                "rps_with_capture": round(with_rps, 1),
-                "rps_without_capture": round(without_rps, 1),
-                "throughput_ratio": round(with_rps / without_rps, 3),
-                "p50_ms_with": round(best(results["with"], "p50_ms", min), 2),
-                "p50_ms_without": round(best(results["without"], "p50_ms", min), 2),
-                "p99_ms_with": round(with_p99, 2),
-                "p99_ms_without": round(without_p99, 2),
-                "p99_added_ms": round(with_p99 - without_p99, 2),
+                "rps_with_capture": round(rps["with"], 1),
+                "rps_without_capture": round(rps["without"], 1),
+                "throughput_ratio": round(rps["with"] / rps["without"], 3),
+                "p50_ms_with": round(p50["with"], 2),
+                "p50_ms_without": round(p50["without"], 2),
+                "p99_ms_with": round(p99["with"], 2),
+                "p99_ms_without": round(p99["without"], 2),
+                "p50_added_ms": round(p50["with"] - p50["without"], 2),
+                "p99_added_ms": round(p99["with"] - p99["without"], 2),
                 "cpu_count": os.cpu_count(),
-                "runs": results,
+                "throughput_runs": load,
+                "latency_runs": latency,
             }
         )
     )

@@ -42,11 +42,21 @@ def proxy(
         typer.Option(help="OpenAI-compatible base URL served as the default model."),
     ] = None,
     num_workers: Annotated[int, typer.Option(help="Proxy worker processes.")] = 1,
+    capture: Annotated[
+        bool, typer.Option(help="--no-capture runs the plain LiteLLM proxy (for comparisons).")
+    ] = True,
 ) -> None:
     """Run the LiteLLM proxy with the capture callback (turns land in Delta)."""
     from claw_pipelines.capture.launcher import run_proxy
 
-    run_proxy(host=host, port=port, config=config, backend=backend, num_workers=num_workers)
+    run_proxy(
+        host=host,
+        port=port,
+        config=config,
+        backend=backend,
+        num_workers=num_workers,
+        capture=capture,
+    )
 
 
 @app.command()

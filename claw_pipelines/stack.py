@@ -41,11 +41,13 @@ def start_proxy(
     env: dict[str, str] | None = None,
     num_workers: int = 1,
     host: str = "127.0.0.1",
+    capture: bool = True,
 ) -> Service:
     command = [*CLI, "proxy", "--host", host, "--port", str(port), "--backend", backend]
+    command += ["--num-workers", str(num_workers), "--capture" if capture else "--no-capture"]
     return start_service(
-        "proxy",
-        [*command, "--num-workers", str(num_workers)],
+        "proxy" if capture else "plain-proxy",
+        command,
         f"http://127.0.0.1:{port}",
         workdir / "logs" / "proxy.log",
         env=env,

@@ -61,9 +61,16 @@ def served_model(backend: str) -> str | None:
     return str(models[0]["id"]) if models else None
 
 
-def render_config(source: Path, backend: str | None, run_dir: Path, port: int) -> Path:
-    """Write the config the proxy runs with: ``--backend`` replaces the default model's server."""
+def render_config(
+    source: Path, backend: str | None, run_dir: Path, port: int, capture: bool = True
+) -> Path:
+    """Write the config the proxy runs with: ``--backend`` replaces the default model's server.
+
+    Without capture the callback is removed, leaving the plain LiteLLM proxy (for comparisons).
+    """
     config = yaml.safe_load(source.read_text())
+    if not capture:
+        (config.get("litellm_settings") or {}).pop("callbacks", None)
     if backend:
         name = served_model(backend)
         for entry in config.get("model_list") or []:
@@ -78,7 +85,12 @@ def render_config(source: Path, backend: str | None, run_dir: Path, port: int) -
 
 
 def run_proxy(
-    host: str, port: int, config: Path | None, backend: str | None, num_workers: int
+    host: str,
+    port: int,
+    config: Path | None,
+    backend: str | None,
+    num_workers: int,
+    capture: bool = True,
 ) -> None:
     try:
         key = resolve_master_key(host, os.environ.get("LITELLM_MASTER_KEY"))
@@ -101,7 +113,7 @@ def run_proxy(
         flush=True,
     )
     uvicorn.run(
-        "claw_pipelines.capture.asgi:app",
+        "claw_pipelines.capture.asgi:app" if capture else "litellm.proxy.proxy_server:app",
         host=host,
         port=port,
         workers=num_workers,
