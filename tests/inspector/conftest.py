@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -88,13 +89,15 @@ def page(chromium, tmp_path: Path) -> Iterator[object]:
 
 @pytest.fixture
 def screenshot(page, tmp_path: Path):
-    """Save a full-page screenshot in the test's tmp dir and copy it to docs/screenshots."""
+    """Save a full-page screenshot in the test's tmp dir (and, with CLAW_UPDATE_SCREENSHOTS=1,
+    refresh the committed copy in docs/screenshots that the README shows)."""
 
     def take(name: str) -> Path:
         path = tmp_path / f"inspector-{name}.png"
         page.screenshot(path=str(path), full_page=True)
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, SCREENSHOTS / path.name)
+        if os.environ.get("CLAW_UPDATE_SCREENSHOTS") == "1":
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, SCREENSHOTS / path.name)
         return path
 
     return take
