@@ -14,7 +14,6 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -25,8 +24,9 @@ import polars as pl
 import psutil
 
 from claw_pipelines.lake import Lake
-from claw_pipelines.processes import free_port, start_service
+from claw_pipelines.processes import free_port
 from claw_pipelines.schemas import Reward, TrajectoryEventRow, Turn
+from claw_pipelines.stack import start_inspector
 
 STEPS_PER_TRAJECTORY = 4
 GROUP_SIZE = 4
@@ -199,13 +199,7 @@ def main() -> None:
     del turns
 
     port = free_port()
-    service = start_service(
-        "inspector",
-        [sys.executable, "-m", "claw_pipelines.cli", "inspect", "--port", str(port)],
-        f"http://127.0.0.1:{port}",
-        workdir / "inspector.log",
-        env={"CLAW_LAKE_URI": lake.root},
-    )
+    service = start_inspector(port, workdir, env={"CLAW_LAKE_URI": lake.root})
     try:
         began = time.perf_counter()
         service.wait_ready("/api/health", timeout_s=600)

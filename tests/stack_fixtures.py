@@ -16,6 +16,17 @@ from claw_pipelines.processes import Service, free_port
 from claw_pipelines.stack import start_engine, start_proxy
 
 PROXY_START_TIMEOUT_S = 240
+CHROMIUM = "/usr/bin/chromium"
+"""Debian's chromium, driven by Playwright: no browser download."""
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--headless=new",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @dataclass

@@ -11,6 +11,7 @@ from openai import AsyncOpenAI
 from claw_pipelines.demo import MAX_TURNS, Rollout, play, reward, run_demo, run_rollout
 from claw_pipelines.engine.tasks import generate_tasks
 from claw_pipelines.processes import Service, free_port
+from claw_pipelines.schemas import utc_now
 
 
 def test_agent_loop_against_the_engine(sim: Service) -> None:
@@ -44,6 +45,8 @@ def test_rollout_errors_are_reported_not_raised() -> None:
 
 
 def test_demo_through_the_proxy(capture_stack) -> None:
+    """Other tests share this proxy's lake, so only turns that started during this run count."""
+    began = utc_now()
     summary = run_demo(
         prompts=2,
         rollouts=2,
@@ -53,9 +56,10 @@ def test_demo_through_the_proxy(capture_stack) -> None:
         lake=capture_stack.lake,
     )
     assert (summary.trajectories, summary.errors) == (4, 0)
+    ours = (pl.col("agent") == "demo-calculator") & (pl.col("started_at") >= began)
     demo_turns = capture_stack.wait_for_rows(
-        lambda frame: frame.filter(frame["agent"] == "demo-calculator").height >= summary.turns
-    ).filter(pl.col("agent") == "demo-calculator")
+        lambda frame: frame.filter(ours).height >= summary.turns
+    ).filter(ours)
     assert demo_turns.height == summary.turns
     assert demo_turns["trajectory_id"].n_unique() == 4
     assert demo_turns["group_id"].n_unique() == 2

@@ -10,20 +10,11 @@ from pathlib import Path
 
 import pytest
 from lake_rows import Rollouts, land_rollouts
+from stack_fixtures import CHROMIUM, CHROMIUM_ARGS
 
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import Service, free_port, start_service
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--headless=new",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
@@ -62,8 +53,10 @@ def inspector_service(
         service.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[object]:
+    """Module-scoped: Playwright's sync API keeps an event loop running in this thread while it
+    is open, and later modules (Dagster, the demo agent) call ``asyncio.run``."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: run scripts/ensure_chromium.sh")
     from playwright.sync_api import sync_playwright

@@ -5,7 +5,6 @@ claw_pipelines.definitions, run in-process over the same lake)."""
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,8 @@ from lake_rows import land_rollouts
 from playwright.sync_api import expect
 
 from claw_pipelines.definitions import build_definitions
-from claw_pipelines.processes import Service, free_port, start_service
+from claw_pipelines.processes import Service, free_port
+from claw_pipelines.stack import start_inspector
 from resources.lake import LakeResource
 
 CHAIN = ["steps", "trajectories", "rewarded_steps", "scored_steps", "curated_steps"]
@@ -45,13 +45,7 @@ def materialize(defs: dg.Definitions, instance, keys: list[str], partition_key: 
 def inspector_over(pipeline, tmp_path: Path) -> Iterator[Service]:
     resource, _, _ = pipeline
     port = free_port()
-    service = start_service(
-        "inspector",
-        [sys.executable, "-m", "claw_pipelines.cli", "inspect", "--port", str(port)],
-        f"http://127.0.0.1:{port}",
-        tmp_path / "inspector.log",
-        env={"CLAW_LAKE_URI": resource.lake_uri},
-    )
+    service = start_inspector(port, tmp_path, env={"CLAW_LAKE_URI": resource.lake_uri})
     try:
         yield service
     finally:

@@ -12,18 +12,15 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from claw_pipelines.processes import Service, free_port, start_service, stop_group
+from claw_pipelines.processes import Service, free_port, stop_group
+from claw_pipelines.stack import start_inspector
 
 
 @pytest.fixture
 def inspector_on_capture(capture_stack, tmp_path: Path) -> Iterator[Service]:
     port = free_port()
-    service = start_service(
-        "inspector",
-        [sys.executable, "-m", "claw_pipelines.cli", "inspect", "--port", str(port)],
-        f"http://127.0.0.1:{port}",
-        tmp_path / "inspector.log",
-        env={"CLAW_LAKE_URI": capture_stack.env["CLAW_LAKE_URI"]},
+    service = start_inspector(
+        port, tmp_path, env={"CLAW_LAKE_URI": capture_stack.env["CLAW_LAKE_URI"]}
     )
     try:
         service.wait_ready("/api/health", timeout_s=60)
