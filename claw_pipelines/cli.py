@@ -102,7 +102,11 @@ def demo(
     """Drive a tool-using agent through the proxy: real traffic for the pipeline."""
     from claw_pipelines.demo import run_demo
 
-    run_demo(prompts=prompts, rollouts=rollouts, proxy_url=proxy_url, concurrency=concurrency)
+    summary = run_demo(
+        prompts=prompts, rollouts=rollouts, proxy_url=proxy_url, concurrency=concurrency
+    )
+    if summary.errors == summary.trajectories:
+        raise typer.Exit(code=1)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,9 @@ from claw_pipelines.engine.protocol import FunctionCall, Message, Tool
 from claw_pipelines.engine.tasks import Task, final_answer_text, first_number, parse_question
 from claw_pipelines.engine.tokenizer import encode
 
-P_TOOL = 0.45
+P_TOOL = 0.35
 P_RAMBLE = 0.12
-P_CORRECT = 0.55
+P_CORRECT = 0.45
 P_RECHECK = 0.25
 CALCULATOR = "calculator"
 
