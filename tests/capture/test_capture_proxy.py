@@ -298,3 +298,15 @@ def test_lifecycle_reward_and_step_endpoints(capture_stack: CaptureStack) -> Non
     ).filter(pl.col("turn_id") == turn_id)
     assert events.row(0, named=True)["reward"] == 1.0
     assert rewards.row(0, named=True)["source"] == "model"
+
+
+def test_text_completion_turns_land(capture_stack: CaptureStack) -> None:
+    client = client_for(capture_stack)
+    raw = client.completions.with_raw_response.create(
+        model="policy", prompt=QUESTION, max_tokens=16
+    )
+    turn_id = raw.headers["x-litellm-call-id"]
+    row = landed(capture_stack, [turn_id]).row(0, named=True)
+    assert row["call_type"] == "completion"
+    assert json.loads(row["request_messages"]) == [{"role": "user", "content": QUESTION}]
+    assert row["response_text"] == raw.parse().choices[0].text
