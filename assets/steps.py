@@ -48,6 +48,9 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
         now=utc_now(),
         idle_timeout_s=config.idle_timeout_s,
         reopen_window_s=config.reopen_window_s,
+        emitted=None
+        if increment.snapshot is None
+        else increment.lake.scan("steps", increment.snapshot.version()),
     )
     new_steps = extraction.steps
     if new_steps.height or increment.has_new_data:
