@@ -124,13 +124,18 @@ class Increment:
             return None
         return self.lake.scan(source, self.upto[source])
 
-    def rows_where(self, source: str, column: str, keys: list[str]) -> pl.DataFrame | None:
-        """Every row of ``source`` (as of the pinned version) whose ``column`` is in ``keys``.
+    def rows_where(
+        self, source: str, column: str, keys: list[str], columns: list[str] | None = None
+    ) -> pl.DataFrame | None:
+        """Every row of ``source`` (as of the pinned version) whose ``column`` is in ``keys``
+        (only ``columns`` when given: a projection skips the other column chunks unread).
 
         The redundant min/max bounds let the scan skip files and row groups by their statistics
         (ids are time-ordered, so a chunk of sorted keys maps to few files).
         """
         frame = self.scan(source)
+        if frame is not None and columns is not None:
+            frame = frame.select(columns)
         if frame is None or not keys:
             return None if frame is None else frame.head(0).collect()
         ordered = sorted(keys)
@@ -173,15 +178,16 @@ class Increment:
         """Write this run's rows and advance the watermark in one commit (even with 0 rows).
 
         ``replace=(column, keys)`` first removes the rows whose ``column`` is in ``keys`` (same
-        commit): recomputed trajectories replace their old rows instead of duplicating them.
+        commit): recomputed trajectories replace their old rows instead of duplicating them. A
+        table this run created holds only this run's chunks, whose keys are disjoint: appended,
+        so a first build does not rescan its earlier chunks per commit.
         A run that read nothing new writes nothing (no empty versions from periodic sweeps).
         ``watermark=False`` writes a chunk of the run without moving the watermark.
         """
         if self.snapshot is not None and not self.has_new_data and data.num_rows == 0:
             return self.snapshot
         target = self._target(data.schema, watermark)
-        exists = self.snapshot is not None or self._chunks_written
-        if not exists or replace is None or not replace[1]:
+        if self.snapshot is None or replace is None or not replace[1]:
             write_deltalake(
                 target, data, mode="append", commit_properties=self._properties(watermark)
             )

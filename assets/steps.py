@@ -7,7 +7,7 @@ from assets.automation import on_new_data, on_new_data_or_idle_sweep
 from assets.incremental import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
-from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, TRAJECTORIES, conform
+from claw_pipelines.derived_schemas import NARROW_STEPS, OPEN_STATE, STEPS, TRAJECTORIES, conform
 from claw_pipelines.schemas import utc_now
 from claw_pipelines.transforms.steps import extract_steps
 from claw_pipelines.transforms.trajectories import summarize_trajectories
@@ -97,7 +97,7 @@ def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
 
     def build(keys: list[str]) -> pl.DataFrame:
         return summarize_trajectories(
-            increment.rows_where("steps", "trajectory_id", keys),
+            increment.rows_where("steps", "trajectory_id", keys, NARROW_STEPS.names),
             increment.rows_where("trajectory_events", "trajectory_id", keys),
         ).collect()
 

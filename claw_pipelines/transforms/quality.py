@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from claw_pipelines.derived_schemas import SCORED_STEPS, polars_schema, with_tokens
 from claw_pipelines.transforms.messages import malformed_tool_calls, tool_call_count
 
+RESPONSE_COLUMNS = ["response_token_ids", "response_logprobs"]
+"""The token lists the signals read (prompt ids, the bulk of a step, are not needed)."""
+
 
 class QualityWeights(BaseModel):
     """How much each signal lowers the score (0 disables it)."""
@@ -109,7 +112,7 @@ def score_steps(
     Token signals read the rewarded turns' token lists from ``steps`` (a frame or a table
     scan); the output stays narrow.
     """
-    frame = with_tokens(rewarded.lazy().collect(), steps).lazy()
+    frame = with_tokens(rewarded.lazy().collect(), steps, RESPONSE_COLUMNS).lazy()
     latest = (
         pl.col("policy_version").max()
         if latest_policy_version is None

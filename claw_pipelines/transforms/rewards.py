@@ -12,7 +12,7 @@ from __future__ import annotations
 import polars as pl
 
 from claw_pipelines import reward_rules
-from claw_pipelines.derived_schemas import REWARDED_STEPS, polars_schema, token_lengths
+from claw_pipelines.derived_schemas import REWARDED_STEPS, polars_schema
 from claw_pipelines.transforms.credit import assign_credit
 
 
@@ -100,8 +100,8 @@ def reward_steps(
     *,
     judge: reward_rules.ModelJudge | None = None,
 ) -> pl.LazyFrame:
-    """``REWARDED_STEPS`` rows for ``steps`` (all steps of the affected trajectories, with their
-    token lists, of which only the lengths are kept).
+    """``REWARDED_STEPS`` rows for ``steps`` (all steps of the affected trajectories; their token
+    lists are not needed and not kept).
 
     Reward sources: rewards rows (turn -> step reward; trajectory and group -> outcome), event
     rewards (source ``env``), rule rewards and the optional model judge declared in ``config``.
@@ -136,8 +136,6 @@ def reward_steps(
             .alias("reward_sources")
         )
     )
-    return (
-        assign_credit(frame, config.credit_assignment)
-        .with_columns(token_lengths())
-        .select(pl.col(name).cast(dtype) for name, dtype in polars_schema(REWARDED_STEPS).items())
+    return assign_credit(frame, config.credit_assignment).select(
+        pl.col(name).cast(dtype) for name, dtype in polars_schema(REWARDED_STEPS).items()
     )

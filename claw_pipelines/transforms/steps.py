@@ -35,6 +35,7 @@ from claw_pipelines.derived_schemas import (
     TOKEN_COLUMNS,
     empty,
     fit,
+    token_lengths,
     with_tokens,
 )
 from claw_pipelines.transforms.inference import infer_trajectories
@@ -188,7 +189,7 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame) -> pl.DataFrame:
             ).alias("group_id"),
         )
     )
-    return fit(check_prefixes(frame), STEPS)
+    return fit(check_prefixes(frame).with_columns(token_lengths()), STEPS)
 
 
 def extract_steps(
