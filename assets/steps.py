@@ -38,13 +38,10 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     ``steps_open`` state (turns of trajectories still open), so work grows with new data.
     """
     increment = Increment.begin(lake.lake(), "steps", "steps", ["turns", "trajectory_events"])
-    state = increment.state_as_of("steps_open")
-    turns = increment.new_rows("turns", keep_version=True)
-    events = increment.new_rows("trajectory_events")
     extraction = extract_steps(
-        turns,
-        state,
-        events,
+        increment.new_rows("turns", keep_version=True),
+        increment.state_as_of("steps_open"),
+        increment.new_rows("trajectory_events"),
         now=utc_now(),
         idle_timeout_s=config.idle_timeout_s,
         reopen_window_s=config.reopen_window_s,
