@@ -101,21 +101,28 @@ class Increment:
         )
 
     def new_rows(
-        self, source: str, columns: list[str] | None = None, *, keep_version: bool = False
+        self,
+        source: str,
+        columns: list[str] | None = None,
+        *,
+        keep_version: bool = False,
+        versions: tuple[int | None, int | None] | None = None,
     ) -> pl.DataFrame | None:
         """Rows inserted into ``source`` within this run's range (None when none).
 
-        ``keep_version`` keeps ``_commit_version`` (the input version each row landed in).
+        ``keep_version`` keeps ``_commit_version`` (the input version each row landed in);
+        ``versions`` = ``(after, upto]`` reads a part of the range (not counted in ``rows_read``,
+        which counts the whole range).
         """
-        if self.upto[source] is None:
+        after, upto = versions or (self.after[source], self.upto[source])
+        if upto is None:
             return None
-        frame, _ = self.lake.read_changes(
-            source, self.after[source], up_to_version=self.upto[source], columns=columns
-        )
+        frame, _ = self.lake.read_changes(source, after, up_to_version=upto, columns=columns)
         if frame is None:
             return None
         cdf = ["_change_type", "_commit_timestamp"] + ([] if keep_version else ["_commit_version"])
-        self.rows_read[source] = frame.height
+        if versions is None:
+            self.rows_read[source] = frame.height
         return frame.drop(cdf, strict=False)
 
     def scan(self, source: str) -> pl.LazyFrame | None:

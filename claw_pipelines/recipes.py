@@ -8,8 +8,10 @@ batch deterministically, so re-planning from pinned input versions reproduces th
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -17,7 +19,15 @@ import polars as pl
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, fit, with_tokens
+from claw_pipelines.derived_schemas import (
+    BATCH_ROWS,
+    DPO_PAIRS,
+    DROPPED,
+    LEDGER,
+    TOKEN_COLUMNS,
+    fit,
+    with_tokens,
+)
 from claw_pipelines.transforms.credit import CreditAssignment, assign_credit
 
 Algorithm = Literal["grpo", "rloo", "ppo", "reinforce_pp", "dpo", "sft"]
@@ -91,11 +101,18 @@ def load_recipes(path: str | Path) -> dict[str, Recipe]:
     return by_name
 
 
+ROW_CHUNK = 8192
+"""Batch rows whose token lists ``BatchPlan.row_chunks`` reads at a time."""
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     batch_id: str
-    rows: pl.DataFrame
-    """``derived_schemas.BATCH_ROWS`` (or ``DPO_PAIRS`` for dpo), in deterministic order."""
+    planned: pl.DataFrame
+    """``derived_schemas.BATCH_ROWS`` in deterministic order, token lists still null (read from
+    ``tokens`` by ``rows`` / ``row_chunks``); for dpo complete ``DPO_PAIRS`` rows."""
+    tokens: pl.LazyFrame | pl.DataFrame | None
+    """The steps the token lists are read from (None when ``planned`` is complete)."""
     dropped: pl.DataFrame
     """``derived_schemas.DROPPED``: unconsumed steps left out of this batch, with the reason
     (filters, waiting for a group, straggler drop, zero variance, no pair, next batch)."""
@@ -104,6 +121,22 @@ class BatchPlan:
     consumed: pl.DataFrame
     """(turn_id, trajectory_id, group_id) of every step this batch uses; for dpo both the
     chosen and the rejected step."""
+
+    @cached_property
+    def rows(self) -> pl.DataFrame:
+        """The complete batch rows (all token lists at once)."""
+        return self._with_tokens(self.planned)
+
+    def row_chunks(self) -> Iterator[pl.DataFrame]:
+        """The complete rows ``ROW_CHUNK`` at a time: a big batch is written without holding
+        every token list."""
+        for chunk in self.planned.iter_slices(ROW_CHUNK):
+            yield self._with_tokens(chunk)
+
+    def _with_tokens(self, rows: pl.DataFrame) -> pl.DataFrame:
+        if self.tokens is None:
+            return rows
+        return fit(with_tokens(rows.drop(TOKEN_COLUMNS), self.tokens), BATCH_ROWS)
 
     def ledger_rows(self, recipe: str, planned_at: datetime) -> pl.DataFrame:
         """``derived_schemas.LEDGER`` rows marking this batch's steps consumed."""
@@ -256,7 +289,6 @@ def _select_units(
 def _trajectory_batch(
     recipe: Recipe,
     steps: pl.DataFrame,
-    tokens: pl.LazyFrame | pl.DataFrame,
     now: datetime,
     batch_id: str,
     versions: str,
@@ -281,7 +313,7 @@ def _trajectory_batch(
             pl.lit(versions).alias("source_versions"),
         )
     )
-    return fit(with_tokens(rows, tokens), BATCH_ROWS), pl.concat(drops), ready, rows
+    return fit(rows, BATCH_ROWS), pl.concat(drops), ready, rows
 
 
 def _dpo_batch(
@@ -411,13 +443,12 @@ def plan_batch(
     if recipe.algorithm == "dpo":
         rows, dropped, ready, consumed = _dpo_batch(recipe, frame, steps, batch_id, versions)
     else:
-        rows, dropped, ready, picked = _trajectory_batch(
-            recipe, frame, steps, now, batch_id, versions
-        )
+        rows, dropped, ready, picked = _trajectory_batch(recipe, frame, now, batch_id, versions)
         consumed = picked.select("turn_id", "trajectory_id", "group_id")
     return BatchPlan(
         batch_id=batch_id,
-        rows=rows,
+        planned=rows,
+        tokens=None if recipe.algorithm == "dpo" else steps,
         dropped=fit(dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED),
         ready=ready,
         consumed=consumed.sort("turn_id"),
