@@ -11,6 +11,7 @@ from datetime import datetime
 
 import dagster as dg
 import polars as pl
+import pyarrow as pa
 from deltalake import write_deltalake
 
 from assets import ledger
@@ -21,7 +22,7 @@ from assets.quality import curated_steps
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
 from claw_pipelines.exporters import export_batch
 from claw_pipelines.lake import Lake
-from claw_pipelines.recipes import Recipe
+from claw_pipelines.recipes import BatchPlan, Recipe
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
 
@@ -43,14 +44,19 @@ def batch_schema(recipe: Recipe):
     return DPO_PAIRS if recipe.algorithm == "dpo" else BATCH_ROWS
 
 
-def _write_batch(lake: Lake, recipe: str, batch_id: str, rows) -> None:
-    """Replace the batch's rows in one commit, so a re-run never duplicates them."""
-    table = lake.open(ledger.batches_table(recipe))
-    if table is None:
-        lake.append(ledger.batches_table(recipe), rows)
-        return
-    quoted = batch_id.replace("'", "''")
-    write_deltalake(table, rows, mode="overwrite", predicate=f"batch_id = '{quoted}'")
+def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
+    """Replace the batch's rows in one commit, so a re-run never duplicates them; the rows are
+    streamed a chunk at a time, so a big batch never holds all its token lists."""
+    schema = batch_schema(recipe)
+    table = lake.ensure(ledger.batches_table(recipe.name), schema)
+    batches = (b for rows in plan.row_chunks() for b in conform(rows, schema).to_batches())
+    quoted = plan.batch_id.replace("'", "''")
+    write_deltalake(
+        table,
+        pa.RecordBatchReader.from_batches(schema, batches),
+        mode="overwrite",
+        predicate=f"batch_id = '{quoted}'",
+    )
 
 
 def _group_check(recipe: Recipe, rows: pl.DataFrame) -> dg.AssetCheckResult:
@@ -132,8 +138,8 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
         planned = plan.ledger_rows(name, planned_at).get_column("turn_id").sort().to_list()
         if planned != ledger.consumed_turns(the_lake, name, batch_id):
             raise dg.Failure(f"re-planning {batch_id} from its pins did not reproduce its ledger")
-        rows = plan.rows
-        _write_batch(the_lake, name, batch_id, conform(rows, batch_schema(recipe)))
+        rows = plan.planned
+        _write_batch(the_lake, recipe, plan)
         table = the_lake.open(ledger.batches_table(name))
         message = "chosen_message" if recipe.algorithm == "dpo" else "response_message"
         sample = _decoded(rows, message).select(

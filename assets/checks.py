@@ -3,7 +3,7 @@
 import dagster as dg
 import polars as pl
 import pyarrow as pa
-from deltalake import Schema
+from deltalake import DeltaTable, Schema
 
 from assets.quality import curated_steps, scored_steps
 from assets.rewards import rewarded_steps
@@ -16,6 +16,9 @@ from claw_pipelines.derived_schemas import (
     TRAJECTORIES,
 )
 from resources.lake import LakeResource
+
+HISTORY_LIMIT = 1000
+"""Commits looked back for the latest run's chunks (a backlog of ~16M turns)."""
 
 
 @dg.asset_check(asset=steps, blocking=True, description="step_id is unique across the table.")
@@ -38,14 +41,16 @@ def unique_step_ids(lake: LakeResource) -> dg.AssetCheckResult:
     description="Each new step with logprobs has exactly one logprob per response token.",
 )
 def logprobs_aligned(lake: LakeResource) -> dg.AssetCheckResult:
-    """Checks the latest commit only: steps are append-only, so each row is checked once."""
+    """Checks the latest run's commits only: steps are append-only, so each row is checked once."""
     the_lake = lake.lake()
-    version = the_lake.version("steps")
+    table = the_lake.open("steps")
+    version = None if table is None else table.version()
     latest = None
-    if version is not None:
+    if table is not None:
+        first = _first_version_of_last_run(table)
         latest, _ = the_lake.read_changes(
             "steps",
-            version - 1 if version > 0 else None,
+            first - 1 if first > 0 else None,
             columns=["step_id", "response_token_ids", "response_logprobs"],
         )
     if latest is None:
@@ -61,6 +66,18 @@ def logprobs_aligned(lake: LakeResource) -> dg.AssetCheckResult:
             "misaligned_step_ids": dg.MetadataValue.json(misaligned.head(20).to_list()),
         },
     )
+
+
+def _first_version_of_last_run(table: DeltaTable) -> int:
+    """The first of the consecutive commits that read the same input ranges as the latest one
+    (a run that extracts a backlog commits it in chunks)."""
+    history = table.history(HISTORY_LIMIT)
+    first = history[0]["version"]
+    for entry in history[1:]:
+        if entry.get("claw.read") != history[0].get("claw.read"):
+            break
+        first = entry["version"]
+    return first
 
 
 def _delta_fields(schema: pa.Schema) -> dict[str, str]:

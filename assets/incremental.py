@@ -101,21 +101,28 @@ class Increment:
         )
 
     def new_rows(
-        self, source: str, columns: list[str] | None = None, *, keep_version: bool = False
+        self,
+        source: str,
+        columns: list[str] | None = None,
+        *,
+        keep_version: bool = False,
+        versions: tuple[int | None, int | None] | None = None,
     ) -> pl.DataFrame | None:
         """Rows inserted into ``source`` within this run's range (None when none).
 
-        ``keep_version`` keeps ``_commit_version`` (the input version each row landed in).
+        ``keep_version`` keeps ``_commit_version`` (the input version each row landed in);
+        ``versions`` = ``(after, upto]`` reads a part of the range (not counted in ``rows_read``,
+        which counts the whole range).
         """
-        if self.upto[source] is None:
+        after, upto = versions or (self.after[source], self.upto[source])
+        if upto is None:
             return None
-        frame, _ = self.lake.read_changes(
-            source, self.after[source], up_to_version=self.upto[source], columns=columns
-        )
+        frame, _ = self.lake.read_changes(source, after, up_to_version=upto, columns=columns)
         if frame is None:
             return None
         cdf = ["_change_type", "_commit_timestamp"] + ([] if keep_version else ["_commit_version"])
-        self.rows_read[source] = frame.height
+        if versions is None:
+            self.rows_read[source] = frame.height
         return frame.drop(cdf, strict=False)
 
     def scan(self, source: str) -> pl.LazyFrame | None:
@@ -124,13 +131,18 @@ class Increment:
             return None
         return self.lake.scan(source, self.upto[source])
 
-    def rows_where(self, source: str, column: str, keys: list[str]) -> pl.DataFrame | None:
-        """Every row of ``source`` (as of the pinned version) whose ``column`` is in ``keys``.
+    def rows_where(
+        self, source: str, column: str, keys: list[str], columns: list[str] | None = None
+    ) -> pl.DataFrame | None:
+        """Every row of ``source`` (as of the pinned version) whose ``column`` is in ``keys``
+        (only ``columns`` when given: a projection skips the other column chunks unread).
 
         The redundant min/max bounds let the scan skip files and row groups by their statistics
         (ids are time-ordered, so a chunk of sorted keys maps to few files).
         """
         frame = self.scan(source)
+        if frame is not None and columns is not None:
+            frame = frame.select(columns)
         if frame is None or not keys:
             return None if frame is None else frame.head(0).collect()
         ordered = sorted(keys)
@@ -173,15 +185,16 @@ class Increment:
         """Write this run's rows and advance the watermark in one commit (even with 0 rows).
 
         ``replace=(column, keys)`` first removes the rows whose ``column`` is in ``keys`` (same
-        commit): recomputed trajectories replace their old rows instead of duplicating them.
+        commit): recomputed trajectories replace their old rows instead of duplicating them. A
+        table this run created holds only this run's chunks, whose keys are disjoint: appended,
+        so a first build does not rescan its earlier chunks per commit.
         A run that read nothing new writes nothing (no empty versions from periodic sweeps).
         ``watermark=False`` writes a chunk of the run without moving the watermark.
         """
         if self.snapshot is not None and not self.has_new_data and data.num_rows == 0:
             return self.snapshot
         target = self._target(data.schema, watermark)
-        exists = self.snapshot is not None or self._chunks_written
-        if not exists or replace is None or not replace[1]:
+        if self.snapshot is None or replace is None or not replace[1]:
             write_deltalake(
                 target, data, mode="append", commit_properties=self._properties(watermark)
             )

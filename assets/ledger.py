@@ -1,11 +1,11 @@
 """Batch reservations: which steps each batch of a recipe consumed, and what it was planned from.
 
 ``batch_ledger/<recipe>`` holds one row per consumed step. A batch's rows are appended in one
-commit together with its pins (the curated_steps and ledger versions it was planned from and
-the planning time), so the ledger is both the "at most one batch per step" guarantee and the
-partition's record: re-planning from the pins reproduces the batch exactly. Reservations carry a
-``claw/plan/<recipe>`` app transaction taken from the snapshot the plan was made on, so two
-planners racing on the same ledger cannot both commit.
+commit together with its pins (the curated_steps, steps (token lists) and ledger versions it was
+planned from and the planning time), so the ledger is both the "at most one batch per step"
+guarantee and the partition's record: re-planning from the pins reproduces the batch exactly.
+Reservations carry a ``claw/plan/<recipe>`` app transaction taken from the snapshot the plan was
+made on, so two planners racing on the same ledger cannot both commit.
 """
 
 from __future__ import annotations
@@ -50,10 +50,15 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
     return plan_batch(
         recipe,
         lake.scan("curated_steps", pins["curated_steps"]),
+        lake.scan("steps", pins["steps"]),
         ledger,
         datetime.fromisoformat(pins["planned_at"]),
         batch_id=batch_id,
-        source_versions={"curated_steps": pins["curated_steps"], "batch_ledger": ledger_version},
+        source_versions={
+            "curated_steps": pins["curated_steps"],
+            "steps": pins["steps"],
+            "batch_ledger": ledger_version,
+        },
     )
 
 
@@ -81,6 +86,7 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
     snapshot = lake.open(ledger_table(recipe.name))
     pins = {
         "curated_steps": curated_version,
+        "steps": lake.version("steps"),
         "batch_ledger": -1 if snapshot is None else snapshot.version(),
         "planned_at": now.isoformat(),
     }

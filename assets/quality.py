@@ -27,7 +27,8 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """A quality score in [0, 1] per step and the reasons that lowered it.
 
     Signals and weights come from assets/quality.yaml; trajectories re-credited upstream are
-    re-scored and their rows replaced.
+    re-scored and their rows replaced. Token signals read the rows' token lists from ``steps``
+    (append-only, so its latest version holds every rewarded step).
     """
     increment = Increment.begin(lake.lake(), "scored_steps", "scored_steps", ["rewarded_steps"])
     affected = trajectory_ids(increment.new_rows("rewarded_steps", ["trajectory_id"]))
@@ -40,6 +41,7 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     def build(keys: list[str]) -> pl.DataFrame:
         return score_steps(
             increment.rows_where("rewarded_steps", "trajectory_id", keys),
+            increment.lake.scan("steps"),
             quality_config(),
             latest_policy_version=latest_policy,
         ).collect()

@@ -9,7 +9,7 @@ from assets.incremental import Increment
 from assets.landing import OWNERS
 from assets.metadata import histogram, sample, written_metadata
 from assets.steps import steps
-from claw_pipelines.derived_schemas import REWARDED_STEPS
+from claw_pipelines.derived_schemas import NARROW_STEPS, REWARDED_STEPS
 from claw_pipelines.reward_rules import openai_judge
 from claw_pipelines.transforms.rewards import affected_trajectories, reward_steps
 from resources.lake import LakeResource
@@ -52,7 +52,7 @@ def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     judge = openai_judge(config.judge) if config.judge.enabled else None
 
     def build(keys: list[str]) -> pl.DataFrame:
-        touched = increment.rows_where("steps", "trajectory_id", keys)
+        touched = increment.rows_where("steps", "trajectory_id", keys, NARROW_STEPS.names)
         return reward_steps(
             touched,
             _rewards_for(increment, touched),

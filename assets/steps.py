@@ -1,19 +1,23 @@
 """Steps (state = prompt token IDs, action = response token IDs) and per-trajectory summaries."""
 
 import dagster as dg
+import numpy as np
 import polars as pl
 
 from assets.automation import on_new_data, on_new_data_or_idle_sweep
 from assets.incremental import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
-from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, TRAJECTORIES, conform
+from claw_pipelines.derived_schemas import NARROW_STEPS, OPEN_STATE, STEPS, TRAJECTORIES, conform
 from claw_pipelines.schemas import utc_now
 from claw_pipelines.transforms.steps import extract_steps
 from claw_pipelines.transforms.trajectories import summarize_trajectories
 from resources.lake import LakeResource
 
 STEP_SAMPLE = ["trajectory_id", "step_index", "is_last", "token_source", "response_text"]
+
+CHUNK_TURNS = 16_384
+"""New turns extracted per commit, so a backlog (e.g. a first build) needs memory for a chunk."""
 
 
 class StepsConfig(dg.Config):
@@ -35,38 +39,95 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     """Turns of closed trajectories as ordered steps, with prefix-consistency per step.
 
     Reads only turns and trajectory events landed since its watermark plus its own small
-    ``steps_open`` state (turns of trajectories still open), so work grows with new data.
+    ``steps_open`` state (turns of trajectories still open), so work grows with new data. A
+    backlog is extracted in consecutive turns version ranges of about ``CHUNK_TURNS`` rows, as if
+    the asset had run after each (state carried over; a trajectory's events go with the range
+    holding its last new turn), one commit each; only the last moves the watermark, and each
+    replaces its step ids, so re-running after a crash part-way cannot duplicate steps.
     """
     increment = Increment.begin(lake.lake(), "steps", "steps", ["turns", "trajectory_events"])
     state = increment.state_as_of("steps_open")
-    turns = increment.new_rows("turns", keep_version=True)
     events = increment.new_rows("trajectory_events")
-    extraction = extract_steps(
-        turns,
-        state,
-        events,
-        now=utc_now(),
-        idle_timeout_s=config.idle_timeout_s,
-        reopen_window_s=config.reopen_window_s,
-    )
-    new_steps = extraction.steps
-    if new_steps.height or increment.has_new_data:
-        increment.replace_state("steps_open", conform(extraction.open_state, OPEN_STATE))
-        table = increment.commit(conform(new_steps, STEPS))
-    else:
-        table = increment.snapshot
-    open_turns = extraction.open_state.filter(pl.col("state") == "open").height
-    context.log.info("%d new steps, %d turns still open", new_steps.height, open_turns)
+    ranges, last_range = _turn_ranges(increment)
+    now, table, written = utc_now(), increment.snapshot, []
+    for index, versions in enumerate(ranges):
+        final = index == len(ranges) - 1
+        extraction = extract_steps(
+            increment.new_rows("turns", keep_version=True, versions=versions),
+            state,
+            _events_of_range(events, last_range, index),
+            now=now,
+            idle_timeout_s=config.idle_timeout_s,
+            reopen_window_s=config.reopen_window_s,
+            emitted=increment.lake.scan("steps"),
+        )
+        state, new_steps = extraction.open_state, extraction.steps
+        if not (new_steps.height or increment.has_new_data):
+            continue
+        if final:
+            increment.replace_state("steps_open", conform(state, OPEN_STATE))
+        replace = (
+            ("step_id", new_steps.get_column("step_id").to_list()) if len(ranges) > 1 else None
+        )
+        table = increment.commit(conform(new_steps, STEPS), replace, watermark=final)
+        written.append(new_steps.select("step_id", *STEP_SAMPLE, "prefix_consistent"))
+    new_steps = pl.concat(written) if written else None
+    open_turns = state.filter(pl.col("state") == "open").height
+    rows = 0 if new_steps is None else new_steps.height
+    context.log.info("%d new steps, %d turns still open", rows, open_turns)
     metadata = {
         "open_turns": open_turns,
         "sample": sample(new_steps, ["step_id", *STEP_SAMPLE]),
-        "prefix_consistent_share": (
-            float(new_steps["prefix_consistent"].mean()) if new_steps.height else None
-        ),
+        "prefix_consistent_share": float(new_steps["prefix_consistent"].mean()) if rows else None,
     }
     if table is not None:
-        metadata.update(written_metadata(increment, table, new_steps.height))
+        metadata.update(written_metadata(increment, table, rows))
     return dg.MaterializeResult(metadata=metadata)
+
+
+def _events_of_range(
+    events: pl.DataFrame | None, last_range: pl.DataFrame, index: int
+) -> pl.DataFrame | None:
+    """The events of the trajectories whose last new turn is in range ``index``; events of
+    trajectories without new turns go with the first range."""
+    if events is None:
+        return None
+    ranges = events.join(
+        last_range.select("trajectory_id", "_range"), on="trajectory_id", how="left"
+    )
+    return ranges.filter(pl.col("_range").fill_null(0) == index).drop("_range")
+
+
+def _turn_ranges(increment: Increment) -> tuple[list[tuple[int | None, int | None]], pl.DataFrame]:
+    """Consecutive ``(after, upto]`` turns version ranges of about ``CHUNK_TURNS`` new rows (one
+    range when fewer), and per trajectory with new turns the index of the range of its last."""
+    light = increment.new_rows("turns", ["trajectory_id"], keep_version=True)
+    after, upto = increment.after["turns"], increment.upto["turns"]
+    if light is None or light.height <= CHUNK_TURNS:
+        bounds = [upto]
+    else:
+        rows = pl.col("len")
+        ends = (
+            light.group_by("_commit_version")
+            .len()
+            .sort("_commit_version")
+            .group_by(((rows.cum_sum() - rows) // CHUNK_TURNS).alias("_chunk"))
+            .agg(pl.col("_commit_version").max())
+            .sort("_chunk")
+            .get_column("_commit_version")
+            .to_list()
+        )
+        bounds = [*ends[:-1], upto]
+    ranges = list(zip([after, *bounds[:-1]], bounds, strict=True))
+    last = (
+        pl.DataFrame(schema={"trajectory_id": pl.String, "_commit_version": pl.Int64})
+        if light is None
+        else light.drop_nulls("trajectory_id")
+        .group_by("trajectory_id")
+        .agg(pl.col("_commit_version").max())
+    )
+    index = np.searchsorted(np.array(bounds[:-1], dtype=np.int64), last["_commit_version"], "left")
+    return ranges, last.with_columns(pl.Series("_range", index, pl.Int64))
 
 
 @dg.asset(
@@ -94,7 +155,7 @@ def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
 
     def build(keys: list[str]) -> pl.DataFrame:
         return summarize_trajectories(
-            increment.rows_where("steps", "trajectory_id", keys),
+            increment.rows_where("steps", "trajectory_id", keys, NARROW_STEPS.names),
             increment.rows_where("trajectory_events", "trajectory_id", keys),
         ).collect()
 

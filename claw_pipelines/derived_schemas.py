@@ -41,6 +41,8 @@ STEPS = pa.schema(
         pa.field("prefix_consistent", pa.bool_()),
         pa.field("prefix_break_reason", pa.string()),
         pa.field("shared_prefix_tokens", pa.int32()),
+        pa.field("prompt_len", pa.int32()),
+        pa.field("response_len", pa.int32()),
         pa.field("trajectory_inferred", pa.bool_()),
         pa.field("reopened", pa.bool_()),
         pa.field("close_reason", pa.string()),
@@ -50,15 +52,17 @@ STEPS = pa.schema(
 """One row per LLM call of a closed trajectory (state = prompt ids, action = response ids).
 
 ``shared_prefix_tokens``: tokens shared with the previous step's prompt + response (prefix-tree
-saving); ``reopened``: emitted after its trajectory had already been emitted; ``close_reason``:
-completed | aborted | timeout (why the trajectory was closed)."""
+saving); ``prompt_len`` / ``response_len``: the token lists' lengths (null when the list is), so
+readers that need only lengths skip the lists; ``reopened``: emitted after its trajectory had
+already been emitted; ``close_reason``: completed | aborted | timeout (why the trajectory was
+closed)."""
 
 OPEN_STATE = pa.schema(
     [
         pa.field("state", pa.string(), nullable=False),
         *[f.with_nullable(True) for f in STEPS if f.name not in (
             "step_id", "is_last", "prefix_consistent", "prefix_break_reason",
-            "shared_prefix_tokens")],
+            "shared_prefix_tokens", "prompt_len", "response_len")],
         pa.field("closed_at", _TS),
         pa.field("emitted_turn_ids", _STRINGS),
     ]
@@ -67,7 +71,8 @@ OPEN_STATE = pa.schema(
 
 ``state = open``: a turn of a trajectory not closed yet (full turn columns, trajectory_id
 resolved, step_index null). ``state = closed``: the tail of an emitted trajectory, kept for the
-reopen window: its last emitted step (step_index, turn_id, token ids; other columns null),
+reopen window: its last emitted step (step_index, turn_id; token ids and other columns null,
+a late turn's prefix check reads that step's tokens back from ``steps`` by turn_id),
 ``closed_at``, ``close_reason`` and ``emitted_turn_ids`` (to drop duplicate re-deliveries)."""
 
 TRAJECTORIES = pa.schema(
@@ -92,9 +97,17 @@ TRAJECTORIES = pa.schema(
     ]
 )
 
+TOKEN_COLUMNS = ["prompt_token_ids", "response_token_ids", "response_logprobs"]
+"""The heavy columns: only ``steps`` (and batch rows) carry them; downstream tables are narrow."""
+
+NARROW_STEPS = pa.schema([f for f in STEPS if f.name not in TOKEN_COLUMNS])
+"""A step without its token lists: what rewarded/scored/curated steps start from. The lengths
+let batch filters run without reading tokens; a batch joins the token columns from ``steps`` by
+turn_id for the rows it selects."""
+
 REWARDED_STEPS = pa.schema(
     [
-        *STEPS,
+        *NARROW_STEPS,
         pa.field("step_reward", pa.float64()),
         pa.field("outcome_reward", pa.float64()),
         pa.field("reward", pa.float64()),
@@ -200,6 +213,41 @@ LEDGER = pa.schema(
 )
 """``batch_ledger/<recipe>``: which steps a recipe already consumed (a step goes into at most one
 batch of a recipe)."""
+
+
+def token_lengths() -> list[pl.Expr]:
+    """``prompt_len`` and ``response_len`` from a step's token lists."""
+    return [
+        pl.col("prompt_token_ids").list.len().alias("prompt_len"),
+        pl.col("response_token_ids").list.len().alias("response_len"),
+    ]
+
+
+def with_tokens(
+    narrow: pl.DataFrame,
+    steps: pl.LazyFrame | pl.DataFrame | None,
+    columns: list[str] = TOKEN_COLUMNS,
+) -> pl.DataFrame:
+    """``narrow`` steps with their token ``columns`` read from ``steps`` (by turn_id).
+
+    The redundant min/max bounds let a scan of the steps table skip files and row groups by
+    their statistics (turn ids are time-ordered), so only the selected rows' tokens are decoded.
+    """
+    if steps is None or narrow.is_empty():
+        return narrow.with_columns(
+            pl.lit(None, dtype).alias(name)
+            for name, dtype in polars_schema(STEPS).items()
+            if name in columns
+        )
+    ids = narrow.get_column("turn_id").drop_nulls().unique().sort()
+    turn = pl.col("turn_id")
+    tokens = (
+        steps.lazy()
+        .filter((turn >= ids[0]) & (turn <= ids[-1]) & turn.is_in(ids.implode()))
+        .select("turn_id", *columns)
+        .collect()
+    )
+    return narrow.join(tokens, on="turn_id", how="left", maintain_order="left")
 
 
 def polars_schema(schema: pa.Schema) -> pl.Schema:

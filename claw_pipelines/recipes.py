@@ -8,8 +8,10 @@ batch deterministically, so re-planning from pinned input versions reproduces th
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -17,7 +19,15 @@ import polars as pl
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, fit
+from claw_pipelines.derived_schemas import (
+    BATCH_ROWS,
+    DPO_PAIRS,
+    DROPPED,
+    LEDGER,
+    TOKEN_COLUMNS,
+    fit,
+    with_tokens,
+)
 from claw_pipelines.transforms.credit import CreditAssignment, assign_credit
 
 Algorithm = Literal["grpo", "rloo", "ppo", "reinforce_pp", "dpo", "sft"]
@@ -91,11 +101,18 @@ def load_recipes(path: str | Path) -> dict[str, Recipe]:
     return by_name
 
 
+ROW_CHUNK = 8192
+"""Batch rows whose token lists ``BatchPlan.row_chunks`` reads at a time."""
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     batch_id: str
-    rows: pl.DataFrame
-    """``derived_schemas.BATCH_ROWS`` (or ``DPO_PAIRS`` for dpo), in deterministic order."""
+    planned: pl.DataFrame
+    """``derived_schemas.BATCH_ROWS`` in deterministic order, token lists still null (read from
+    ``tokens`` by ``rows`` / ``row_chunks``); for dpo complete ``DPO_PAIRS`` rows."""
+    tokens: pl.LazyFrame | pl.DataFrame | None
+    """The steps the token lists are read from (None when ``planned`` is complete)."""
     dropped: pl.DataFrame
     """``derived_schemas.DROPPED``: unconsumed steps left out of this batch, with the reason
     (filters, waiting for a group, straggler drop, zero variance, no pair, next batch)."""
@@ -104,6 +121,22 @@ class BatchPlan:
     consumed: pl.DataFrame
     """(turn_id, trajectory_id, group_id) of every step this batch uses; for dpo both the
     chosen and the rejected step."""
+
+    @cached_property
+    def rows(self) -> pl.DataFrame:
+        """The complete batch rows (all token lists at once)."""
+        return self._with_tokens(self.planned)
+
+    def row_chunks(self) -> Iterator[pl.DataFrame]:
+        """The complete rows ``ROW_CHUNK`` at a time: a big batch is written without holding
+        every token list."""
+        for chunk in self.planned.iter_slices(ROW_CHUNK):
+            yield self._with_tokens(chunk)
+
+    def _with_tokens(self, rows: pl.DataFrame) -> pl.DataFrame:
+        if self.tokens is None:
+            return rows
+        return fit(with_tokens(rows.drop(TOKEN_COLUMNS), self.tokens), BATCH_ROWS)
 
     def ledger_rows(self, recipe: str, planned_at: datetime) -> pl.DataFrame:
         """``derived_schemas.LEDGER`` rows marking this batch's steps consumed."""
@@ -128,12 +161,10 @@ def _step_reasons(recipe: Recipe, latest_policy: pl.Expr) -> pl.Expr:
     if f.max_policy_lag is not None:
         checks.append(((latest_policy - pl.col("policy_version")) > f.max_policy_lag, "stale"))
     if f.max_prompt_len is not None:
-        checks.append((pl.col("prompt_token_ids").list.len() > f.max_prompt_len, "prompt_too_long"))
+        checks.append((pl.col("prompt_len") > f.max_prompt_len, "prompt_too_long"))
     if f.max_response_len is not None:
-        checks.append(
-            (pl.col("response_token_ids").list.len() > f.max_response_len, "response_too_long")
-        )
-    checks.append((pl.col("response_token_ids").is_null(), "no_tokens"))
+        checks.append((pl.col("response_len") > f.max_response_len, "response_too_long"))
+    checks.append((pl.col("response_len").is_null(), "no_tokens"))
     reason = pl.lit(None, pl.String)
     for failed, name in reversed(checks):
         reason = pl.when(failed.fill_null(False)).then(pl.lit(name)).otherwise(reason)
@@ -256,7 +287,11 @@ def _select_units(
 
 
 def _trajectory_batch(
-    recipe: Recipe, steps: pl.DataFrame, now: datetime, batch_id: str, versions: str
+    recipe: Recipe,
+    steps: pl.DataFrame,
+    now: datetime,
+    batch_id: str,
+    versions: str,
 ) -> tuple[pl.DataFrame, pl.DataFrame, bool, pl.DataFrame]:
     units, drops = _trajectory_units(recipe, steps)
     chosen, reasons, ready = _select_units(recipe, units, now)
@@ -282,10 +317,16 @@ def _trajectory_batch(
 
 
 def _dpo_batch(
-    recipe: Recipe, steps: pl.DataFrame, batch_id: str, versions: str
+    recipe: Recipe,
+    steps: pl.DataFrame,
+    tokens: pl.LazyFrame | pl.DataFrame,
+    batch_id: str,
+    versions: str,
 ) -> tuple[pl.DataFrame, pl.DataFrame, bool, pl.DataFrame]:
     """One pair per state (group, prompt): best vs worst credited reward, gap >= minimum."""
-    eligible = steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_not_null())
+    eligible = with_tokens(
+        steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_not_null()), tokens
+    )
     drops = [
         _dropped(steps.filter(pl.col("_reason").is_not_null()), pl.col("_reason")),
         _dropped(steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_null()),
@@ -356,6 +397,7 @@ def _dpo_batch(
 def plan_batch(
     recipe: Recipe,
     curated_steps: pl.LazyFrame | pl.DataFrame,
+    steps: pl.LazyFrame | pl.DataFrame,
     ledger: pl.LazyFrame | pl.DataFrame | None,
     now: datetime,
     *,
@@ -371,14 +413,15 @@ def plan_batch(
     skip any trajectory with a consumed step (so late steps of a consumed trajectory never
     form a fragment); dpo skips consumed steps. Everything is ordered by explicit keys
     (start time, then ids), so the same inputs and ``now`` give the same batch. ``batch_id``
-    defaults to ``<recipe>-<n+1>`` with n the batches in the ledger.
+    defaults to ``<recipe>-<n+1>`` with n the batches in the ledger. Planning reads only the
+    narrow curated columns; the token lists of the selected rows are then read from ``steps``.
     """
     latest = (
         pl.col("policy_version").max()
         if latest_policy_version is None
         else pl.lit(latest_policy_version, pl.Int64)
     )
-    steps = assign_credit(curated_steps.lazy(), recipe.credit_assignment).with_columns(
+    candidates = assign_credit(curated_steps.lazy(), recipe.credit_assignment).with_columns(
         latest.alias("_latest_policy")
     )
     consumed_before = (
@@ -386,25 +429,26 @@ def plan_batch(
     )
     if consumed_before is not None:
         key = "turn_id" if recipe.algorithm == "dpo" else "trajectory_id"
-        steps = steps.join(consumed_before.select(key).unique(), on=key, how="anti")
+        candidates = candidates.join(consumed_before.select(key).unique(), on=key, how="anti")
         batches_so_far = consumed_before.select(pl.col("batch_id").n_unique()).collect().item()
     else:
         batches_so_far = 0
     batch_id = batch_id or f"{recipe.name}-{batches_so_far + 1:06d}"
     frame = (
-        steps.with_columns(_step_reasons(recipe, pl.col("_latest_policy")).alias("_reason"))
+        candidates.with_columns(_step_reasons(recipe, pl.col("_latest_policy")).alias("_reason"))
         .sort("started_at", "trajectory_id", "step_index", "turn_id")
         .collect()
     )
     versions = json.dumps(source_versions or {}, sort_keys=True)
     if recipe.algorithm == "dpo":
-        rows, dropped, ready, consumed = _dpo_batch(recipe, frame, batch_id, versions)
+        rows, dropped, ready, consumed = _dpo_batch(recipe, frame, steps, batch_id, versions)
     else:
         rows, dropped, ready, picked = _trajectory_batch(recipe, frame, now, batch_id, versions)
         consumed = picked.select("turn_id", "trajectory_id", "group_id")
     return BatchPlan(
         batch_id=batch_id,
-        rows=rows,
+        planned=rows,
+        tokens=None if recipe.algorithm == "dpo" else steps,
         dropped=fit(dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED),
         ready=ready,
         consumed=consumed.sort("turn_id"),

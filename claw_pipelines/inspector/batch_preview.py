@@ -134,6 +134,7 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
             lake.scan("scored_steps", state.versions["scored_steps"]),
             labels if labels.height else None,
         ),
+        lake.scan("steps", state.versions["steps"]),
         lake.scan(ledger, state.versions[ledger]) if state.has(ledger) else None,
         datetime.now(UTC),
         latest_policy_version=policy_versions.max() if policy_versions.len() else None,

@@ -13,8 +13,11 @@ import polars as pl
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from claw_pipelines.derived_schemas import SCORED_STEPS, polars_schema
+from claw_pipelines.derived_schemas import SCORED_STEPS, polars_schema, with_tokens
 from claw_pipelines.transforms.messages import malformed_tool_calls, tool_call_count
+
+RESPONSE_COLUMNS = ["response_token_ids", "response_logprobs"]
+"""The token lists the signals read (prompt ids, the bulk of a step, are not needed)."""
 
 
 class QualityWeights(BaseModel):
@@ -94,6 +97,7 @@ def _signals(
 
 def score_steps(
     rewarded: pl.LazyFrame | pl.DataFrame,
+    steps: pl.LazyFrame | pl.DataFrame,
     config: QualityConfig,
     *,
     latest_policy_version: int | None = None,
@@ -105,8 +109,10 @@ def score_steps(
     Length outliers use ``response_length_stats`` (mean, std over a reference population, e.g.
     the scored_steps table) when given, else the frame itself once it holds
     ``length_min_population`` steps; incremental runs should pass the table's statistics.
+    Token signals read the rewarded turns' token lists from ``steps`` (a frame or a table
+    scan); the output stays narrow.
     """
-    frame = rewarded.lazy()
+    frame = with_tokens(rewarded.lazy().collect(), steps, RESPONSE_COLUMNS).lazy()
     latest = (
         pl.col("policy_version").max()
         if latest_policy_version is None

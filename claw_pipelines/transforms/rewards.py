@@ -100,7 +100,8 @@ def reward_steps(
     *,
     judge: reward_rules.ModelJudge | None = None,
 ) -> pl.LazyFrame:
-    """``REWARDED_STEPS`` rows for ``steps`` (all steps of the affected trajectories).
+    """``REWARDED_STEPS`` rows for ``steps`` (all steps of the affected trajectories; their token
+    lists are not needed and not kept).
 
     Reward sources: rewards rows (turn -> step reward; trajectory and group -> outcome), event
     rewards (source ``env``), rule rewards and the optional model judge declared in ``config``.

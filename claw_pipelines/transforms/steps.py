@@ -32,8 +32,11 @@ from claw_pipelines.derived_schemas import (
     OPEN_STATE,
     STEP_SOURCE_COLUMNS,
     STEPS,
+    TOKEN_COLUMNS,
     empty,
     fit,
+    token_lengths,
+    with_tokens,
 )
 from claw_pipelines.transforms.inference import infer_trajectories
 from claw_pipelines.transforms.prefixes import (
@@ -59,10 +62,10 @@ _TAIL = ["prompt_token_ids", "response_token_ids", "token_source", "step_index",
          "group_id"]  # fmt: skip
 
 
-_TAIL_KEPT = ["trajectory_id", "turn_id", "group_id", "step_index", "prompt_token_ids",
-              "response_token_ids", "token_source", "close_reason", "trajectory_inferred",
-              "started_at"]  # fmt: skip
-"""What a closed tail keeps: enough to number, prefix-check and infer late turns, no more."""
+_TAIL_KEPT = ["trajectory_id", "turn_id", "group_id", "step_index", "token_source",
+              "close_reason", "trajectory_inferred", "started_at"]  # fmt: skip
+"""What a closed tail keeps: enough to number late turns and find its last step, no more (no
+token lists: ``_hydrate`` reads them back from the emitted steps when a late turn needs them)."""
 
 
 def _collect(frame: pl.LazyFrame | pl.DataFrame | None) -> pl.DataFrame | None:
@@ -104,6 +107,25 @@ def _first_events(events: pl.DataFrame | None) -> pl.DataFrame:
 def _last_per_trajectory(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.sort("trajectory_id", "started_at", "turn_id").unique(
         "trajectory_id", keep="last", maintain_order=True
+    )
+
+
+def _hydrate(
+    tails: pl.DataFrame, turns: pl.DataFrame, emitted: pl.LazyFrame | pl.DataFrame | None
+) -> pl.DataFrame:
+    """The closed tails with the token lists of their last step, read from the ``emitted``
+    steps for the tails new turns may continue: those of the turns' trajectories, and every
+    inferred one when identity-less turns need a prefix match. Tails stay token-free in the
+    state, so it stays small however many trajectories closed within the reopen window.
+    """
+    wanted = pl.col("trajectory_id").is_in(turns.get_column("trajectory_id").drop_nulls().implode())
+    if turns.get_column("trajectory_inferred").any():
+        wanted = wanted | pl.col("trajectory_inferred")
+    needed = tails.filter(wanted & (pl.col("step_index") >= 0))
+    hydrated = with_tokens(needed.drop(TOKEN_COLUMNS), emitted).select(tails.columns)
+    return pl.concat(
+        [tails.join(needed.select("trajectory_id"), on="trajectory_id", how="anti"), hydrated],
+        how="vertical_relaxed",
     )
 
 
@@ -167,7 +189,7 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame) -> pl.DataFrame:
             ).alias("group_id"),
         )
     )
-    return fit(check_prefixes(frame), STEPS)
+    return fit(check_prefixes(frame).with_columns(token_lengths()), STEPS)
 
 
 def extract_steps(
@@ -176,6 +198,7 @@ def extract_steps(
     new_events: pl.LazyFrame | pl.DataFrame | None,
     *,
     now: datetime,
+    emitted: pl.LazyFrame | pl.DataFrame | None = None,
     source_version: int | None = None,
     idle_timeout_s: float = 600.0,
     reopen_window_s: float = 3_600.0,
@@ -186,8 +209,10 @@ def extract_steps(
     ``new_turns``: turns rows (CDF since the watermark; a ``_commit_version`` column, if present,
     becomes the row's ``source_version``, else ``source_version`` is used). ``open_state``: the
     previous run's ``steps_open`` (None on the first run). ``new_events``: trajectory_events
-    rows since their watermark. Turns without a trajectory_id are assigned to inferred
-    trajectories by token prefix (see ``claw_pipelines.transforms.inference``).
+    rows since their watermark. ``emitted``: the steps emitted so far (the steps table, or
+    None before any), read only for the last steps of closed trajectories that new turns
+    continue. Turns without a trajectory_id are assigned to inferred trajectories by token
+    prefix (see ``claw_pipelines.transforms.inference``).
     ``reopen_window_s`` bounds the state: it should cover the capture path's worst landing lag
     (spool replay after a proxy restart), not the life of a trajectory.
     """
@@ -207,6 +232,7 @@ def extract_steps(
         ]
     )
     turns = _new_turns(_collect(new_turns), source_version).join(seen, on="turn_id", how="anti")
+    tails = _hydrate(tails, turns, emitted)
     turns = _resolve_identity(turns, open_rows, tails, min_prefix_tokens)
     pending = pl.concat([open_rows.select(_PENDING), turns])
     events = _first_events(_collect(new_events))
@@ -271,7 +297,12 @@ def extract_steps(
                 ).with_columns(pl.lit("open").alias("state")),
                 OPEN_STATE,
             ),
-            tails.join(steps.select("trajectory_id").unique(), on="trajectory_id", how="anti"),
+            fit(
+                tails.join(
+                    steps.select("trajectory_id").unique(), on="trajectory_id", how="anti"
+                ).drop(TOKEN_COLUMNS),
+                OPEN_STATE,
+            ),
             fit(closed, OPEN_STATE),
         ]
     )

@@ -199,3 +199,41 @@ def test_chunked_recompute_survives_a_crash_part_way(
         assert table.height == 16, key  # one-step trajectories: as many rows as steps
     scored = bound.lake.scan("scored_steps").collect()
     assert scored.get_column("step_id").n_unique() == 16
+
+
+def test_a_turns_backlog_is_extracted_in_chunks_that_survive_a_crash(
+    driver: Driver, bound, instance, monkeypatch
+) -> None:
+    """A backlog of turn versions is extracted a chunk per commit; a run dying after a chunk
+    committed is redone by the next run without duplicates, with the steps of one pass."""
+    import assets.steps
+
+    monkeypatch.setattr(assets.steps, "CHUNK_TURNS", 4)
+    for seed in range(3):  # three turns versions of 4 turns (2 two-step trajectories) each
+        land_rollouts(bound.lake, groups=1, group_size=2, steps=2, seed=seed)
+    extract = assets.steps.extract_steps
+    calls = []
+
+    def dies_on_second_chunk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("worker killed")
+        return extract(*args, **kwargs)
+
+    monkeypatch.setattr(assets.steps, "extract_steps", dies_on_second_chunk)
+    driver.tick("landing_ingest_sensor")
+    keys = [dg.AssetKey("steps")]
+    job = bound.defs.resolve_implicit_job_def_def_for_assets(keys)
+    failed = job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=False)
+    assert not failed.success
+    assert bound.lake.scan("steps").collect().height == 4  # the first chunk committed
+    assert bound.lake.open("steps").transaction_version("claw/steps/turns") is None
+
+    metadata = driver.refresh()
+    assert len(calls) == 5  # the crashed run's two calls, then three chunks
+    steps = bound.lake.scan("steps").collect()
+    assert steps.height == steps.get_column("step_id").n_unique() == 12
+    assert metadata["steps"]["rows_written"] == 12
+    assert steps.get_column("prefix_consistent").all()
+    assert not steps.get_column("reopened").any()
+    assert set(steps.get_column("step_index")) == {0, 1}

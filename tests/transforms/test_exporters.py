@@ -27,9 +27,10 @@ def _plan(recipe: Recipe, rows: list[dict], values: dict[str, float]):
     landed = rewards(*[{"trajectory_id": t, "value": v} for t, v in values.items()])
     steps = extract_steps(turns(*rows), None, events(*[event(t) for t in values]), now=at(50)).steps
     curated = curate_steps(
-        score_steps(reward_steps(steps, landed, None, RewardConfig()), QualityConfig()), None
+        score_steps(reward_steps(steps, landed, None, RewardConfig()), steps, QualityConfig()),
+        None,
     )
-    return plan_batch(recipe, curated, None, at(60), source_versions={"curated_steps": 5})
+    return plan_batch(recipe, curated, steps, None, at(60), source_versions={"curated_steps": 5})
 
 
 def _grpo_plan():

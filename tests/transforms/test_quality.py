@@ -22,7 +22,7 @@ def _scored(*rows, latest=None, config=None, **kwargs) -> dict[str, dict]:
     steps = extract_steps(turns(*rows), None, None, now=at(5000)).steps
     rewarded = reward_steps(steps, None, None, RewardConfig())
     config = config or QualityConfig()
-    scored = score_steps(rewarded, config, latest_policy_version=latest, **kwargs).collect()
+    scored = score_steps(rewarded, steps, config, latest_policy_version=latest, **kwargs).collect()
     return {r["step_id"]: r for r in scored.iter_rows(named=True)}
 
 
@@ -86,7 +86,7 @@ def test_weights_add_up_and_clip_at_zero():
 def test_labels_latest_wins_and_step_overrides_trajectory():
     rows = [*chain("A", 2), *chain("B", 1, base=100)]
     steps = extract_steps(turns(*rows), None, events(event("A"), event("B")), now=at(50)).steps
-    scored = score_steps(reward_steps(steps, None, None, RewardConfig()), QualityConfig())
+    scored = score_steps(reward_steps(steps, None, None, RewardConfig()), steps, QualityConfig())
     landed = labels(
         {"target_kind": "trajectory", "target_id": "A", "trainable": True, "quality_label": "ok",
          "created_at": at(10)},

@@ -20,8 +20,11 @@ from claw_pipelines.transforms import (
 )
 
 
-def _curated(group_rewards: dict[str, list[float]], steps: int = 2) -> pl.DataFrame:
-    """Curated steps of one trajectory per listed reward, in groups; trajectory ids g:i."""
+def _curated(
+    group_rewards: dict[str, list[float]], steps: int = 2
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Curated steps of one trajectory per listed reward, in groups (trajectory ids g:i), and
+    the steps they came from (token lists)."""
     rows, evts = [], []
     for g, (group, values) in enumerate(group_rewards.items()):
         for i, value in enumerate(values):
@@ -30,7 +33,8 @@ def _curated(group_rewards: dict[str, list[float]], steps: int = 2) -> pl.DataFr
             evts.append(event(tid, reward=value, group_id=group))
     extracted = extract_steps(turns(*rows), None, events(*evts), now=at(100)).steps
     rewarded = reward_steps(extracted, None, events(*evts), RewardConfig())
-    return curate_steps(score_steps(rewarded, QualityConfig()), None).collect()
+    curated = curate_steps(score_steps(rewarded, extracted, QualityConfig()), None).collect()
+    return curated, extracted
 
 
 def _recipe(**fields) -> Recipe:
@@ -43,8 +47,10 @@ def _reasons(plan) -> dict[str, str]:
 
 
 def test_complete_groups_fill_a_batch_in_deterministic_order():
-    curated = _curated({"a": [1, 0], "b": [0, 1, 1], "c": [1, 0], "d": [1]})
-    plan = plan_batch(_recipe(), curated, None, at(200), source_versions={"curated_steps": 3})
+    curated, steps = _curated({"a": [1, 0], "b": [0, 1, 1], "c": [1, 0], "d": [1]})
+    plan = plan_batch(
+        _recipe(), curated, steps, None, at(200), source_versions={"curated_steps": 3}
+    )
     assert plan.ready and plan.batch_id == "grpo-000001"
     conform(plan.rows, BATCH_ROWS)
     conform(plan.dropped, DROPPED)
@@ -57,7 +63,7 @@ def test_complete_groups_fill_a_batch_in_deterministic_order():
     assert set(plan.rows["group_size"]) == {2} and set(plan.rows["num_steps"]) == {2}
     assert plan.rows.filter(pl.col("trajectory_id") == "a:0")["reward"].to_list() == [0.0, 1.0]
     broadcast = plan_batch(
-        _recipe(credit_assignment={"method": "broadcast"}), curated, None, at(200)
+        _recipe(credit_assignment={"method": "broadcast"}), curated, steps, None, at(200)
     )
     assert broadcast.rows.filter(pl.col("trajectory_id") == "a:0")["reward"].to_list() == [1.0, 1.0]
     assert plan.rows["source_versions"][0] == '{"curated_steps": 3}'
@@ -65,22 +71,24 @@ def test_complete_groups_fill_a_batch_in_deterministic_order():
     assert reasons == {"b:2": "group_overflow", "c:0": "next_batch", "c:1": "next_batch",
                        "d:0": "waiting_for_group"}  # fmt: skip
     shuffled = curated.sample(fraction=1.0, shuffle=True, seed=7)
-    again = plan_batch(_recipe(), shuffled, None, at(200), source_versions={"curated_steps": 3})
+    again = plan_batch(
+        _recipe(), shuffled, steps, None, at(200), source_versions={"curated_steps": 3}
+    )
     assert again.rows.equals(plan.rows) and again.dropped.equals(plan.dropped)
 
 
 def test_ledger_prevents_double_consumption():
-    curated = _curated({"a": [1, 0], "b": [0, 1], "c": [1, 0], "d": [0, 1]})
-    first = plan_batch(_recipe(), curated, None, at(200))
+    curated, steps = _curated({"a": [1, 0], "b": [0, 1], "c": [1, 0], "d": [0, 1]})
+    first = plan_batch(_recipe(), curated, steps, None, at(200))
     ledger = first.ledger_rows("grpo", at(200))
     conform(ledger, LEDGER)
     assert sorted(ledger["turn_id"]) == sorted(first.rows["turn_id"])
-    second = plan_batch(_recipe(), curated, ledger, at(200))
+    second = plan_batch(_recipe(), curated, steps, ledger, at(200))
     assert second.ready and second.batch_id == "grpo-000002"
     assert set(second.rows["group_id"]) == {"c", "d"}
     assert not set(second.rows["turn_id"]) & set(first.rows["turn_id"])
     third = plan_batch(
-        _recipe(), curated, pl.concat([ledger, second.ledger_rows("grpo", at(201))]), at(200)
+        _recipe(), curated, steps, pl.concat([ledger, second.ledger_rows("grpo", at(201))]), at(200)
     )
     assert not third.ready and third.rows.height == 0
 
@@ -96,9 +104,9 @@ def test_ledger_prevents_double_consumption():
 def test_incomplete_groups_wait_then_follow_the_straggler_policy(
     policy, now, batch_group, a_reason, single_reason
 ):
-    curated = _curated({"a": [1, 0], "b": [1, 0, 0, 1], "s": [1]})
+    curated, steps = _curated({"a": [1, 0], "b": [1, 0, 0, 1], "s": [1]})
     recipe = _recipe(group_size=4, groups_per_batch=1, straggler_policy=policy)
-    plan = plan_batch(recipe, curated, None, at(now))
+    plan = plan_batch(recipe, curated, steps, None, at(now))
     reasons = _reasons(plan)
     assert plan.ready
     assert set(plan.rows["group_id"]) == {batch_group}
@@ -107,29 +115,30 @@ def test_incomplete_groups_wait_then_follow_the_straggler_policy(
 
 
 def test_zero_variance_groups_and_filters_are_dropped_with_reasons():
-    curated = _curated({"flat": [1, 1], "ok": [0, 1], "late": [1, 0]})
+    curated, steps = _curated({"flat": [1, 1], "ok": [0, 1], "late": [1, 0]})
     curated = curated.with_columns(
         pl.when(pl.col("trajectory_id") == "late:1").then(False).otherwise(pl.col("trainable"))
         .alias("trainable")
     )  # fmt: skip
-    plan = plan_batch(_recipe(groups_per_batch=1), curated, None, at(200))
+    plan = plan_batch(_recipe(groups_per_batch=1), curated, steps, None, at(200))
     reasons = _reasons(plan)
     assert reasons["flat:0"] == reasons["flat:1"] == "zero_variance"
     assert reasons["late:1"] == "untrainable" and reasons["late:0"] == "waiting_for_group"
     assert set(plan.rows["group_id"]) == {"ok"}
     keep_flat = plan_batch(_recipe(groups_per_batch=1, filters={"drop_zero_variance": False}),
-                           curated, None, at(200))  # fmt: skip
+                           curated, steps, None, at(200))  # fmt: skip
     assert set(keep_flat.rows["group_id"]) == {"flat"}
 
 
 def test_missing_rewards_and_long_prompts_are_filtered():
-    curated = _curated({"a": [1, 0], "b": [1, 0]}).with_columns(
+    curated, steps = _curated({"a": [1, 0], "b": [1, 0]})
+    curated = curated.with_columns(
         pl.when(pl.col("group_id") == "a")
         .then(None)
         .otherwise(pl.col("outcome_reward"))
         .alias("outcome_reward")
     )
-    plan = plan_batch(_recipe(filters={"max_prompt_len": 22}), curated, None, at(200))
+    plan = plan_batch(_recipe(filters={"max_prompt_len": 22}), curated, steps, None, at(200))
     got = plan.dropped.select("turn_id", "reason").sort("turn_id").rows()
     assert got == [
         ("a:0-0", "no_reward"),
@@ -158,10 +167,11 @@ def test_dpo_pairs_come_from_the_same_state():
     landed = rewards(*[{"trajectory_id": t, "value": v} for t, v in values.items()])
     steps = extract_steps(turns(*rows), None, events(*[event(t) for t in values]), now=at(50)).steps
     curated = curate_steps(
-        score_steps(reward_steps(steps, landed, None, RewardConfig()), QualityConfig()), None
+        score_steps(reward_steps(steps, landed, None, RewardConfig()), steps, QualityConfig()),
+        None,
     ).collect()
     recipe = load_recipes("assets/batches.yaml")["dpo"].model_copy(update={"groups_per_batch": 1})
-    plan = plan_batch(recipe, curated, None, at(60))
+    plan = plan_batch(recipe, curated, steps, None, at(60))
     conform(plan.rows, DPO_PAIRS)
     assert plan.ready
     pair = plan.rows.row(0, named=True)
@@ -176,7 +186,7 @@ def test_dpo_pairs_come_from_the_same_state():
         "close-b": "no_pair",
     }
     ledger = plan.ledger_rows("dpo", T0 + timedelta(seconds=60))
-    assert plan_batch(recipe, curated, ledger, at(60)).rows.height == 0
+    assert plan_batch(recipe, curated, steps, ledger, at(60)).rows.height == 0
 
 
 def test_shipped_recipes_load():
@@ -191,14 +201,15 @@ def test_shipped_recipes_load():
 
 
 def test_stale_trajectories_are_measured_against_the_newest_policy_seen():
-    curated = _curated({"a": [1, 0], "b": [1, 0]}).with_columns(
+    curated, steps = _curated({"a": [1, 0], "b": [1, 0]})
+    curated = curated.with_columns(
         pl.when(pl.col("group_id") == "a").then(1).otherwise(6).alias("policy_version")
     )
     recipe = _recipe(groups_per_batch=1, filters={"max_policy_lag": 2})
-    first = plan_batch(recipe, curated, None, at(200))
+    first = plan_batch(recipe, curated, steps, None, at(200))
     assert set(first.rows["group_id"]) == {"b"} and _reasons(first)["a:0"] == "stale"
-    second = plan_batch(recipe, curated, first.ledger_rows("grpo", at(200)), at(200))
+    second = plan_batch(recipe, curated, steps, first.ledger_rows("grpo", at(200)), at(200))
     assert _reasons(second) == {"a:0": "stale", "a:1": "stale"}
-    assert plan_batch(recipe, curated, None, at(200), latest_policy_version=2).rows[
+    assert plan_batch(recipe, curated, steps, None, at(200), latest_policy_version=2).rows[
         "group_id"
     ].unique().to_list() == ["a"]

@@ -54,11 +54,13 @@ def test_reopened_trajectory_appends_without_duplicating():
     rows = chain("A", 4)
     first = _run(turns(*rows[:2]), evts=events(event("A")))
     assert first.steps["step_index"].to_list() == [0, 1]
-    late = _run(turns(rows[2], rows[1], rows[3]), first.open_state, now=60)
+    assert first.open_state["prompt_token_ids"].is_null().all()
+    late = _run(turns(rows[2], rows[1], rows[3]), first.open_state, now=60, emitted=first.steps)
     assert late.steps["step_id"].to_list() == ["A-2", "A-3"]
     assert late.steps["step_index"].to_list() == [2, 3]
     assert late.steps["reopened"].all()
     assert late.steps["prefix_consistent"].all()
+    assert late.steps["shared_prefix_tokens"][0] == first.steps["shared_prefix_tokens"][1] + 4
     tail = late.open_state.filter(pl.col("trajectory_id") == "A")
     assert tail["emitted_turn_ids"].to_list() == [["A-0", "A-1", "A-2", "A-3"]]
     again = _run(turns(rows[0]), late.open_state, now=90)
@@ -126,7 +128,7 @@ def test_late_identity_less_turn_continues_a_closed_inferred_trajectory():
     a = chain(None, 3, prefix="a", base=10)
     closed = _run(turns(*a[:2]), now=5000)
     assert closed.steps.height == 2
-    late = _run(turns(a[2]), closed.open_state, now=5010)
+    late = _run(turns(a[2]), closed.open_state, now=5010, emitted=closed.steps)
     assert late.steps.select("trajectory_id", "step_index", "reopened").row(0) == (
         "inferred-a-0",
         2,
