@@ -55,7 +55,7 @@ def encode(row: LandingRow) -> bytes:
     return HEADER.pack(MAGIC, len(scalars), len(lists), checksum) + scalars + lists
 
 
-def _frames(data: bytes) -> tuple[list[bytes], list[bytes]]:
+def _frames(data: bytes) -> tuple[list[memoryview], list[memoryview]]:
     """Split a segment into (scalar JSON, list buffers) per complete, intact frame."""
     scalars, lists = [], []
     offset = 0
@@ -69,35 +69,39 @@ def _frames(data: bytes) -> tuple[list[bytes], list[bytes]]:
         scalar, packed = view[start : start + scalar_len], view[start + scalar_len : end]
         if zlib.crc32(packed, zlib.crc32(scalar)) != checksum:
             break
-        scalars.append(bytes(scalar))
-        lists.append(bytes(packed))
+        scalars.append(scalar)
+        lists.append(packed)
         offset = end
     return scalars, lists
 
 
-def _list_columns(lists: list[bytes], packed: dict[str, pa.DataType]) -> dict[str, pa.Array]:
-    """Rebuild each packed field as an Arrow list column from the frames' raw buffers."""
-    parts: dict[str, list[np.ndarray | None]] = {name: [] for name in packed}
+def _list_columns(lists: list[memoryview], packed: dict[str, pa.DataType]) -> dict[str, pa.Array]:
+    """Rebuild each packed field as an Arrow list column from the frames' raw buffers.
+
+    Per frame only the buffer boundaries are read; each column's values are then joined into
+    one buffer and viewed as a numpy array in a single call.
+    """
+    slices: dict[str, list[memoryview]] = {name: [] for name in packed}
+    lengths: dict[str, list[int]] = {name: [] for name in packed}
     for buffer in lists:
         offset = 0
-        for name, kind in packed.items():
+        for name in packed:
             (length,) = LENGTH.unpack_from(buffer, offset)
             offset += LENGTH.size
-            if length < 0:
-                parts[name].append(None)
-                continue
-            dtype = PACKED_TYPES[kind][1]
-            parts[name].append(np.frombuffer(buffer, dtype=dtype, count=length, offset=offset))
-            offset += length * 4
+            lengths[name].append(length)
+            if length > 0:
+                slices[name].append(buffer[offset : offset + length * 4])
+                offset += length * 4
     columns = {}
     for name, kind in packed.items():
-        values = parts[name]
-        lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int64, len(values))
-        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-        present = [v for v in values if v is not None]
-        flat = np.concatenate(present) if present else np.array([], PACKED_TYPES[kind][1])
-        mask = pa.array([v is None for v in values], type=pa.bool_())
-        columns[name] = pa.ListArray.from_arrays(offsets, pa.array(flat), mask=mask).cast(kind)
+        sizes = np.array(lengths[name], dtype=np.int64)
+        missing = sizes < 0
+        offsets = np.concatenate([[0], np.cumsum(np.where(missing, 0, sizes))]).astype(np.int32)
+        values = np.frombuffer(b"".join(slices[name]), dtype=PACKED_TYPES[kind][1])
+        column = pa.ListArray.from_arrays(
+            pa.array(offsets), pa.array(values), mask=pa.array(missing, type=pa.bool_())
+        )
+        columns[name] = column.cast(kind)
     return columns
 
 

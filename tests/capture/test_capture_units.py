@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from claw_pipelines.capture import spool_codec
 from claw_pipelines.capture.identity import (
     IdentityError,
     identity_from_request,
@@ -149,3 +150,27 @@ def test_orphaned_spool_is_adopted(tmp_path: Path) -> None:
     assert SpoolFlusher(live, lake).adopt_orphans() == 1
     assert not dead.directory.exists()
     assert lake.scan("turns").collect()["turn_id"].to_list() == ["left-behind"]
+
+
+def test_spool_codec_round_trips_null_empty_and_long_lists() -> None:
+    now = utc_now()
+    turns = [
+        Turn(turn_id="none", model="m", started_at=now, ended_at=now),
+        Turn(turn_id="empty", model="m", started_at=now, ended_at=now, prompt_token_ids=[]),
+        Turn(
+            turn_id="long",
+            model="m",
+            started_at=now,
+            ended_at=now,
+            prompt_token_ids=list(range(2**31 - 3000, 2**31 - 1)),
+            response_token_ids=[0, 1],
+            response_logprobs=[-0.25, -1.5],
+        ),
+    ]
+    decoded = spool_codec.decode(b"".join(spool_codec.encode(t) for t in turns), "turns")
+    for turn, row in zip(turns, decoded.to_pylist(), strict=True):
+        assert row["turn_id"] == turn.turn_id
+        assert row["prompt_token_ids"] == turn.prompt_token_ids
+        assert row["response_token_ids"] == turn.response_token_ids
+        assert row["response_logprobs"] == turn.response_logprobs
+        assert row["started_at"] == turn.started_at
