@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from claw_pipelines.transforms.curation import labels_in_force
+
 SNIPPET_CHARS = 160
 """Task and answer text kept per trajectory: enough for free-text search and the list."""
 
@@ -81,8 +83,8 @@ def latest(frame: pl.DataFrame, key: str, order: str = "_commit_version") -> pl.
 
 
 def latest_labels(labels: pl.DataFrame, kind: str) -> pl.DataFrame:
-    """The label in force per target of one kind (latest wins, history stays in the table)."""
-    return latest(labels.filter(pl.col("target_kind") == kind), "target_id", order="created_at")
+    """The label in force per target of one kind, by the pipeline's own rule."""
+    return labels_in_force(labels, kind).collect()
 
 
 def trajectories_of(turns: pl.DataFrame, groups: pl.Series, turn_ids: pl.Series) -> pl.Series:

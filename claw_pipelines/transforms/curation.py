@@ -10,15 +10,25 @@ _FIELDS = {"quality_label": "quality_label", "trainable": "trainable", "tags": "
            "note": "label_note"}  # fmt: skip
 
 
-def latest_labels(labels: pl.LazyFrame | pl.DataFrame, kind: str, key: str) -> pl.LazyFrame:
-    """The latest label (created_at, then label_id) per target of ``kind``, keyed as ``key``."""
+def labels_in_force(labels: pl.LazyFrame | pl.DataFrame, kind: str) -> pl.LazyFrame:
+    """The label row in force per target of ``kind``: latest created_at, ties by label_id.
+
+    The one rule for "latest wins": batches (via ``curate_steps``) and the inspector both use it,
+    so the label a curator sees is the label a batch honours.
+    """
     return (
         labels.lazy()
         .filter(pl.col("target_kind") == kind)
         .sort("created_at", "label_id")
-        .group_by("target_id")
-        .agg(pl.col(field).last().alias(f"_{kind}_{field}") for field in _FIELDS)
-        .rename({"target_id": key})
+        .unique(subset="target_id", keep="last", maintain_order=True)
+    )
+
+
+def latest_labels(labels: pl.LazyFrame | pl.DataFrame, kind: str, key: str) -> pl.LazyFrame:
+    """The label fields in force per target of ``kind``, keyed as ``key``, prefixed by kind."""
+    return labels_in_force(labels, kind).select(
+        pl.col("target_id").alias(key),
+        *(pl.col(field).alias(f"_{kind}_{field}") for field in _FIELDS),
     )
 
 

@@ -256,3 +256,21 @@ def test_batch_preview_tables_for_grouped_and_pair_plans():
         ("untrainable", 2, 1),
         ("zero_variance", 1, 1),
     ]
+
+
+def test_inspector_shows_the_label_batches_honour_on_a_timestamp_tie() -> None:
+    from datetime import UTC, datetime
+
+    from claw_pipelines.inspector.summary import latest_labels
+    from claw_pipelines.schemas import Label, rows_to_arrow
+    from claw_pipelines.transforms.curation import latest_labels as pipeline_labels
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    rows = [
+        Label(label_id=i, target_kind="trajectory", target_id="t", trainable=v, created_at=at)
+        for i, v in (("b", False), ("a", True))
+    ]
+    labels = pl.from_arrow(rows_to_arrow(Label, [r.model_dump() for r in rows]))
+    shown = latest_labels(labels, "trajectory").row(0, named=True)["trainable"]
+    applied = pipeline_labels(labels, "trajectory", "trajectory_id").collect()
+    assert shown is applied.row(0, named=True)["_trajectory_trainable"] is False
