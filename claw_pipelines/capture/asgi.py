@@ -81,22 +81,22 @@ class CaptureApp:
         if scope["type"] != "http":
             await self.inner(scope, receive, send)
             return
-        if scope["path"].startswith("/claw/"):
-            await self.control(scope, receive, send)
-            return
         scope = self._apply_identity_prefix(scope)
         if scope["path"] not in PUBLIC_PATHS and not _has_master_key(scope):
             await _send_json(
                 send, 401, _error("missing or invalid proxy key", "authentication_error")
             )
             return
+        if scope["path"].startswith("/claw/"):
+            await self.control(scope, receive, send)
+            return
         if scope["method"] != "POST":
             await self.inner(scope, receive, send)
             return
-        body = await self._read_body(receive, send)
-        if body is None:
+        read = await self._read_body(receive, send)
+        if read is None:
             return
-        request = json.loads(body) if body else None
+        body, request = read
         buffer_stream = scope["path"] in CHAT_PATHS and self._should_buffer_stream(request)
         current_request.set(context_from_body(request, client_stream=buffer_stream))
         if buffer_stream:
@@ -125,8 +125,9 @@ class CaptureApp:
         headers += [(b"x-claw-trajectory", trajectory.encode()), (b"x-claw-group", group.encode())]
         return {**scope, "path": rest, "raw_path": rest.encode(), "headers": headers}
 
-    async def _read_body(self, receive, send) -> bytes | None:
-        """The whole body, or None after answering 413/400 for oversize, non-UTF-8 or bad JSON."""
+    async def _read_body(self, receive, send) -> tuple[bytes, object] | None:
+        """The whole body and its parsed JSON, or None after answering 413/400 for an oversize,
+        non-UTF-8 or malformed body."""
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -149,9 +150,9 @@ class CaptureApp:
                 break
         body = b"".join(chunks)
         if not body:
-            return body
+            return body, None
         try:
-            json.loads(body.decode("utf-8"))
+            request = json.loads(body.decode("utf-8"))
         except UnicodeDecodeError:
             await _send_json(
                 send, 400, _error("request body is not valid UTF-8", "invalid_request_error")
@@ -164,7 +165,7 @@ class CaptureApp:
                 _error(f"request body is not valid JSON: {error}", "invalid_request_error"),
             )
             return None
-        return body
+        return body, request
 
     @staticmethod
     def _should_buffer_stream(request: object) -> bool:

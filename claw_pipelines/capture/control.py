@@ -1,17 +1,16 @@
 """Lifecycle, reward and white-box step endpoints served on the proxy port (``/claw/v1/...``).
 
-They land rows through the same spool as the captured turns, so they share its durability: a
-200 means the row is in this process's spool and will reach Delta.
+The HTTP edge (``asgi.CaptureApp``) authenticates them with the proxy key before they are
+reached. They land rows through the same spool as the captured turns, so they share its
+durability: a 200 means the row is in this process's spool and will reach Delta.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
-import os
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Response
+from fastapi import FastAPI, HTTPException, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -65,17 +64,6 @@ class StepIn(BaseModel):
     metadata: dict[str, Any] | None = None
 
 
-def _master_key() -> str:
-    return os.environ.get("LITELLM_MASTER_KEY", "")
-
-
-def require_key(authorization: Annotated[str | None, Header()] = None) -> None:
-    """Same key as the proxy's OpenAI routes."""
-    token = (authorization or "").removeprefix("Bearer ").strip()
-    if not token or not hmac.compare_digest(token, _master_key()):
-        raise HTTPException(status_code=401, detail="missing or invalid proxy key")
-
-
 def _json_text(runtime: CaptureRuntime, value: object) -> str | None:
     return None if value is None else json.dumps(runtime.redactor.data(value), ensure_ascii=False)
 
@@ -88,9 +76,7 @@ def build_control_app() -> FastAPI:
         problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]
         return JSONResponse({"error": "invalid request", "problems": problems}, status_code=400)
 
-    @control.post(
-        "/claw/v1/trajectories/{trajectory_id}/complete", dependencies=[Depends(require_key)]
-    )
+    @control.post("/claw/v1/trajectories/{trajectory_id}/complete")
     async def complete(trajectory_id: IdentityValue, body: CompleteTrajectory) -> dict[str, str]:
         runtime = CaptureRuntime.current()
         row = TrajectoryEventRow(
@@ -103,7 +89,7 @@ def build_control_app() -> FastAPI:
         await runtime.land_durably([row])
         return {"event_id": row.event_id, "trajectory_id": trajectory_id, "status": body.status}
 
-    @control.post("/claw/v1/rewards", dependencies=[Depends(require_key)])
+    @control.post("/claw/v1/rewards")
     async def reward(body: RewardIn) -> dict[str, str]:
         runtime = CaptureRuntime.current()
         try:
@@ -115,7 +101,7 @@ def build_control_app() -> FastAPI:
         await runtime.land_durably([row])
         return {"reward_id": row.reward_id}
 
-    @control.post("/claw/v1/steps", dependencies=[Depends(require_key)])
+    @control.post("/claw/v1/steps")
     async def step(body: StepIn, response: Response) -> dict[str, str]:
         runtime = CaptureRuntime.current()
         if body.response_logprobs is not None and len(body.response_logprobs) != len(
@@ -150,7 +136,7 @@ def build_control_app() -> FastAPI:
         response.headers["x-litellm-call-id"] = row.turn_id
         return {"turn_id": row.turn_id}
 
-    @control.get("/claw/v1/status", dependencies=[Depends(require_key)])
+    @control.get("/claw/v1/status")
     async def status() -> dict[str, object]:
         runtime = CaptureRuntime.current()
         return {
