@@ -16,6 +16,7 @@ from deltalake import write_deltalake
 
 from assets import ledger
 from assets.configs import recipes
+from assets.incremental import WRITER
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, markdown_table, table_metadata
 from assets.quality import curated_steps
@@ -56,6 +57,7 @@ def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
         pa.RecordBatchReader.from_batches(schema, batches),
         mode="overwrite",
         predicate=f"batch_id = '{quoted}'",
+        writer_properties=WRITER,
     )
 
 

@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 
 import polars as pl
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake import (
+    ColumnProperties,
+    CommitProperties,
+    DeltaTable,
+    Transaction,
+    WriterProperties,
+    write_deltalake,
+)
 
 from claw_pipelines.derived_schemas import conform, empty
 from claw_pipelines.lake import Lake
@@ -37,7 +44,15 @@ a file by its statistics instead of decoding every token list in it."""
 
 SAMPLE_ROWS = 5
 
-WRITER = WriterProperties(max_row_group_size=ROW_GROUP_ROWS)
+WRITER = WriterProperties(
+    max_row_group_size=ROW_GROUP_ROWS,
+    default_column_properties=ColumnProperties(
+        dictionary_enabled=False, statistics_enabled="CHUNK"
+    ),
+)
+"""How every derived table is written. Token-ID lists are most of the bytes, and for them the
+writer's defaults (dictionary encoding, page statistics) cost ~4x the write time: 6.3 s against
+1.4 s for 100k steps of 1,280 tokens. Chunk statistics keep the file and row-group skipping."""
 
 STATE_LOOKBACK = 5
 """How many state-table versions to walk back to find the one matching a watermark."""
@@ -196,7 +211,11 @@ class Increment:
         target = self._target(data.schema, watermark)
         if self.snapshot is None or replace is None or not replace[1]:
             write_deltalake(
-                target, data, mode="append", commit_properties=self._properties(watermark)
+                target,
+                data,
+                mode="append",
+                commit_properties=self._properties(watermark),
+                writer_properties=WRITER,
             )
         else:
             column, keys = replace
@@ -250,6 +269,7 @@ class Increment:
             mode="overwrite",
             schema_mode="overwrite",
             commit_properties=self._properties(),
+            writer_properties=WRITER,
         )
 
     def state_as_of(self, state_table: str) -> pl.DataFrame | None:

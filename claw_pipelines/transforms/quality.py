@@ -19,6 +19,8 @@ from claw_pipelines.transforms.messages import malformed_tool_calls, tool_call_c
 RESPONSE_COLUMNS = ["response_token_ids", "response_logprobs"]
 """The token lists the signals read (prompt ids, the bulk of a step, are not needed)."""
 
+REPEATED_NGRAMS = "_repeated_ngram_ratio"
+
 
 class QualityWeights(BaseModel):
     """How much each signal lowers the score (0 disables it)."""
@@ -60,14 +62,32 @@ class QualityConfig(BaseModel):
         return cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
 
 
-def repeated_ngram_ratio(tokens: pl.Expr, n: int) -> pl.Expr:
-    """Share of the sequence's n-grams that repeat an earlier one (0 when shorter than n)."""
-    grams = pl.struct([pl.element().shift(-i).alias(f"t{i}") for i in range(n)])
-    distinct = tokens.list.eval(
-        grams.filter(pl.element().shift(-(n - 1)).is_not_null()).n_unique()
-    ).list.first()
-    total = tokens.list.len().cast(pl.Int64) - (n - 1)
-    return pl.when(total > 0).then(1 - distinct.cast(pl.Float64) / total).otherwise(0.0)
+def repeated_ngram_ratio(tokens: pl.Series, n: int) -> pl.Series:
+    """Per sequence, the share of its n-grams that repeat an earlier one (0 when shorter than n).
+
+    Computed on the exploded tokens (one row per token, n shifted columns, one group-by) rather
+    than per list with ``list.eval``, which is ~3.5x slower on 256-token responses.
+    """
+    row, token = pl.col("_row"), pl.col("_token")
+    grams = [f"_t{i}" for i in range(n)]
+    counted = (
+        pl.DataFrame({"_token": tokens})
+        .with_row_index("_row")
+        .explode("_token", empty_as_null=True)
+        .lazy()
+        .with_columns(token.shift(-i).alias(gram) for i, gram in enumerate(grams))
+        .filter(row.shift(-(n - 1)) == row)
+        .group_by("_row")
+        .agg(pl.struct(grams).n_unique().alias("_distinct"), pl.len().alias("_total"))
+    )
+    return (
+        pl.LazyFrame({"_row": pl.int_range(len(tokens), dtype=pl.UInt32, eager=True)})
+        .join(counted, on="_row", how="left")
+        .select((1 - pl.col("_distinct") / pl.col("_total")).fill_null(0.0))
+        .collect()
+        .to_series()
+        .alias(tokens.name)
+    )
 
 
 def _signals(
@@ -85,8 +105,7 @@ def _signals(
         "empty_response": (response_len == 0)
         & (pl.col("response_text").fill_null("").str.strip_chars() == "")
         & (tool_call_count() == 0),
-        "repetitive": repeated_ngram_ratio(response, config.repetition_ngram)
-        > config.repetition_threshold,
+        "repetitive": pl.col(REPEATED_NGRAMS) > config.repetition_threshold,
         "malformed_tool_call": malformed_tool_calls() > 0,
         "error": pl.col("status") == "error",
         "prefix_break": ~pl.col("prefix_consistent"),
@@ -112,7 +131,9 @@ def score_steps(
     Token signals read the rewarded turns' token lists from ``steps`` (a frame or a table
     scan); the output stays narrow.
     """
-    frame = with_tokens(rewarded.lazy().collect(), steps, RESPONSE_COLUMNS).lazy()
+    frame = with_tokens(rewarded.lazy().collect(), steps, RESPONSE_COLUMNS)
+    repeated = repeated_ngram_ratio(frame.get_column("response_token_ids"), config.repetition_ngram)
+    frame = frame.lazy().with_columns(repeated.alias(REPEATED_NGRAMS))
     latest = (
         pl.col("policy_version").max()
         if latest_policy_version is None

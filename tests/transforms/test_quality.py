@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import polars as pl
 import pytest
 from transform_rows import SYSTEM, at, chain, event, events, labels, turn, turns
 
@@ -16,6 +17,7 @@ from claw_pipelines.transforms import (
     reward_steps,
     score_steps,
 )
+from claw_pipelines.transforms.quality import repeated_ngram_ratio
 
 
 def _scored(*rows, latest=None, config=None, **kwargs) -> dict[str, dict]:
@@ -57,6 +59,17 @@ def test_each_signal_lowers_the_score(fields, reason):
     weight = getattr(QualityConfig().weights, reason)
     assert reason in got["quality_reasons"]
     assert got["quality_score"] == pytest.approx(max(0.0, 1 - weight))
+
+
+def test_repeated_ngram_ratio_counts_repeats_per_sequence():
+    sequences = pl.Series(
+        "response_token_ids",
+        [[1, 2, 3, 1, 2, 3], None, [], [1, 2], [5, 5, 5, 5, 5], [1, 2, 3, 4]],
+        pl.List(pl.Int32),
+    )
+    assert repeated_ngram_ratio(sequences, 2).to_list() == [0.4, 0.0, 0.0, 0.0, 0.75, 0.0]
+    assert repeated_ngram_ratio(sequences, 1).to_list() == [0.5, 0.0, 0.0, 0.0, 0.8, 0.0]
+    assert repeated_ngram_ratio(sequences.head(0), 4).to_list() == []
 
 
 def test_clean_steps_score_one_and_breaks_and_outliers_are_flagged():
