@@ -33,7 +33,7 @@ from deltalake import (
 )
 
 from claw_pipelines.derived_schemas import conform, empty
-from claw_pipelines.lake import Lake
+from claw_pipelines.lake import Lake, changes
 
 CHUNK_TRAJECTORIES = 8192
 """Trajectories recomputed per commit by ``Increment.recompute``."""
@@ -92,6 +92,8 @@ class Increment:
     snapshot: DeltaTable | None
     after: dict[str, int | None]
     upto: dict[str, int | None]
+    inputs: dict[str, DeltaTable | None] = field(default_factory=dict)
+    """Each input opened once, at the version pinned in ``upto``: every read of the run uses it."""
     rows_read: dict[str, int] = field(default_factory=dict)
     _chunks_written: int = 0
 
@@ -99,13 +101,15 @@ class Increment:
     def begin(cls, lake: Lake, asset: str, output: str, sources: list[str]) -> Increment:
         """Pin the watermark (from the output table) and each input's current version."""
         snapshot = lake.open(output)
+        inputs = {s: lake.open(s) for s in sources}
         return cls(
             lake=lake,
             asset=asset,
             output=output,
             snapshot=snapshot,
             after=_watermark(snapshot, asset, sources),
-            upto={s: lake.version(s) for s in sources},
+            upto={s: None if t is None else t.version() for s, t in inputs.items()},
+            inputs=inputs,
         )
 
     @property
@@ -132,7 +136,7 @@ class Increment:
         after, upto = versions or (self.after[source], self.upto[source])
         if upto is None:
             return None
-        frame, _ = self.lake.read_changes(source, after, up_to_version=upto, columns=columns)
+        frame = changes(self.inputs[source], after, upto, columns)
         if frame is None:
             return None
         cdf = ["_change_type", "_commit_timestamp"] + ([] if keep_version else ["_commit_version"])
@@ -142,9 +146,8 @@ class Increment:
 
     def scan(self, source: str) -> pl.LazyFrame | None:
         """The whole input as of the version this run pinned."""
-        if self.upto[source] is None:
-            return None
-        return self.lake.scan(source, self.upto[source])
+        pinned = self.inputs[source]
+        return None if pinned is None else pl.scan_delta(pinned)
 
     def rows_where(
         self, source: str, column: str, keys: list[str], columns: list[str] | None = None

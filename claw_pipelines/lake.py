@@ -124,24 +124,33 @@ class Lake:
         if delta_table is None:
             return None, after_version
         latest = delta_table.version() if up_to_version is None else up_to_version
-        if after_version is not None and latest <= after_version:
-            return None, after_version
-        start = 0 if after_version is None else after_version + 1
-        wanted = None if columns is None else [*columns, "_change_type", "_commit_version"]
-        reader = delta_table.load_cdf(
-            starting_version=start,
-            ending_version=latest,
-            columns=wanted,
-            predicate="_change_type = 'insert'",
-        )
-        frame = pl.DataFrame(reader.read_all())
-        return frame, latest
+        return changes(delta_table, after_version, latest, columns), latest
 
     def scan(self, table: str, version: int | None = None) -> pl.LazyFrame | None:
         """A lazy scan of the table at ``version`` (default latest); None if it does not exist."""
-        if self.open(table) is None:
-            return None
-        return pl.scan_delta(self.uri(table), version=version, storage_options=self._options())
+        delta_table = self.open(table, version)
+        return None if delta_table is None else pl.scan_delta(delta_table)
+
+
+def changes(
+    delta_table: DeltaTable,
+    after_version: int | None,
+    up_to_version: int,
+    columns: list[str] | None = None,
+) -> pl.DataFrame | None:
+    """Rows inserted into an open table in versions ``(after_version, up_to_version]``, read
+    from its change data feed (None when the range is empty)."""
+    if after_version is not None and up_to_version <= after_version:
+        return None
+    start = 0 if after_version is None else after_version + 1
+    wanted = None if columns is None else [*columns, "_change_type", "_commit_version"]
+    reader = delta_table.load_cdf(
+        starting_version=start,
+        ending_version=up_to_version,
+        columns=wanted,
+        predicate="_change_type = 'insert'",
+    )
+    return pl.DataFrame(reader.read_all())
 
 
 class TableWriter:
