@@ -8,7 +8,14 @@ from assets.automation import on_new_data, on_new_data_or_idle_sweep
 from assets.incremental import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
-from claw_pipelines.derived_schemas import NARROW_STEPS, OPEN_STATE, STEPS, TRAJECTORIES, conform
+from claw_pipelines.derived_schemas import (
+    NARROW_STEPS,
+    OPEN_STATE,
+    STEP_SOURCE_COLUMNS,
+    STEPS,
+    TRAJECTORIES,
+    conform,
+)
 from claw_pipelines.schemas import utc_now
 from claw_pipelines.transforms.steps import extract_steps
 from claw_pipelines.transforms.trajectories import summarize_trajectories
@@ -53,7 +60,9 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     for index, versions in enumerate(ranges):
         final = index == len(ranges) - 1
         extraction = extract_steps(
-            increment.new_rows("turns", keep_version=True, versions=versions),
+            increment.new_rows(
+                "turns", STEP_SOURCE_COLUMNS, keep_version=True, versions=versions
+            ),
             state,
             _events_of_range(events, last_range, index),
             now=now,

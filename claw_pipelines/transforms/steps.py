@@ -85,7 +85,7 @@ def _new_turns(turns: pl.DataFrame | None, source_version: int | None) -> pl.Dat
             version.cast(pl.Int64).alias("source_version"),
             pl.col("trajectory_id").is_null().alias("trajectory_inferred"),
         )
-        .unique("turn_id", keep="first", maintain_order=True)
+        .filter(pl.col("turn_id").is_first_distinct())
         .pipe(fit, OPEN_STATE)
         .select(_PENDING)
     )
@@ -157,29 +157,33 @@ def _resolve_identity(
 def _emit(pending: pl.DataFrame, closing: pl.DataFrame) -> pl.DataFrame:
     """Number, link and prefix-check the pending turns of the closing trajectories.
 
+    Ordering and linking run on the narrow columns plus a row index; each token list is then
+    gathered once into step order, and a step's predecessor tokens (the previous pending turn,
+    or the closed tail for a trajectory's first new turn) only where there is one, so a backlog
+    of single-turn trajectories moves no token list more than once.
+
     A turn without group_id takes its trajectory's (from a sibling turn, the emitted tail or
     the completion event), so agents may name the group once.
     """
     position = pl.int_range(pl.len()).over("trajectory_id")
     tail_index = pl.col("_tail_step_index").fill_null(-1)
-
-    def previous(column: str) -> pl.Expr:
-        return (
-            pl.when(position == 0)
-            .then(pl.col(f"_tail_{column}"))
-            .otherwise(pl.col(column).shift(1).over("trajectory_id"))
-        )
-
+    tokens = pending.select(TOKEN_COLUMNS)
     frame = (
-        pending.join(closing, on="trajectory_id")
+        pending.drop(TOKEN_COLUMNS)
+        .with_row_index("_row")
+        .join(closing, on="trajectory_id")
         .sort("trajectory_id", "started_at", "turn_id")
         .with_columns(
             (tail_index + 1 + position).cast(pl.Int32).alias("step_index"),
             (position == pl.len().over("trajectory_id") - 1).alias("is_last"),
             (tail_index >= 0).alias("reopened"),
-            previous("prompt_token_ids").alias(PREV_PROMPT),
-            previous("response_token_ids").alias(PREV_RESPONSE),
-            previous("token_source").alias(PREV_SOURCE),
+            pl.when(position > 0)
+            .then(pl.col("_row").shift(1).over("trajectory_id"))
+            .alias("_prev"),
+            pl.when(position == 0)
+            .then(pl.col("_tail_token_source"))
+            .otherwise(pl.col("token_source").shift(1).over("trajectory_id"))
+            .alias(PREV_SOURCE),
             pl.col("turn_id").alias("step_id"),
             pl.coalesce(
                 "group_id",
@@ -188,6 +192,16 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame) -> pl.DataFrame:
                 "_event_group_id",
             ).alias("group_id"),
         )
+    )
+    rows, previous = frame.get_column("_row"), frame.get_column("_prev")
+    frame = frame.with_columns(
+        *(tokens.get_column(name).gather(rows) for name in TOKEN_COLUMNS),
+        pl.coalesce(
+            tokens.get_column("prompt_token_ids").gather(previous), "_tail_prompt_token_ids"
+        ).alias(PREV_PROMPT),
+        pl.coalesce(
+            tokens.get_column("response_token_ids").gather(previous), "_tail_response_token_ids"
+        ).alias(PREV_RESPONSE),
     )
     return fit(check_prefixes(frame).with_columns(token_lengths()), STEPS)
 
