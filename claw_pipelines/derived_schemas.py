@@ -100,6 +100,9 @@ TRAJECTORIES = pa.schema(
 TOKEN_COLUMNS = ["prompt_token_ids", "response_token_ids", "response_logprobs"]
 """The heavy columns: only ``steps`` (and batch rows) carry them; downstream tables are narrow."""
 
+LENGTH_COLUMNS = ["prompt_len", "response_len"]
+"""The token lists' lengths, kept on every step table so filters and sizing skip the lists."""
+
 NARROW_STEPS = pa.schema([f for f in STEPS if f.name not in TOKEN_COLUMNS])
 """A step without its token lists: what rewarded/scored/curated steps start from. The lengths
 let batch filters run without reading tokens; a batch joins the token columns from ``steps`` by

@@ -24,6 +24,7 @@ from claw_pipelines.derived_schemas import (
     DPO_PAIRS,
     DROPPED,
     LEDGER,
+    LENGTH_COLUMNS,
     TOKEN_COLUMNS,
     fit,
     with_tokens,
@@ -101,8 +102,10 @@ def load_recipes(path: str | Path) -> dict[str, Recipe]:
     return by_name
 
 
-ROW_CHUNK = 8192
-"""Batch rows whose token lists ``BatchPlan.row_chunks`` reads at a time."""
+TOKENS_PER_CHUNK = 1 << 25
+"""Token IDs whose lists ``BatchPlan.row_chunks`` reads at a time (32M: 128 MiB of IDs, at
+most as much again of logprobs): memory is bounded by tokens whatever the sequence lengths,
+and a big batch of short steps is read in a few large scans instead of many small ones."""
 
 
 @dataclass(frozen=True)
@@ -128,10 +131,19 @@ class BatchPlan:
         return self._with_tokens(self.planned)
 
     def row_chunks(self) -> Iterator[pl.DataFrame]:
-        """The complete rows ``ROW_CHUNK`` at a time: a big batch is written without holding
-        every token list."""
-        for chunk in self.planned.iter_slices(ROW_CHUNK):
-            yield self._with_tokens(chunk)
+        """The complete rows, about ``TOKENS_PER_CHUNK`` tokens at a time (sized from the steps'
+        lengths): a big batch is written without holding every token list."""
+        if self.tokens is None:
+            yield self.planned
+            return
+        lengths = with_tokens(self.planned.select("turn_id"), self.tokens, LENGTH_COLUMNS)
+        size = pl.sum_horizontal(LENGTH_COLUMNS)
+        chunk = lengths.select(((size.cum_sum() - size) // TOKENS_PER_CHUNK).alias("_chunk"))
+        parts = self.planned.with_columns(chunk.to_series()).partition_by(
+            "_chunk", maintain_order=True, include_key=False
+        )
+        for part in parts:
+            yield self._with_tokens(part)
 
     def _with_tokens(self, rows: pl.DataFrame) -> pl.DataFrame:
         if self.tokens is None:
