@@ -1,128 +1,101 @@
-"""Asset checks on what downstream relies on; blocking, so a failure stops the chain."""
+"""Asset checks on what downstream relies on, evaluated by the asset that wrote the rows.
+
+Each check is a blocking ``AssetCheckSpec`` on its asset, and the asset returns its result with
+the materialization: a failure still stops everything downstream, but a run pays no extra
+Dagster step per check, and the checks look only at what the run wrote.
+"""
 
 import dagster as dg
 import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable, Schema
 
-from assets.quality import curated_steps, scored_steps
-from assets.rewards import rewarded_steps
-from assets.steps import steps, trajectories
-from claw_pipelines.derived_schemas import (
-    CURATED_STEPS,
-    REWARDED_STEPS,
-    SCORED_STEPS,
-    STEPS,
-    TRAJECTORIES,
-)
-from resources.lake import LakeResource
 
-HISTORY_LIMIT = 1000
-"""Commits looked back for the latest run's chunks (a backlog of ~16M turns)."""
-
-
-@dg.asset_check(asset=steps, blocking=True, description="step_id is unique across the table.")
-def unique_step_ids(lake: LakeResource) -> dg.AssetCheckResult:
-    ids = lake.lake().scan("steps")
-    if ids is None:
-        return dg.AssetCheckResult(passed=True, metadata={"steps": 0})
-    stats = ids.select(
-        pl.len().alias("steps"), pl.col("step_id").n_unique().alias("distinct")
-    ).collect()
-    total, distinct = stats.row(0)
-    return dg.AssetCheckResult(
-        passed=total == distinct, metadata={"steps": total, "duplicates": total - distinct}
+def schema_spec(asset: str) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec(
+        "schema_unchanged",
+        asset=asset,
+        blocking=True,
+        description="The Delta table's columns and types equal the declared derived schema.",
     )
 
 
-@dg.asset_check(
-    asset=steps,
-    blocking=True,
-    description="Each new step with logprobs has exactly one logprob per response token.",
-)
-def logprobs_aligned(lake: LakeResource) -> dg.AssetCheckResult:
-    """Checks the latest run's commits only: steps are append-only, so each row is checked once."""
-    the_lake = lake.lake()
-    table = the_lake.open("steps")
-    version = None if table is None else table.version()
-    latest = None
-    if table is not None:
-        first = _first_version_of_last_run(table)
-        latest, _ = the_lake.read_changes(
-            "steps",
-            first - 1 if first > 0 else None,
-            columns=["step_id", "response_token_ids", "response_logprobs"],
+STEP_CHECKS = [
+    schema_spec("steps"),
+    dg.AssetCheckSpec(
+        "unique_step_ids",
+        asset="steps",
+        blocking=True,
+        description="step_id is unique across the table.",
+    ),
+    dg.AssetCheckSpec(
+        "logprobs_aligned",
+        asset="steps",
+        blocking=True,
+        description="Each new step with logprobs has exactly one logprob per response token.",
+    ),
+]
+
+
+def misaligned_logprobs() -> pl.Expr:
+    """A step whose logprobs list is present but not one per response token (null: none)."""
+    return pl.col("response_logprobs").list.len() != pl.col("response_token_ids").list.len()
+
+
+def schema_unchanged(table: DeltaTable | None, declared: pa.Schema) -> dg.AssetCheckResult:
+    """The table still has the schema declared in claw_pipelines.derived_schemas."""
+    if table is None:
+        return dg.AssetCheckResult(
+            check_name="schema_unchanged", passed=True, metadata={"table": "not created yet"}
         )
-    if latest is None:
-        return dg.AssetCheckResult(passed=True, metadata={"checked": 0})
-    misaligned = latest.filter(
-        pl.col("response_logprobs").list.len() != pl.col("response_token_ids").list.len()
-    ).get_column("step_id")
+    actual = {f.name: str(f.type) for f in table.schema().fields}
+    expected = {f.name: str(f.type) for f in Schema.from_arrow(declared).fields}
+    changed = sorted(
+        name for name in actual.keys() | expected.keys() if actual.get(name) != expected.get(name)
+    )
     return dg.AssetCheckResult(
-        passed=misaligned.is_empty(),
+        check_name="schema_unchanged",
+        passed=not changed,
+        metadata={"changed_columns": dg.MetadataValue.json(changed)},
+    )
+
+
+def unique_step_ids(steps: pl.LazyFrame | None, new_ids: pl.Series) -> dg.AssetCheckResult:
+    """The run's new step ids occur once in the table. Older ids were checked when they were
+    new, so the check grows with the run, not the table; ids are time-ordered, so the min/max
+    bounds skip every file and row group the new ids cannot be in."""
+    duplicates = pl.DataFrame(schema={"step_id": pl.String, "len": pl.UInt32})
+    if steps is not None and new_ids.len():
+        ids = new_ids.sort()
+        step_id = pl.col("step_id")
+        duplicates = (
+            steps.select("step_id")
+            .filter((step_id >= ids[0]) & (step_id <= ids[-1]) & step_id.is_in(ids.implode()))
+            .group_by("step_id")
+            .len()
+            .filter(pl.col("len") > 1)
+            .collect()
+        )
+    return dg.AssetCheckResult(
+        check_name="unique_step_ids",
+        passed=duplicates.is_empty(),
         metadata={
-            "checked": latest.height,
-            "delta_version": version,
-            "misaligned_step_ids": dg.MetadataValue.json(misaligned.head(20).to_list()),
+            "checked": new_ids.len(),
+            "duplicated_step_ids": dg.MetadataValue.json(
+                duplicates.get_column("step_id").head(20).to_list()
+            ),
         },
     )
 
 
-def _first_version_of_last_run(table: DeltaTable) -> int:
-    """The first of the consecutive commits that read the same input ranges as the latest one
-    (a run that extracts a backlog commits it in chunks)."""
-    history = table.history(HISTORY_LIMIT)
-    first = history[0]["version"]
-    for entry in history[1:]:
-        if entry.get("claw.read") != history[0].get("claw.read"):
-            break
-        first = entry["version"]
-    return first
-
-
-def _delta_fields(schema: pa.Schema) -> dict[str, str]:
-    return {f.name: str(f.type) for f in Schema.from_arrow(schema).fields}
-
-
-def schema_check(asset: dg.AssetsDefinition, declared: pa.Schema) -> dg.AssetChecksDefinition:
-    """The table still has the schema declared in claw_pipelines.derived_schemas."""
-    table = asset.key.path[-1]
-
-    @dg.asset_check(
-        asset=asset,
-        name="schema_unchanged",
-        blocking=True,
-        description="The Delta table's columns and types equal the declared derived schema.",
+def logprobs_aligned(new_steps: pl.DataFrame) -> dg.AssetCheckResult:
+    """``new_steps``: the run's steps with a ``logprobs_misaligned`` flag per step."""
+    misaligned = new_steps.filter(pl.col("logprobs_misaligned")).get_column("step_id")
+    return dg.AssetCheckResult(
+        check_name="logprobs_aligned",
+        passed=misaligned.is_empty(),
+        metadata={
+            "checked": new_steps.height,
+            "misaligned_step_ids": dg.MetadataValue.json(misaligned.head(20).to_list()),
+        },
     )
-    def _check(lake: LakeResource) -> dg.AssetCheckResult:
-        delta_table = lake.lake().open(table)
-        if delta_table is None:
-            return dg.AssetCheckResult(passed=True, metadata={"table": "not created yet"})
-        actual = {f.name: str(f.type) for f in delta_table.schema().fields}
-        expected = _delta_fields(declared)
-        changed = sorted(
-            name
-            for name in actual.keys() | expected.keys()
-            if actual.get(name) != expected.get(name)
-        )
-        return dg.AssetCheckResult(
-            passed=not changed, metadata={"changed_columns": dg.MetadataValue.json(changed)}
-        )
-
-    return _check
-
-
-CHECKS = [
-    unique_step_ids,
-    logprobs_aligned,
-    *(
-        schema_check(asset, declared)
-        for asset, declared in (
-            (steps, STEPS),
-            (trajectories, TRAJECTORIES),
-            (rewarded_steps, REWARDED_STEPS),
-            (scored_steps, SCORED_STEPS),
-            (curated_steps, CURATED_STEPS),
-        )
-    ),
-]

@@ -4,6 +4,7 @@ import dagster as dg
 import polars as pl
 
 from assets.automation import on_new_data
+from assets.checks import schema_spec, schema_unchanged
 from assets.configs import quality_config
 from assets.incremental import Increment, trajectory_ids
 from assets.landing import OWNERS
@@ -22,6 +23,7 @@ from resources.lake import LakeResource
     deps=[rewarded_steps],
     automation_condition=on_new_data(),
     pool="claw_scored_steps",
+    check_specs=[schema_spec("scored_steps")],
 )
 def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """A quality score in [0, 1] per step and the reasons that lowered it.
@@ -69,7 +71,8 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
             ),
             "quality_distribution": histogram(summary.get_column("quality_score")),
             "quality_reasons": dg.MetadataValue.json(counts(reasons, "reason")),
-        }
+        },
+        check_results=[schema_unchanged(written.table, SCORED_STEPS)],
     )
 
 
@@ -80,6 +83,7 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     deps=[scored_steps, "labels"],
     automation_condition=on_new_data(),
     pool="claw_curated_steps",
+    check_specs=[schema_spec("curated_steps")],
 )
 def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """Scored steps with human labels applied (latest wins): label, trainable flag, tags.
@@ -117,7 +121,8 @@ def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):
             ),
             "trainable_share": float(summary["trainable"].mean()) if summary.height else None,
             "quality_labels": dg.MetadataValue.json(counts(summary, "quality_label")),
-        }
+        },
+        check_results=[schema_unchanged(written.table, CURATED_STEPS)],
     )
 
 

@@ -4,6 +4,7 @@ import dagster as dg
 import polars as pl
 
 from assets.automation import on_new_data
+from assets.checks import schema_spec, schema_unchanged
 from assets.configs import reward_config
 from assets.incremental import Increment
 from assets.landing import OWNERS
@@ -24,6 +25,7 @@ REWARD_SAMPLE = ["trajectory_id", "step_index", "reward", "reward_sources", "res
     deps=[steps, "rewards", "trajectory_events"],
     automation_condition=on_new_data(),
     pool="claw_rewarded_steps",
+    check_specs=[schema_spec("rewarded_steps")],
 )
 def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """Steps with their credited reward; late rewards re-credit their trajectory on arrival.
@@ -72,7 +74,8 @@ def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
             "reward_present_share": (
                 float(summary["reward_present"].mean()) if summary.height else None
             ),
-        }
+        },
+        check_results=[schema_unchanged(written.table, REWARDED_STEPS)],
     )
 
 

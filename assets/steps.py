@@ -5,6 +5,14 @@ import numpy as np
 import polars as pl
 
 from assets.automation import on_new_data, on_new_data_or_idle_sweep
+from assets.checks import (
+    STEP_CHECKS,
+    logprobs_aligned,
+    misaligned_logprobs,
+    schema_spec,
+    schema_unchanged,
+    unique_step_ids,
+)
 from assets.incremental import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
@@ -41,6 +49,7 @@ class StepsConfig(dg.Config):
     deps=["turns", "trajectory_events"],
     automation_condition=on_new_data_or_idle_sweep(),
     pool="claw_steps",
+    check_specs=STEP_CHECKS,
 )
 def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeResource):
     """Turns of closed trajectories as ordered steps, with prefix-consistency per step.
@@ -60,9 +69,7 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     for index, versions in enumerate(ranges):
         final = index == len(ranges) - 1
         extraction = extract_steps(
-            increment.new_rows(
-                "turns", STEP_SOURCE_COLUMNS, keep_version=True, versions=versions
-            ),
+            increment.new_rows("turns", STEP_SOURCE_COLUMNS, keep_version=True, versions=versions),
             state,
             _events_of_range(events, last_range, index),
             now=now,
@@ -79,7 +86,14 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
             ("step_id", new_steps.get_column("step_id").to_list()) if len(ranges) > 1 else None
         )
         table = increment.commit(conform(new_steps, STEPS), replace, watermark=final)
-        written.append(new_steps.select("step_id", *STEP_SAMPLE, "prefix_consistent"))
+        written.append(
+            new_steps.select(
+                "step_id",
+                *STEP_SAMPLE,
+                "prefix_consistent",
+                misaligned_logprobs().fill_null(False).alias("logprobs_misaligned"),
+            )
+        )
     new_steps = pl.concat(written) if written else None
     open_turns = state.filter(pl.col("state") == "open").height
     rows = 0 if new_steps is None else new_steps.height
@@ -91,7 +105,21 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     }
     if table is not None:
         metadata.update(written_metadata(increment, table, rows))
-    return dg.MaterializeResult(metadata=metadata)
+    checked = (
+        new_steps
+        if new_steps is not None
+        else pl.DataFrame(schema={"step_id": pl.String, "logprobs_misaligned": pl.Boolean})
+    )
+    return dg.MaterializeResult(
+        metadata=metadata,
+        check_results=[
+            schema_unchanged(table, STEPS),
+            unique_step_ids(
+                None if table is None else pl.scan_delta(table), checked.get_column("step_id")
+            ),
+            logprobs_aligned(checked),
+        ],
+    )
 
 
 def _events_of_range(
@@ -146,6 +174,7 @@ def _turn_ranges(increment: Increment) -> tuple[list[tuple[int | None, int | Non
     deps=[steps, "trajectory_events"],
     automation_condition=on_new_data(),
     pool="claw_trajectories",
+    check_specs=[schema_spec("trajectories")],
 )
 def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
     """One summary row per trajectory: steps, tokens, duration, outcome, prefix-tree saving.
@@ -182,5 +211,6 @@ def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
             ),
             "steps_per_trajectory": histogram(summary.get_column("num_steps")),
             "outcomes": dg.MetadataValue.json(counts(summary, "outcome")),
-        }
+        },
+        check_results=[schema_unchanged(written.table, TRAJECTORIES)],
     )

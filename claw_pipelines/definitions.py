@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import checks, landing, quality, rewards, steps
+from assets import landing, quality, rewards, steps
 from assets.automation import build_automation_sensor
 from assets.batches import build_recipe_definitions
 from claw_pipelines.settings import get_settings
@@ -30,7 +30,6 @@ def build_definitions(
             quality.scored_steps,
             quality.curated_steps,
         ],
-        asset_checks=checks.CHECKS,
         sensors=[landing.build_ingest_sensor(interval), build_automation_sensor(interval)],
         resources={"lake": lake or LakeResource.from_settings(get_settings())},
         # Steps are small and write their own tables: one process per run, not per step.

@@ -12,8 +12,10 @@ from dagster_harness import CHAIN, Driver
 from dagster_rollouts import Rollouts, land_rollouts
 from deltalake.exceptions import CommitFailedError
 
+from assets.checks import unique_step_ids
 from assets.incremental import Increment
 from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform, empty
+from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow
 
 
 @pytest.fixture
@@ -145,6 +147,27 @@ def test_new_landing_versions_trigger_automation(driver: Driver, bound, instance
     assert not evaluation.get_num_requested(dg.AssetKey("export_grpo"))
 
 
+def test_a_failed_blocking_check_stops_the_chain_at_the_asset_that_wrote_the_rows(
+    driver: Driver, bound
+) -> None:
+    landed = land_rollouts(bound.lake, groups=1, group_size=2, steps=1)
+    turn = next(iter(landed.turns.values()))
+    bad = {**turn, "turn_id": new_id(), "trajectory_id": "t-bad", "response_logprobs": [-0.5]}
+    bound.lake.append("turns", rows_to_arrow(Turn, [bad]))
+    done = TrajectoryEventRow(trajectory_id="t-bad", group_id=turn["group_id"], reward=1.0)
+    bound.lake.append("trajectory_events", rows_to_arrow(TrajectoryEventRow, [done.model_dump()]))
+    selection = [dg.AssetKey(k) for k in CHAIN]
+    result = bound.defs.resolve_implicit_job_def_def_for_assets(selection).execute_in_process(
+        instance=driver.instance, asset_selection=selection, raise_on_error=False
+    )
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert not checks["logprobs_aligned"].passed
+    assert checks["logprobs_aligned"].metadata["misaligned_step_ids"].value == [bad["turn_id"]]
+    assert checks["unique_step_ids"].passed and checks["schema_unchanged"].passed
+    assert not result.success
+    assert not result.asset_materializations_for_node("rewarded_steps")
+
+
 def test_steps_recover_from_a_crash_between_state_and_output(driver: Driver, bound) -> None:
     """The state commit lands first; if the run dies before the steps commit, the next run
     must take the state matching the steps' watermark, so nothing is lost or emitted twice."""
@@ -237,3 +260,11 @@ def test_a_turns_backlog_is_extracted_in_chunks_that_survive_a_crash(
     assert steps.get_column("prefix_consistent").all()
     assert not steps.get_column("reopened").any()
     assert set(steps.get_column("step_index")) == {0, 1}
+
+
+def test_unique_step_ids_checks_the_new_ids_against_the_whole_table() -> None:
+    table = pl.LazyFrame({"step_id": ["s-1", "s-2", "s-2", "s-3"]})
+    assert unique_step_ids(table, pl.Series(["s-3"])).passed
+    failed = unique_step_ids(table, pl.Series(["s-2", "s-3"]))
+    assert not failed.passed
+    assert failed.metadata["duplicated_step_ids"].value == ["s-2"]
