@@ -60,30 +60,37 @@ def schema_unchanged(table: DeltaTable | None, declared: pa.Schema) -> dg.AssetC
     )
 
 
+def repeated_ids(table: pl.LazyFrame | None, column: str, ids: pl.Series) -> pl.Series:
+    """Which of ``ids`` occur more than once in ``column`` of ``table``.
+
+    Checking only a run's new ids is enough (older ids were checked when they were new), so
+    the check grows with the run, not the table; ids are time-ordered, so the min/max bounds
+    skip the files and row groups the new ids cannot be in.
+    """
+    if table is None or not ids.len():
+        return pl.Series(column, [], pl.String)
+    ordered, value = ids.sort(), pl.col(column)
+    return (
+        table.select(column)
+        .filter((value >= ordered[0]) & (value <= ordered[-1]) & value.is_in(ordered.implode()))
+        .group_by(column)
+        .len()
+        .filter(pl.col("len") > 1)
+        .sort(column)
+        .collect()
+        .get_column(column)
+    )
+
+
 def unique_step_ids(steps: pl.LazyFrame | None, new_ids: pl.Series) -> dg.AssetCheckResult:
-    """The run's new step ids occur once in the table. Older ids were checked when they were
-    new, so the check grows with the run, not the table; ids are time-ordered, so the min/max
-    bounds skip every file and row group the new ids cannot be in."""
-    duplicates = pl.DataFrame(schema={"step_id": pl.String, "len": pl.UInt32})
-    if steps is not None and new_ids.len():
-        ids = new_ids.sort()
-        step_id = pl.col("step_id")
-        duplicates = (
-            steps.select("step_id")
-            .filter((step_id >= ids[0]) & (step_id <= ids[-1]) & step_id.is_in(ids.implode()))
-            .group_by("step_id")
-            .len()
-            .filter(pl.col("len") > 1)
-            .collect()
-        )
+    """The run's new step ids occur once in the steps table."""
+    duplicated = repeated_ids(steps, "step_id", new_ids)
     return dg.AssetCheckResult(
         check_name="unique_step_ids",
-        passed=duplicates.is_empty(),
+        passed=duplicated.is_empty(),
         metadata={
             "checked": new_ids.len(),
-            "duplicated_step_ids": dg.MetadataValue.json(
-                duplicates.get_column("step_id").head(20).to_list()
-            ),
+            "duplicated_step_ids": dg.MetadataValue.json(duplicated.head(20).to_list()),
         },
     )
 
