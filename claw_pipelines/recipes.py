@@ -406,6 +406,27 @@ def _dpo_batch(
     return fit(rows, DPO_PAIRS), pl.concat(drops), pairs.height >= wanted, consumed
 
 
+def _unconsumed(
+    recipe: Recipe, curated: pl.LazyFrame, consumed_before: pl.LazyFrame
+) -> pl.LazyFrame:
+    """Credited curated steps the recipe has not consumed: trajectory-based algorithms skip any
+    trajectory with a consumed step, dpo skips consumed steps (credit is still assigned over
+    the whole trajectory). Only the id columns of consumed trajectories are read, so planning
+    holds the open trajectories' rows, not the table's."""
+    key = "turn_id" if recipe.algorithm == "dpo" else "trajectory_id"
+    consumed = consumed_before.select(key).unique()
+    open_trajectories = (
+        curated.select("turn_id", "trajectory_id")
+        .join(consumed, on=key, how="anti")
+        .select("trajectory_id")
+        .unique()
+    )
+    credited = assign_credit(
+        curated.join(open_trajectories, on="trajectory_id", how="semi"), recipe.credit_assignment
+    )
+    return credited.join(consumed, on=key, how="anti") if key == "turn_id" else credited
+
+
 def plan_batch(
     recipe: Recipe,
     curated_steps: pl.LazyFrame | pl.DataFrame,
@@ -428,28 +449,21 @@ def plan_batch(
     defaults to ``<recipe>-<n+1>`` with n the batches in the ledger. Planning reads only the
     narrow curated columns; the token lists of the selected rows are then read from ``steps``.
     """
-    latest = (
-        pl.col("policy_version").max()
-        if latest_policy_version is None
-        else pl.lit(latest_policy_version, pl.Int64)
-    )
-    candidates = assign_credit(curated_steps.lazy(), recipe.credit_assignment).with_columns(
-        latest.alias("_latest_policy")
-    )
-    consumed_before = (
-        None if ledger is None else ledger.lazy().select("batch_id", "turn_id", "trajectory_id")
-    )
-    if consumed_before is not None:
-        key = "turn_id" if recipe.algorithm == "dpo" else "trajectory_id"
-        candidates = candidates.join(consumed_before.select(key).unique(), on=key, how="anti")
-        batches_so_far = consumed_before.select(pl.col("batch_id").n_unique()).collect().item()
+    curated = curated_steps.lazy()
+    if latest_policy_version is None:
+        latest_policy_version = curated.select(pl.col("policy_version").max()).collect().item()
+    latest = pl.lit(latest_policy_version, pl.Int64)
+    if ledger is None:
+        batches_so_far, candidates = 0, assign_credit(curated, recipe.credit_assignment)
     else:
-        batches_so_far = 0
+        consumed_before = ledger.lazy().select("batch_id", "turn_id", "trajectory_id")
+        batches_so_far = consumed_before.select(pl.col("batch_id").n_unique()).collect().item()
+        candidates = _unconsumed(recipe, curated, consumed_before)
     batch_id = batch_id or f"{recipe.name}-{batches_so_far + 1:06d}"
     frame = (
-        candidates.with_columns(_step_reasons(recipe, pl.col("_latest_policy")).alias("_reason"))
+        candidates.with_columns(_step_reasons(recipe, latest).alias("_reason"))
         .sort("started_at", "trajectory_id", "step_index", "turn_id")
-        .collect()
+        .collect(engine="streaming")
     )
     versions = json.dumps(source_versions or {}, sort_keys=True)
     if recipe.algorithm == "dpo":
