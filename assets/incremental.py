@@ -275,8 +275,9 @@ class Increment:
             writer_properties=WRITER,
         )
 
-    def state_as_of(self, state_table: str) -> pl.DataFrame | None:
-        """The state written by the run that produced the output's current watermark."""
+    def state_as_of(self, state_table: str) -> pl.LazyFrame | None:
+        """The state written by the run that produced the output's current watermark (a scan,
+        so a reader can take the rows and columns it needs)."""
         if all(v is None for v in self.after.values()):
             return None
         latest = self.lake.open(state_table)
@@ -287,7 +288,7 @@ class Increment:
         for candidate in range(version, max(version - STATE_LOOKBACK, -1), -1):
             table = latest if candidate == version else self.lake.open(state_table, candidate)
             if _watermark(table, self.asset, sources) == self.after:
-                return self.lake.scan(state_table, candidate).collect()
+                return self.lake.scan(state_table, candidate)
         raise RuntimeError(f"no version of {state_table} matches watermark {self.after}")
 
     def ranges(self) -> dict[str, list[int | None]]:

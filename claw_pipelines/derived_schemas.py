@@ -7,6 +7,8 @@ plain Arrow strings (not polars' string views) so every Delta reader can open th
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import polars as pl
 import pyarrow as pa
 
@@ -263,12 +265,15 @@ def empty(schema: pa.Schema) -> pl.DataFrame:
     return pl.from_arrow(schema.empty_table())  # type: ignore[return-value]
 
 
-def fit(frame: pl.DataFrame, schema: pa.Schema) -> pl.DataFrame:
+Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)
+
+
+def fit(frame: Frame, schema: pa.Schema) -> Frame:
     """``frame`` with exactly ``schema``'s columns, in order and type; absent columns are null."""
-    target = polars_schema(schema)
+    present = set(frame.collect_schema().names())
     return frame.select(
-        pl.col(name).cast(dtype) if name in frame.columns else pl.lit(None, dtype).alias(name)
-        for name, dtype in target.items()
+        pl.col(name).cast(dtype) if name in present else pl.lit(None, dtype).alias(name)
+        for name, dtype in polars_schema(schema).items()
     )
 
 

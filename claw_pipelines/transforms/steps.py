@@ -67,6 +67,10 @@ _TAIL_KEPT = ["trajectory_id", "turn_id", "group_id", "step_index", "token_sourc
 """What a closed tail keeps: enough to number late turns and find its last step, no more (no
 token lists: ``_hydrate`` reads them back from the emitted steps when a late turn needs them)."""
 
+_TAIL_STATE = ["state", *_TAIL_KEPT, "closed_at", "emitted_turn_ids", *TOKEN_COLUMNS]
+"""The tail columns a run works with: the state holds a tail per trajectory closed within the
+reopen window, so they flow through the run narrow and are widened to the state schema once."""
+
 
 def _collect(frame: pl.LazyFrame | pl.DataFrame | None) -> pl.DataFrame | None:
     return frame.collect() if isinstance(frame, pl.LazyFrame) else frame
@@ -230,12 +234,15 @@ def extract_steps(
     ``reopen_window_s`` bounds the state: it should cover the capture path's worst landing lag
     (spool replay after a proxy restart), not the life of a trajectory.
     """
-    state = _collect(open_state)
-    state = empty(OPEN_STATE) if state is None else fit(state, OPEN_STATE)
-    open_rows = state.filter(pl.col("state") == "open")
-    tails = state.filter(
-        (pl.col("state") == "closed")
-        & (pl.col("closed_at") >= pl.lit(now) - timedelta(seconds=reopen_window_s))
+    state = fit((empty(OPEN_STATE) if open_state is None else open_state).lazy(), OPEN_STATE)
+    open_rows = state.filter(pl.col("state") == "open").collect()
+    tails = (
+        state.filter(
+            (pl.col("state") == "closed")
+            & (pl.col("closed_at") >= pl.lit(now) - timedelta(seconds=reopen_window_s))
+        )
+        .select(_TAIL_STATE)
+        .collect()
     )
     seen = pl.concat(
         [

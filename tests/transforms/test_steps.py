@@ -67,6 +67,17 @@ def test_reopened_trajectory_appends_without_duplicating():
     assert again.steps.height == 0
 
 
+def test_a_closed_tail_survives_runs_that_do_not_touch_it():
+    rows = chain("A", 3)
+    first = _run(turns(*rows[:2]), evts=events(event("A")))
+    other = _run(turns(*chain("B", 1)), first.open_state, events(event("B")), now=40)
+    conform(other.open_state, OPEN_STATE)
+    emitted = pl.concat([first.steps, other.steps])
+    late = _run(turns(rows[2]), other.open_state, now=60, emitted=emitted)
+    assert late.steps["step_index"].to_list() == [2]
+    assert late.steps["reopened"].all() and late.steps["prefix_consistent"].all()
+
+
 def test_event_before_turns_emits_turns_on_arrival():
     first = _run(None, evts=events(event("A")))
     assert first.open_state.filter(pl.col("state") == "closed")["step_index"].to_list() == [-1]
