@@ -263,12 +263,19 @@ class Increment:
             written.summaries.append(rows.select(summary))
         return written
 
-    def replace_state(self, state_table: str, data: pa.Table) -> None:
-        """Overwrite the carried-over state, tagged with this run's watermark."""
-        target = self.lake.ensure(state_table, data.schema)
+    def replace_state(
+        self, state_table: str, state: pl.LazyFrame | pl.DataFrame, schema: pa.Schema
+    ) -> None:
+        """Overwrite the carried-over state, tagged with this run's watermark. The rows are
+        streamed into the write, so rows carried over from the previous state (a scan of it)
+        are never all in memory."""
+        target = self.lake.ensure(state_table, schema)
+        frames = state.lazy().collect_batches()
         write_deltalake(
             target,
-            data,
+            pa.RecordBatchReader.from_batches(
+                schema, (b for frame in frames for b in conform(frame, schema).to_batches())
+            ),
             mode="overwrite",
             schema_mode="overwrite",
             commit_properties=self._properties(),

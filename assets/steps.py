@@ -77,11 +77,13 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
             reopen_window_s=config.reopen_window_s,
             emitted=increment.lake.scan("steps"),
         )
-        state, new_steps = extraction.open_state, extraction.steps
+        new_steps = extraction.steps
+        state = extraction.open_state if final else extraction.open_state.collect().lazy()
+        open_turns = state.filter(pl.col("state") == "open").select(pl.len()).collect().item()
         if not (new_steps.height or increment.has_new_data):
             continue
         if final:
-            increment.replace_state("steps_open", conform(state, OPEN_STATE))
+            increment.replace_state("steps_open", state, OPEN_STATE)
         replace = (
             ("step_id", new_steps.get_column("step_id").to_list()) if len(ranges) > 1 else None
         )
@@ -95,7 +97,6 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
             )
         )
     new_steps = pl.concat(written) if written else None
-    open_turns = state.filter(pl.col("state") == "open").height
     rows = 0 if new_steps is None else new_steps.height
     context.log.info("%d new steps, %d turns still open", rows, open_turns)
     metadata = {

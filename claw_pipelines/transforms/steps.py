@@ -53,8 +53,9 @@ class StepExtraction:
 
     steps: pl.DataFrame
     """Rows in ``derived_schemas.STEPS``."""
-    open_state: pl.DataFrame
-    """Rows in ``derived_schemas.OPEN_STATE``."""
+    open_state: pl.LazyFrame
+    """Rows in ``derived_schemas.OPEN_STATE``: what this run changed, plus a scan of the closed
+    tails it did not touch (so a day of tails is streamed to the next state, not collected)."""
 
 
 _PENDING = [*STEP_SOURCE_COLUMNS, "source_version", "trajectory_inferred"]
@@ -74,6 +75,22 @@ reopen window, so they flow through the run narrow and are widened to the state 
 
 def _collect(frame: pl.LazyFrame | pl.DataFrame | None) -> pl.DataFrame | None:
     return frame.collect() if isinstance(frame, pl.LazyFrame) else frame
+
+
+def _touching(
+    new_turns: pl.DataFrame | None, new_events: pl.DataFrame | None, open_rows: pl.DataFrame
+) -> pl.Expr:
+    """The closed tails a run may read or change: those of the trajectories with new turns, new
+    events or open turns, and every inferred one when a new turn has no identity (it may
+    continue any of them). The others pass through to the next state without being collected."""
+    frames = [f for f in (new_turns, new_events, open_rows) if f is not None and f.height]
+    touched = pl.concat([f.get_column("trajectory_id") for f in frames]) if frames else None
+    wanted = pl.lit(False)
+    if touched is not None:
+        wanted = pl.col("trajectory_id").is_in(touched.drop_nulls().unique().implode())
+    if new_turns is not None and new_turns.get_column("trajectory_id").null_count():
+        wanted = wanted | pl.col("trajectory_inferred")
+    return wanted.fill_null(False)
 
 
 def _new_turns(turns: pl.DataFrame | None, source_version: int | None) -> pl.DataFrame:
@@ -235,15 +252,14 @@ def extract_steps(
     (spool replay after a proxy restart), not the life of a trajectory.
     """
     state = fit((empty(OPEN_STATE) if open_state is None else open_state).lazy(), OPEN_STATE)
+    new_turns, new_events = _collect(new_turns), _collect(new_events)
     open_rows = state.filter(pl.col("state") == "open").collect()
-    tails = (
-        state.filter(
-            (pl.col("state") == "closed")
-            & (pl.col("closed_at") >= pl.lit(now) - timedelta(seconds=reopen_window_s))
-        )
-        .select(_TAIL_STATE)
-        .collect()
+    in_window = (pl.col("state") == "closed") & (
+        pl.col("closed_at") >= pl.lit(now) - timedelta(seconds=reopen_window_s)
     )
+    touching = _touching(new_turns, new_events, open_rows)
+    tails = state.filter(in_window & touching).select(_TAIL_STATE).collect()
+    untouched = state.filter(in_window & ~touching)
     seen = pl.concat(
         [
             open_rows.select("turn_id"),
@@ -252,11 +268,11 @@ def extract_steps(
             ),
         ]
     )
-    turns = _new_turns(_collect(new_turns), source_version).join(seen, on="turn_id", how="anti")
+    turns = _new_turns(new_turns, source_version).join(seen, on="turn_id", how="anti")
     tails = _hydrate(tails, turns, emitted)
     turns = _resolve_identity(turns, open_rows, tails, min_prefix_tokens)
     pending = pl.concat([open_rows.select(_PENDING), turns])
-    events = _first_events(_collect(new_events))
+    events = _first_events(new_events)
 
     idle_since = pl.lit(now) - timedelta(seconds=idle_timeout_s)
     closing = (
@@ -310,7 +326,7 @@ def extract_steps(
     closed = pl.concat([new_tails, event_only], how="diagonal_relaxed").with_columns(
         pl.lit("closed").alias("state"), pl.lit(now).alias("closed_at")
     )
-    next_state = pl.concat(
+    changed = pl.concat(
         [
             fit(
                 pending.join(
@@ -327,4 +343,4 @@ def extract_steps(
             fit(closed, OPEN_STATE),
         ]
     )
-    return StepExtraction(steps=steps, open_state=next_state)
+    return StepExtraction(steps=steps, open_state=pl.concat([changed.lazy(), untouched]))

@@ -175,7 +175,7 @@ def test_steps_recover_from_a_crash_between_state_and_output(driver: Driver, bou
     driver.refresh()  # turns of open trajectories: all in the state, no steps yet
     land_rollouts(bound.lake, groups=1, group_size=2, steps=2, seed=3)
     crashed = Increment.begin(bound.lake, "steps", "steps", ["turns", "trajectory_events"])
-    crashed.replace_state("steps_open", conform(empty(OPEN_STATE), OPEN_STATE))
+    crashed.replace_state("steps_open", empty(OPEN_STATE), OPEN_STATE)
     metadata = driver.refresh()
     steps = bound.lake.scan("steps").collect()
     assert steps.height == steps.get_column("step_id").n_unique()

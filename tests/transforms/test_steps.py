@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import polars as pl
 import pytest
 from transform_rows import SYSTEM, at, chain, event, events, turn, turns
@@ -10,8 +12,17 @@ from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform
 from claw_pipelines.transforms import extract_steps
 
 
-def _run(new, state=None, evts=None, now=30.0, **kwargs):
-    return extract_steps(new, state, evts, now=at(now), idle_timeout_s=600, **kwargs)
+def _run(new, state=None, evts=None, now=30.0, **kwargs) -> Extracted:
+    result = extract_steps(new, state, evts, now=at(now), idle_timeout_s=600, **kwargs)
+    return Extracted(result.steps, result.open_state.collect())
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """An extraction with its next state collected, to look at."""
+
+    steps: pl.DataFrame
+    open_state: pl.DataFrame
 
 
 def test_out_of_order_and_duplicate_turns_become_ordered_unique_steps():
