@@ -215,14 +215,19 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame) -> pl.DataFrame:
         )
     )
     rows, previous = frame.get_column("_row"), frame.get_column("_prev")
+    first = pl.col("_prev").is_null()
     frame = frame.with_columns(
         *(tokens.get_column(name).gather(rows) for name in TOKEN_COLUMNS),
-        pl.coalesce(
-            tokens.get_column("prompt_token_ids").gather(previous), "_tail_prompt_token_ids"
-        ).alias(PREV_PROMPT),
-        pl.coalesce(
-            tokens.get_column("response_token_ids").gather(previous), "_tail_response_token_ids"
-        ).alias(PREV_RESPONSE),
+        *(
+            pl.when(first)
+            .then(pl.col(f"_tail_{name}"))
+            .otherwise(pl.lit(tokens.get_column(name).gather(previous)))
+            .alias(alias)
+            for name, alias in (
+                ("prompt_token_ids", PREV_PROMPT),
+                ("response_token_ids", PREV_RESPONSE),
+            )
+        ),
     )
     return fit(check_prefixes(frame).with_columns(token_lengths()), STEPS)
 

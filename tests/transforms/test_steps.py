@@ -89,6 +89,16 @@ def test_a_closed_tail_survives_runs_that_do_not_touch_it():
     assert late.steps["reopened"].all() and late.steps["prefix_consistent"].all()
 
 
+def test_a_late_turn_is_checked_against_the_late_turn_before_it_not_the_tail():
+    rows = chain("A", 4)
+    first = _run(turns(*rows[:2]), evts=events(event("A")))
+    blind = {**rows[2], "prompt_token_ids": None}
+    late = _run(turns(blind, rows[3]), first.open_state, now=60, emitted=first.steps)
+    assert late.steps["step_index"].to_list() == [2, 3]
+    assert late.steps["prefix_break_reason"].to_list() == ["missing_tokens", None]
+    assert late.steps["prefix_consistent"].to_list() == [False, True]
+
+
 def test_event_before_turns_emits_turns_on_arrival():
     first = _run(None, evts=events(event("A")))
     assert first.open_state.filter(pl.col("state") == "closed")["step_index"].to_list() == [-1]
