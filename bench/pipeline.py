@@ -17,7 +17,8 @@ Prints one JSON object: ``throughput_ratio`` = scan time / build time (goal >= 0
 ``refresh_ratio`` = refresh time / build time (goal <= 0.05), ``peak_rss_mib`` of the build
 (goal <= 2 GiB at 100k turns) and of the refresh (which must not grow with the table).
 ``refresh_work_ratio`` = (refresh - floor) / (build - floor) is the share of the build's
-data-dependent work that a +1 % refresh redoes (1 % when work grows with new data only).
+data-dependent work that a +1 % refresh redoes (1 % when work grows with new data only);
+``floor_peak_rss_mib`` is the memory of a refresh whose new data does not grow with the table.
 
     .venv/bin/python bench/pipeline.py [--turns 100000]
 """
@@ -243,6 +244,7 @@ def main() -> None:
                 ),
                 "peak_rss_mib": build["peak_rss_mib"],
                 "refresh_peak_rss_mib": refresh["peak_rss_mib"],
+                "floor_peak_rss_mib": floor["peak_rss_mib"],
                 "scan_peak_rss_mib": scan["peak_rss_mib"],
                 "ok": build["ok"] and refresh["ok"] and floor["ok"],
             }
