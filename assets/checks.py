@@ -10,6 +10,8 @@ import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable, Schema
 
+from claw_pipelines.lake import keyed
+
 
 def schema_spec(asset: str) -> dg.AssetCheckSpec:
     return dg.AssetCheckSpec(
@@ -64,15 +66,13 @@ def repeated_ids(table: pl.LazyFrame | None, column: str, ids: pl.Series) -> pl.
     """Which of ``ids`` occur more than once in ``column`` of ``table``.
 
     Checking only a run's new ids is enough (older ids were checked when they were new), so
-    the check grows with the run, not the table; ids are time-ordered, so the min/max bounds
-    skip the files and row groups the new ids cannot be in.
+    the check grows with the run, not the table (``lake.keyed`` skips the rest by statistics).
     """
-    if table is None or not ids.len():
+    if table is None:
         return pl.Series(column, [], pl.String)
-    ordered, value = ids.sort(), pl.col(column)
     return (
         table.select(column)
-        .filter((value >= ordered[0]) & (value <= ordered[-1]) & value.is_in(ordered.implode()))
+        .filter(keyed(column, ids))
         .group_by(column)
         .len()
         .filter(pl.col("len") > 1)

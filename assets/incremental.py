@@ -33,7 +33,7 @@ from deltalake import (
 )
 
 from claw_pipelines.derived_schemas import conform, empty
-from claw_pipelines.lake import Lake, changes
+from claw_pipelines.lake import Lake, changes, keyed
 
 CHUNK_TRAJECTORIES = 8192
 """Trajectories recomputed per commit by ``Increment.recompute``."""
@@ -153,21 +153,13 @@ class Increment:
         self, source: str, column: str, keys: list[str], columns: list[str] | None = None
     ) -> pl.DataFrame | None:
         """Every row of ``source`` (as of the pinned version) whose ``column`` is in ``keys``
-        (only ``columns`` when given: a projection skips the other column chunks unread).
-
-        The redundant min/max bounds let the scan skip files and row groups by their statistics
-        (ids are time-ordered, so a chunk of sorted keys maps to few files).
-        """
+        (only ``columns`` when given: a projection skips the other column chunks unread)."""
         frame = self.scan(source)
-        if frame is not None and columns is not None:
+        if frame is None:
+            return None
+        if columns is not None:
             frame = frame.select(columns)
-        if frame is None or not keys:
-            return None if frame is None else frame.head(0).collect()
-        ordered = sorted(keys)
-        value = pl.col(column)
-        return frame.filter(
-            (value >= ordered[0]) & (value <= ordered[-1]) & value.is_in(ordered)
-        ).collect()
+        return frame.filter(keyed(column, pl.Series(keys, dtype=pl.String))).collect()
 
     def _transactions(self) -> list[Transaction]:
         return [

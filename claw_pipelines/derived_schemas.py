@@ -12,6 +12,7 @@ from typing import TypeVar
 import polars as pl
 import pyarrow as pa
 
+from claw_pipelines.lake import keyed
 from claw_pipelines.schemas import Turn
 
 _TOKENS = pa.list_(pa.int32())
@@ -233,22 +234,17 @@ def with_tokens(
     steps: pl.LazyFrame | pl.DataFrame | None,
     columns: list[str] = TOKEN_COLUMNS,
 ) -> pl.DataFrame:
-    """``narrow`` steps with their token ``columns`` read from ``steps`` (by turn_id).
-
-    The redundant min/max bounds let a scan of the steps table skip files and row groups by
-    their statistics (turn ids are time-ordered), so only the selected rows' tokens are decoded.
-    """
+    """``narrow`` steps with their token ``columns`` read from ``steps`` (by turn_id); a scan of
+    the steps table decodes only the selected rows' row groups (``lake.keyed``)."""
     if steps is None or narrow.is_empty():
         return narrow.with_columns(
             pl.lit(None, dtype).alias(name)
             for name, dtype in polars_schema(STEPS).items()
             if name in columns
         )
-    ids = narrow.get_column("turn_id").drop_nulls().unique().sort()
-    turn = pl.col("turn_id")
     tokens = (
         steps.lazy()
-        .filter((turn >= ids[0]) & (turn <= ids[-1]) & turn.is_in(ids.implode()))
+        .filter(keyed("turn_id", narrow.get_column("turn_id").unique()))
         .select("turn_id", *columns)
         .collect()
     )

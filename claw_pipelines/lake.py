@@ -134,6 +134,17 @@ class Lake:
         return None if delta_table is None else pl.scan_delta(delta_table)
 
 
+def keyed(column: str, keys: pl.Series) -> pl.Expr:
+    """Rows whose ``column`` is one of ``keys``, with redundant min/max bounds: ids are
+    time-ordered, so a Delta scan filtered this way skips the files and row groups the keys
+    cannot be in by their statistics instead of decoding them."""
+    ordered = keys.drop_nulls().sort()
+    if ordered.is_empty():
+        return pl.lit(False)
+    value = pl.col(column)
+    return (value >= ordered[0]) & (value <= ordered[-1]) & value.is_in(ordered.implode())
+
+
 def changes(
     delta_table: DeltaTable,
     after_version: int | None,

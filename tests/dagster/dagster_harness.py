@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 
@@ -30,6 +32,22 @@ class Bound:
 
     def asset(self, key: str) -> dg.AssetsDefinition:
         return self.defs.resolve_assets_def(key)
+
+
+@dataclass
+class KilledOnCall:
+    """Stands in for ``function`` and raises on its ``n``-th call, as a worker killed mid-run
+    would; ``calls`` counts every call."""
+
+    function: Callable[..., Any]
+    n: int
+    calls: int = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.n:
+            raise RuntimeError("worker killed")
+        return self.function(*args, **kwargs)
 
 
 class Driver:
@@ -60,13 +78,21 @@ class Driver:
             self.cursors[name] = context.cursor
         return result
 
-    def materialize(self, keys: list[str], partition_key: str | None = None):
-        """Run ``keys`` (and their checks) in one in-process run, as a launched run would."""
+    def attempt(self, keys: list[str], partition_key: str | None = None):
+        """Run ``keys`` (and their checks) in one in-process run, as a launched run would, and
+        return its result whether or not it succeeded."""
         selection = [dg.AssetKey(k) for k in keys]
         job = self.bound.defs.resolve_implicit_job_def_def_for_assets(selection)
-        result = job.execute_in_process(
-            instance=self.instance, asset_selection=selection, partition_key=partition_key
+        return job.execute_in_process(
+            instance=self.instance,
+            asset_selection=selection,
+            partition_key=partition_key,
+            raise_on_error=False,
         )
+
+    def materialize(self, keys: list[str], partition_key: str | None = None):
+        """``attempt`` that must succeed with every check passing."""
+        result = self.attempt(keys, partition_key)
         assert result.success
         failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
         assert not failed, failed

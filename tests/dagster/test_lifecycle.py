@@ -7,14 +7,16 @@ from pathlib import Path
 
 import dagster as dg
 import polars as pl
+import pyarrow as pa
 import pytest
-from dagster_harness import CHAIN, Driver
+from dagster_harness import CHAIN, Driver, KilledOnCall
 from dagster_rollouts import Rollouts, land_rollouts
 from deltalake.exceptions import CommitFailedError
 
 from assets.checks import unique_step_ids
 from assets.incremental import Increment
 from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform, empty
+from claw_pipelines.lake import Lake, keyed
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow
 
 
@@ -156,10 +158,7 @@ def test_a_failed_blocking_check_stops_the_chain_at_the_asset_that_wrote_the_row
     bound.lake.append("turns", rows_to_arrow(Turn, [bad]))
     done = TrajectoryEventRow(trajectory_id="t-bad", group_id=turn["group_id"], reward=1.0)
     bound.lake.append("trajectory_events", rows_to_arrow(TrajectoryEventRow, [done.model_dump()]))
-    selection = [dg.AssetKey(k) for k in CHAIN]
-    result = bound.defs.resolve_implicit_job_def_def_for_assets(selection).execute_in_process(
-        instance=driver.instance, asset_selection=selection, raise_on_error=False
-    )
+    result = driver.attempt(CHAIN)
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert not checks["logprobs_aligned"].passed
     assert checks["logprobs_aligned"].metadata["misaligned_step_ids"].value == [bad["turn_id"]]
@@ -183,9 +182,7 @@ def test_steps_recover_from_a_crash_between_state_and_output(driver: Driver, bou
     assert steps.height == 4
 
 
-def test_chunked_recompute_survives_a_crash_part_way(
-    driver: Driver, bound, instance, monkeypatch
-) -> None:
+def test_chunked_recompute_survives_a_crash_part_way(driver: Driver, bound, monkeypatch) -> None:
     """Big backlogs are recomputed a few trajectories per commit; a run dying after some chunks
     committed (watermark not moved yet) is redone by the next run without duplicates."""
     import assets.incremental
@@ -193,21 +190,11 @@ def test_chunked_recompute_survives_a_crash_part_way(
 
     monkeypatch.setattr(assets.incremental, "CHUNK_TRAJECTORIES", 3)
     land_rollouts(bound.lake, groups=4, group_size=4, steps=1)
-    score = assets.quality.score_steps
-    calls = []
-
-    def dies_on_third_chunk(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("worker killed")
-        return score(*args, **kwargs)
-
-    monkeypatch.setattr(assets.quality, "score_steps", dies_on_third_chunk)
+    monkeypatch.setattr(
+        assets.quality, "score_steps", KilledOnCall(assets.quality.score_steps, n=3)
+    )
     driver.tick("landing_ingest_sensor")
-    keys = [dg.AssetKey(k) for k in CHAIN]
-    job = bound.defs.resolve_implicit_job_def_def_for_assets(keys)
-    failed = job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=False)
-    assert not failed.success
+    assert not driver.attempt(CHAIN).success
     partial = bound.lake.scan("scored_steps").collect()
     assert partial.height == 6  # two chunks of 3 one-step trajectories committed
     assert (
@@ -225,7 +212,7 @@ def test_chunked_recompute_survives_a_crash_part_way(
 
 
 def test_a_turns_backlog_is_extracted_in_chunks_that_survive_a_crash(
-    driver: Driver, bound, instance, monkeypatch
+    driver: Driver, bound, monkeypatch
 ) -> None:
     """A backlog of turn versions is extracted a chunk per commit; a run dying after a chunk
     committed is redone by the next run without duplicates, with the steps of one pass."""
@@ -234,26 +221,15 @@ def test_a_turns_backlog_is_extracted_in_chunks_that_survive_a_crash(
     monkeypatch.setattr(assets.steps, "CHUNK_TURNS", 4)
     for seed in range(3):  # three turns versions of 4 turns (2 two-step trajectories) each
         land_rollouts(bound.lake, groups=1, group_size=2, steps=2, seed=seed)
-    extract = assets.steps.extract_steps
-    calls = []
-
-    def dies_on_second_chunk(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("worker killed")
-        return extract(*args, **kwargs)
-
-    monkeypatch.setattr(assets.steps, "extract_steps", dies_on_second_chunk)
+    extract = KilledOnCall(assets.steps.extract_steps, n=2)
+    monkeypatch.setattr(assets.steps, "extract_steps", extract)
     driver.tick("landing_ingest_sensor")
-    keys = [dg.AssetKey("steps")]
-    job = bound.defs.resolve_implicit_job_def_def_for_assets(keys)
-    failed = job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=False)
-    assert not failed.success
+    assert not driver.attempt(["steps"]).success
     assert bound.lake.scan("steps").collect().height == 4  # the first chunk committed
     assert bound.lake.open("steps").transaction_version("claw/steps/turns") is None
 
     metadata = driver.refresh()
-    assert len(calls) == 5  # the crashed run's two calls, then three chunks
+    assert extract.calls == 5  # the crashed run's two calls, then three chunks
     steps = bound.lake.scan("steps").collect()
     assert steps.height == steps.get_column("step_id").n_unique() == 12
     assert metadata["steps"]["rows_written"] == 12
@@ -268,3 +244,13 @@ def test_unique_step_ids_checks_the_new_ids_against_the_whole_table() -> None:
     failed = unique_step_ids(table, pl.Series(["s-2", "s-3"]))
     assert not failed.passed
     assert failed.metadata["duplicated_step_ids"].value == ["s-2"]
+
+
+def test_keyed_reads_exactly_the_keys_across_files(tmp_path: Path) -> None:
+    lake = Lake(str(tmp_path / "lake"))
+    for ids in (["t-1", "t-2", "t-3"], ["t-4", "t-5"]):
+        lake.append("ids", pa.table({"id": ids}))
+    ids = lake.scan("ids")
+    picked = ids.filter(keyed("id", pl.Series(["t-5", None, "t-2", "t-9"]))).collect()
+    assert sorted(picked.get_column("id")) == ["t-2", "t-5"]
+    assert ids.filter(keyed("id", pl.Series([None], dtype=pl.String))).collect().is_empty()
