@@ -9,10 +9,14 @@ Rows and watermark land in the same atomic commit, so:
 * two runs of the same asset racing from the same snapshot collide on the app id and delta-rs
   rejects the second commit (``Concurrent transaction failed``) instead of duplicating rows.
 
+Every such commit also carries ``claw/<asset>/run``, the number of runs that committed: a run
+that read nothing new (a sweep closing idle trajectories) commits the same input versions as
+the run before it, so only the run number tells the two apart.
+
 Carried-over state (e.g. the steps of trajectories still open) lives in a side table that is
 overwritten *before* the output commit with the same transactions; after a crash between the
 two commits the state table is one run ahead, and ``state_as_of`` time-travels back to the
-state that matches the output's watermark.
+state written by the run that made the output's last commit.
 """
 
 from __future__ import annotations
@@ -76,6 +80,11 @@ def app_id(asset: str, source: str) -> str:
     return f"claw/{asset}/{source}"
 
 
+def _runs(table: DeltaTable | None, asset: str) -> int:
+    """How many runs of ``asset`` committed to ``table`` (0 before any, or before run numbers)."""
+    return 0 if table is None else table.transaction_version(app_id(asset, "run")) or 0
+
+
 def _watermark(table: DeltaTable | None, asset: str, sources: list[str]) -> dict[str, int | None]:
     if table is None:
         return dict.fromkeys(sources)
@@ -96,6 +105,11 @@ class Increment:
     """Each input opened once, at the version pinned in ``upto``: every read of the run uses it."""
     rows_read: dict[str, int] = field(default_factory=dict)
     _chunks_written: int = 0
+
+    @property
+    def run(self) -> int:
+        """This run's number: one more than the runs that committed to the output so far."""
+        return _runs(self.snapshot, self.asset) + 1
 
     @classmethod
     def begin(cls, lake: Lake, asset: str, output: str, sources: list[str]) -> Increment:
@@ -162,11 +176,12 @@ class Increment:
         return frame.filter(keyed(column, pl.Series(keys, dtype=pl.String))).collect()
 
     def _transactions(self) -> list[Transaction]:
-        return [
+        inputs = [
             Transaction(app_id=app_id(self.asset, s), version=v)
             for s, v in self.upto.items()
             if v is not None
         ]
+        return [*inputs, Transaction(app_id=app_id(self.asset, "run"), version=self.run)]
 
     def _properties(self, watermark: bool = True) -> CommitProperties:
         return CommitProperties(
@@ -275,20 +290,20 @@ class Increment:
         )
 
     def state_as_of(self, state_table: str) -> pl.LazyFrame | None:
-        """The state written by the run that produced the output's current watermark (a scan,
-        so a reader can take the rows and columns it needs)."""
+        """The state written by the run that made the output's last commit (a scan, so a reader
+        can take the rows and columns it needs)."""
         if all(v is None for v in self.after.values()):
             return None
         latest = self.lake.open(state_table)
         if latest is None:
             raise RuntimeError(f"{state_table} is missing but {self.output} has a watermark")
-        sources = list(self.after)
+        committed = self.run - 1
         version = latest.version()
         for candidate in range(version, max(version - STATE_LOOKBACK, -1), -1):
             table = latest if candidate == version else self.lake.open(state_table, candidate)
-            if _watermark(table, self.asset, sources) == self.after:
+            if _runs(table, self.asset) == committed:
                 return self.lake.scan(state_table, candidate)
-        raise RuntimeError(f"no version of {state_table} matches watermark {self.after}")
+        raise RuntimeError(f"no version of {state_table} was written by run {committed}")
 
     def ranges(self) -> dict[str, list[int | None]]:
         """Per input ``[after, upto]``: the Delta version range this run read."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -17,7 +18,7 @@ from assets.checks import unique_step_ids
 from assets.incremental import Increment
 from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform, empty
 from claw_pipelines.lake import Lake, keyed
-from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow
+from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
 
 
 @pytest.fixture
@@ -180,6 +181,29 @@ def test_steps_recover_from_a_crash_between_state_and_output(driver: Driver, bou
     assert steps.height == steps.get_column("step_id").n_unique()
     assert metadata["steps"]["open_turns"] == 4  # the first group never completed
     assert steps.height == 4
+
+
+def test_an_idle_sweep_dying_before_its_commit_loses_no_step(
+    driver: Driver, bound, monkeypatch
+) -> None:
+    """A sweep with no new data that closes idle trajectories writes its state, then their
+    steps; if it dies in between, its state must not be taken as the current one (it names
+    the same input versions), or those trajectories would count as emitted and never be."""
+    import assets.steps
+
+    land_rollouts(bound.lake, groups=1, group_size=2, steps=2, complete=False)
+    assert driver.refresh()["steps"]["open_turns"] == 4
+    an_hour_later = utc_now() + timedelta(hours=1)
+    monkeypatch.setattr(assets.steps, "utc_now", lambda: an_hour_later)
+    commit = KilledOnCall(Increment.commit, n=1)
+    monkeypatch.setattr(Increment, "commit", lambda self, *a, **k: commit(self, *a, **k))
+    assert not driver.attempt(["steps"]).success
+    assert bound.lake.scan("steps").collect().is_empty()
+
+    driver.materialize(["steps"])
+    steps = bound.lake.scan("steps").collect()
+    assert steps.height == steps.get_column("step_id").n_unique() == 4
+    assert set(steps.get_column("close_reason")) == {"timeout"}
 
 
 def test_chunked_recompute_survives_a_crash_part_way(driver: Driver, bound, monkeypatch) -> None:
