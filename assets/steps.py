@@ -1,5 +1,7 @@
 """Steps (state = prompt token IDs, action = response token IDs) and per-trajectory summaries."""
 
+from datetime import timedelta
+
 import dagster as dg
 import numpy as np
 import polars as pl
@@ -13,6 +15,7 @@ from assets.checks import (
     schema_unchanged,
     unique_step_ids,
 )
+from assets.closed_tails import ClosedTails
 from assets.incremental import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
@@ -23,6 +26,7 @@ from claw_pipelines.derived_schemas import (
     STEPS,
     TRAJECTORIES,
     conform,
+    empty,
 )
 from claw_pipelines.schemas import utc_now
 from claw_pipelines.transforms.steps import extract_steps
@@ -54,36 +58,41 @@ class StepsConfig(dg.Config):
 def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeResource):
     """Turns of closed trajectories as ordered steps, with prefix-consistency per step.
 
-    Reads only turns and trajectory events landed since its watermark plus its own small
-    ``steps_open`` state (turns of trajectories still open), so work grows with new data. A
+    Reads only turns and trajectory events landed since its watermark plus its own small state
+    (``steps_open``: turns of trajectories still open; ``steps_tails``: the closed tails it
+    touches, appended to, never rewritten), so work grows with new data. A
     backlog is extracted in consecutive turns version ranges of about ``CHUNK_TURNS`` rows, as if
     the asset had run after each (state carried over; a trajectory's events go with the range
     holding its last new turn), one commit each; only the last moves the watermark, and each
     replaces its step ids, so re-running after a crash part-way cannot duplicate steps.
     """
     increment = Increment.begin(lake.lake(), "steps", "steps", ["turns", "trajectory_events"])
-    state = increment.state_as_of("steps_open")
+    tails = ClosedTails.for_run(increment.lake, increment.run)
+    open_turns = _open_turns(increment.state_as_of("steps_open"), tails)
     events = increment.new_rows("trajectory_events")
     ranges, last_range = _turn_ranges(increment)
-    now, table, written = utc_now(), increment.snapshot, []
+    now, table, written, committed = utc_now(), increment.snapshot, [], False
     for index, versions in enumerate(ranges):
         final = index == len(ranges) - 1
+        known_tails = tails.scan()
         extraction = extract_steps(
             increment.new_rows("turns", STEP_SOURCE_COLUMNS, keep_version=True, versions=versions),
-            state,
+            open_turns
+            if known_tails is None
+            else pl.concat([open_turns, known_tails], how="diagonal_relaxed"),
             _events_of_range(events, last_range, index),
             now=now,
             idle_timeout_s=config.idle_timeout_s,
             reopen_window_s=config.reopen_window_s,
             emitted=increment.lake.scan("steps"),
         )
-        new_steps = extraction.steps
-        state = extraction.open_state if final else extraction.open_state.collect().lazy()
-        open_turns = state.filter(pl.col("state") == "open").select(pl.len()).collect().item()
+        new_steps, open_turns = extraction.steps, extraction.open_turns.lazy()
         if not (new_steps.height or increment.has_new_data):
             continue
+        tails.append(extraction.new_tails)
         if final:
-            increment.replace_state("steps_open", state, OPEN_STATE)
+            increment.replace_state("steps_open", open_turns, OPEN_STATE)
+            committed = True
         replace = (
             ("step_id", new_steps.get_column("step_id").to_list()) if len(ranges) > 1 else None
         )
@@ -96,11 +105,15 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
                 misaligned_logprobs().fill_null(False).alias("logprobs_misaligned"),
             )
         )
+    if committed:
+        tails.expire(now - timedelta(seconds=config.reopen_window_s))
+        increment.lake.drop_removed_files("steps_open")
+    open_count = extraction.open_turns.height
     new_steps = pl.concat(written) if written else None
     rows = 0 if new_steps is None else new_steps.height
-    context.log.info("%d new steps, %d turns still open", rows, open_turns)
+    context.log.info("%d new steps, %d turns still open", rows, open_count)
     metadata = {
-        "open_turns": open_turns,
+        "open_turns": open_count,
         "sample": sample(new_steps, ["step_id", *STEP_SAMPLE]),
         "prefix_consistent_share": float(new_steps["prefix_consistent"].mean()) if rows else None,
     }
@@ -121,6 +134,17 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
             logprobs_aligned(checked),
         ],
     )
+
+
+def _open_turns(state: pl.LazyFrame | None, tails: ClosedTails) -> pl.LazyFrame:
+    """The open turns of ``steps_open``. Lakes from before ``steps_tails`` also kept the closed
+    tails there: those move to the log (once, as the state this run writes has none)."""
+    if state is None:
+        return empty(OPEN_STATE).lazy()
+    closed = state.filter(pl.col("state") == "closed")
+    if closed.select(pl.len()).collect().item():
+        tails.append(closed)
+    return state.filter(pl.col("state") == "open")
 
 
 def _events_of_range(

@@ -78,6 +78,20 @@ reopen window: its last emitted step (step_index, turn_id; token ids and other c
 a late turn's prefix check reads that step's tokens back from ``steps`` by turn_id),
 ``closed_at``, ``close_reason`` and ``emitted_turn_ids`` (to drop duplicate re-deliveries)."""
 
+TAIL_COLUMNS = [
+    "state", "trajectory_id", "turn_id", "group_id", "step_index", "token_source",
+    "close_reason", "trajectory_inferred", "started_at", "closed_at", "emitted_turn_ids",
+]  # fmt: skip
+"""What a closed tail holds: enough to number a late turn, find its last step and drop
+re-delivered turns; no token lists (those are read back from ``steps`` when needed)."""
+
+CLOSED_TAILS = pa.schema(
+    [*(OPEN_STATE.field(name) for name in TAIL_COLUMNS), pa.field("run", pa.int64(), False)]
+)
+"""Table ``steps_tails``: the closed tails, appended by the steps run (``run``) that closed a
+trajectory or extended it with late turns; a trajectory's current tail is its row with the
+highest ``step_index``."""
+
 TRAJECTORIES = pa.schema(
     [
         pa.field("trajectory_id", pa.string(), nullable=False),

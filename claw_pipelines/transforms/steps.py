@@ -1,9 +1,10 @@
 """Incremental step extraction: new turns + carried-over open turns + new events -> closed steps.
 
 Work grows with what is new, not with the table: each run reads the turns and trajectory events
-landed since its watermark plus its own small state (``steps_open``: turns of still-open
-trajectories and the tails of recently closed ones) and emits the steps of every trajectory that
-closed in this run.
+landed since its watermark plus its own small state (turns of still-open trajectories and the
+tails of recently closed ones it touches) and emits the steps of every trajectory that closed in
+this run. The result separates what changed (open turns, new tails) from the tails kept as they
+were, so a caller stores only the changes (``assets.steps``: ``steps_open``, ``steps_tails``).
 
 Rules:
 - A trajectory closes on a completed/aborted event, or when idle (no turn ended within
@@ -32,6 +33,7 @@ from claw_pipelines.derived_schemas import (
     OPEN_STATE,
     STEP_SOURCE_COLUMNS,
     STEPS,
+    TAIL_COLUMNS,
     TOKEN_COLUMNS,
     empty,
     fit,
@@ -49,13 +51,22 @@ from claw_pipelines.transforms.prefixes import (
 
 @dataclass(frozen=True)
 class StepExtraction:
-    """One run's result: steps to append, and the state that replaces ``steps_open``."""
+    """One run's result: steps to append, and the next state in three parts (rows in
+    ``derived_schemas.OPEN_STATE``), so a caller can store what changed and no more."""
 
     steps: pl.DataFrame
     """Rows in ``derived_schemas.STEPS``."""
-    open_state: pl.LazyFrame
-    """Rows in ``derived_schemas.OPEN_STATE``: what this run changed, plus a scan of the closed
-    tails it did not touch (so a day of tails is streamed to the next state, not collected)."""
+    open_turns: pl.DataFrame
+    """The turns of trajectories still open (``state = open``)."""
+    new_tails: pl.DataFrame
+    """The tails of the trajectories this run closed or extended (``state = closed``)."""
+    kept_tails: pl.LazyFrame
+    """The closed tails of the reopen window this run did not change (a scan, not collected)."""
+
+    @property
+    def open_state(self) -> pl.LazyFrame:
+        """The whole next state."""
+        return pl.concat([self.open_turns.lazy(), self.new_tails.lazy(), self.kept_tails])
 
 
 _PENDING = [*STEP_SOURCE_COLUMNS, "source_version", "trajectory_inferred"]
@@ -63,12 +74,11 @@ _TAIL = ["prompt_token_ids", "response_token_ids", "token_source", "step_index",
          "group_id"]  # fmt: skip
 
 
-_TAIL_KEPT = ["trajectory_id", "turn_id", "group_id", "step_index", "token_source",
-              "close_reason", "trajectory_inferred", "started_at"]  # fmt: skip
-"""What a closed tail keeps: enough to number late turns and find its last step, no more (no
-token lists: ``_hydrate`` reads them back from the emitted steps when a late turn needs them)."""
+_TAIL_KEPT = [c for c in TAIL_COLUMNS if c not in ("state", "closed_at", "emitted_turn_ids")]
+"""The last emitted step's columns a closed tail keeps (``_hydrate`` reads its token lists back
+from the emitted steps when a late turn needs them)."""
 
-_TAIL_STATE = ["state", *_TAIL_KEPT, "closed_at", "emitted_turn_ids", *TOKEN_COLUMNS]
+_TAIL_STATE = [*TAIL_COLUMNS, *TOKEN_COLUMNS]
 """The tail columns a run works with: the state holds a tail per trajectory closed within the
 reopen window, so they flow through the run narrow and are widened to the state schema once."""
 
@@ -263,7 +273,13 @@ def extract_steps(
         pl.col("closed_at") >= pl.lit(now) - timedelta(seconds=reopen_window_s)
     )
     touching = _touching(new_turns, new_events, open_rows)
-    tails = state.filter(in_window & touching).select(_TAIL_STATE).collect()
+    tails = (
+        state.filter(in_window & touching)
+        .select(_TAIL_STATE)
+        .collect()
+        .sort("step_index", "closed_at", nulls_last=False)
+        .unique("trajectory_id", keep="last", maintain_order=True)
+    )
     untouched = state.filter(in_window & ~touching)
     seen = pl.concat(
         [
@@ -331,21 +347,13 @@ def extract_steps(
     closed = pl.concat([new_tails, event_only], how="diagonal_relaxed").with_columns(
         pl.lit("closed").alias("state"), pl.lit(now).alias("closed_at")
     )
-    changed = pl.concat(
-        [
-            fit(
-                pending.join(
-                    closing.select("trajectory_id"), on="trajectory_id", how="anti"
-                ).with_columns(pl.lit("open").alias("state")),
-                OPEN_STATE,
-            ),
-            fit(
-                tails.join(
-                    steps.select("trajectory_id").unique(), on="trajectory_id", how="anti"
-                ).drop(TOKEN_COLUMNS),
-                OPEN_STATE,
-            ),
-            fit(closed, OPEN_STATE),
-        ]
+    unchanged = tails.join(steps.select("trajectory_id").unique(), on="trajectory_id", how="anti")
+    return StepExtraction(
+        steps=steps,
+        open_turns=fit(
+            pending.join(closing.select("trajectory_id"), on="trajectory_id", how="anti"),
+            OPEN_STATE,
+        ).with_columns(pl.lit("open").alias("state")),
+        new_tails=fit(closed, OPEN_STATE),
+        kept_tails=pl.concat([fit(unchanged.drop(TOKEN_COLUMNS), OPEN_STATE).lazy(), untouched]),
     )
-    return StepExtraction(steps=steps, open_state=pl.concat([changed.lazy(), untouched]))

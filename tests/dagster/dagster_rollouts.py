@@ -86,3 +86,21 @@ def land_rollouts(
     if event_rows:
         lake.append("trajectory_events", rows_to_arrow(TrajectoryEventRow, event_rows))
     return landed
+
+
+def late_turn(last: dict, after: timedelta = timedelta(seconds=1)) -> dict:
+    """A turn landing after ``last``'s trajectory completed: it continues ``last`` (its prompt
+    extends ``last``'s prompt + response exactly)."""
+    response = [11, 12, 13]
+    started = last["ended_at"] + after
+    return Turn.model_validate(
+        {
+            **last,
+            "turn_id": new_id(),
+            "prompt_token_ids": [*last["prompt_token_ids"], *last["response_token_ids"], 7, 8],
+            "response_token_ids": response,
+            "response_logprobs": [-0.5] * len(response),
+            "started_at": started,
+            "ended_at": started + timedelta(milliseconds=1),
+        }
+    ).model_dump()

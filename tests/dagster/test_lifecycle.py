@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,12 +12,13 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from dagster_harness import CHAIN, Driver, KilledOnCall
-from dagster_rollouts import Rollouts, land_rollouts
+from dagster_rollouts import Rollouts, land_rollouts, late_turn
+from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from assets.checks import unique_step_ids
 from assets.incremental import Increment
-from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform, empty
+from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform, empty, fit
 from claw_pipelines.lake import Lake, keyed
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
 
@@ -204,6 +206,107 @@ def test_an_idle_sweep_dying_before_its_commit_loses_no_step(
     steps = bound.lake.scan("steps").collect()
     assert steps.height == steps.get_column("step_id").n_unique() == 4
     assert set(steps.get_column("close_reason")) == {"timeout"}
+
+
+def _last_turn(landed: Rollouts, trajectory_id: str) -> dict:
+    turns = [t for t in landed.turns.values() if t["trajectory_id"] == trajectory_id]
+    return max(turns, key=lambda t: t["started_at"])
+
+
+def _steps_of(lake: Lake, trajectory_id: str) -> pl.DataFrame:
+    return (
+        lake.scan("steps")
+        .filter(pl.col("trajectory_id") == trajectory_id)
+        .sort("step_index")
+        .collect()
+    )
+
+
+def test_late_turns_extend_a_closed_trajectory_from_its_tail(driver: Driver, bound) -> None:
+    """A closed trajectory keeps a tail in ``steps_tails``: a turn landing after completion is
+    emitted as a reopened step numbered after the emitted ones and prefix-checked against the
+    last, a re-delivered turn is dropped, and a run appends only the tails it changed."""
+    landed = land_rollouts(bound.lake, groups=1, group_size=2, steps=2)
+    driver.refresh()
+    assert bound.lake.scan("steps_tails").collect().height == 2
+    reopened, other = next(iter(landed.groups.values()))
+    last = _last_turn(landed, reopened)
+    first = min(landed.turns.values(), key=lambda t: t["started_at"])
+    bound.lake.append("turns", rows_to_arrow(Turn, [late_turn(last), first]))
+
+    assert driver.refresh()["steps"]["rows_written"] == 1
+    steps = _steps_of(bound.lake, reopened)
+    assert steps.get_column("step_index").to_list() == [0, 1, 2]
+    assert steps.get_column("reopened").to_list() == [False, False, True]
+    assert steps.get_column("prefix_consistent").all()
+    tails = bound.lake.scan("steps_tails").collect()
+    assert tails.filter(pl.col("trajectory_id") == reopened).get_column(
+        "step_index"
+    ).sort().to_list() == [1, 2]
+    assert tails.filter(pl.col("trajectory_id") == other).height == 1
+    assert bound.lake.scan("steps_open").collect().is_empty()
+
+
+def test_closed_tails_kept_in_steps_open_by_older_lakes_move_to_the_log(
+    driver: Driver, bound
+) -> None:
+    """Lakes written before ``steps_tails`` kept closed tails in ``steps_open``; the next run
+    moves them to the log and a late turn still continues its trajectory."""
+    landed = land_rollouts(bound.lake, groups=1, group_size=2, steps=2)
+    driver.refresh()
+    tails = bound.lake.scan("steps_tails").collect()
+    output = bound.lake.open("steps")
+    watermark = [
+        Transaction(app_id=app, version=output.transaction_version(app))
+        for app in ("claw/steps/turns", "claw/steps/trajectory_events", "claw/steps/run")
+    ]
+    write_deltalake(
+        bound.lake.open("steps_open"),
+        conform(fit(tails, OPEN_STATE), OPEN_STATE),
+        mode="overwrite",
+        commit_properties=CommitProperties(app_transactions=watermark),
+    )
+    shutil.rmtree(bound.lake.uri("steps_tails"))
+    trajectory_id = next(iter(landed.groups.values()))[0]
+    bound.lake.append("turns", rows_to_arrow(Turn, [late_turn(_last_turn(landed, trajectory_id))]))
+
+    driver.refresh()
+    steps = _steps_of(bound.lake, trajectory_id)
+    assert steps.get_column("step_index").to_list() == [0, 1, 2]
+    assert steps.get_column("reopened").to_list() == [False, False, True]
+    assert bound.lake.scan("steps_tails").collect().height == 3
+    assert bound.lake.scan("steps_open").collect().is_empty()
+
+
+def test_tails_past_the_reopen_window_leave_the_log(driver: Driver, bound, monkeypatch) -> None:
+    """A run that commits deletes the tails closed before the reopen window, compacts a log of
+    many small files and drops the state files no version needs any more; a turn landing after
+    the window starts a new emission."""
+    import assets.closed_tails
+    import assets.steps
+
+    monkeypatch.setattr(assets.closed_tails, "COMPACT_AFTER_FILES", 2)
+    landed = land_rollouts(bound.lake, groups=1, group_size=2, steps=1)
+    driver.refresh()
+    for seed in (1, 2):
+        land_rollouts(bound.lake, groups=1, group_size=1, steps=1, seed=seed)
+        driver.refresh()
+    assert len(bound.lake.open("steps_tails").file_uris()) == 1  # compacted
+    for state in ("steps_tails", "steps_open"):  # files of older versions are dropped
+        on_disk = list(Path(bound.lake.uri(state)).glob("*.parquet"))
+        assert len(on_disk) == len(bound.lake.open(state).file_uris()), state
+    two_days_later = utc_now() + timedelta(days=2)
+    monkeypatch.setattr(assets.steps, "utc_now", lambda: two_days_later)
+    trajectory_id = next(iter(landed.groups.values()))[0]
+    last = _last_turn(landed, trajectory_id)
+    bound.lake.append("turns", rows_to_arrow(Turn, [late_turn(last, timedelta(days=2))]))
+    events = [TrajectoryEventRow(trajectory_id=trajectory_id, reward=1.0).model_dump()]
+    bound.lake.append("trajectory_events", rows_to_arrow(TrajectoryEventRow, events))
+
+    driver.refresh()
+    tails = bound.lake.scan("steps_tails").collect()
+    assert tails.get_column("trajectory_id").to_list() == [trajectory_id]
+    assert _steps_of(bound.lake, trajectory_id).get_column("step_index").to_list() == [0, 0]
 
 
 def test_chunked_recompute_survives_a_crash_part_way(driver: Driver, bound, monkeypatch) -> None:

@@ -1,0 +1,80 @@
+"""``steps_tails``: the closed tails of emitted trajectories, as a log the steps asset appends to.
+
+A late turn of a closed trajectory needs that trajectory's tail (its last emitted step and the
+turn ids already emitted), so tails are kept for the reopen window. Kept in the overwritten
+``steps_open`` state, every run rewrote every tail of the window (a day of trajectories); in
+this log a run appends only the tails it changed and reads only the ones it touches, so its
+cost follows its new data. A trajectory that reopened has several rows; the one with the
+highest ``step_index`` is current.
+
+Crash safety without time travel: each row carries the ``run`` number of the steps run that
+wrote it, and a run starts by deleting rows of its own number or higher, left by an attempt
+that died before its steps commit. Expired rows are deleted and small files compacted at the
+end of a run that committed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import polars as pl
+import pyarrow as pa
+from deltalake import write_deltalake
+
+from assets.incremental import WRITER
+from claw_pipelines.derived_schemas import CLOSED_TAILS, conform, fit
+from claw_pipelines.lake import Lake
+
+TABLE = "steps_tails"
+
+COMPACT_AFTER_FILES = 64
+"""A run appends one small file; past this many the log is compacted into large files."""
+
+
+@dataclass(frozen=True)
+class ClosedTails:
+    lake: Lake
+    run: int
+    """The steps run appending: its rows carry this number."""
+
+    @classmethod
+    def for_run(cls, lake: Lake, run: int) -> ClosedTails:
+        """The log as the steps run ``run`` may read it: rows of its failed attempts deleted."""
+        table = lake.open(TABLE)
+        if table is not None:
+            table.delete(f"run >= {run}")
+        return cls(lake, run)
+
+    def scan(self) -> pl.LazyFrame | None:
+        """Every tail row (several per reopened trajectory); None before the first."""
+        return self.lake.scan(TABLE)
+
+    def append(self, tails: pl.DataFrame | pl.LazyFrame) -> None:
+        """Append ``tails`` (rows with ``derived_schemas.TAIL_COLUMNS``), streamed."""
+        target = self.lake.ensure(TABLE, CLOSED_TAILS)
+        frames = fit(tails.lazy().with_columns(run=pl.lit(self.run)), CLOSED_TAILS)
+        batches = (
+            b
+            for frame in frames.collect_batches()
+            for b in conform(frame, CLOSED_TAILS).to_batches()
+        )
+        write_deltalake(
+            target,
+            pa.RecordBatchReader.from_batches(CLOSED_TAILS, batches),
+            mode="append",
+            writer_properties=WRITER,
+        )
+
+    def expire(self, closed_before: datetime) -> None:
+        """Delete the tails closed before ``closed_before`` (the reopen window's start; a run's
+        rows share one ``closed_at``, so whole files go), compact a log of many small files,
+        and drop the files these left behind."""
+        table = self.lake.open(TABLE)
+        if table is None:
+            return
+        table.delete(f"closed_at < '{closed_before.isoformat()}'")
+        table = self.lake.open(TABLE)
+        if len(table.file_uris()) > COMPACT_AFTER_FILES:
+            table.optimize.compact()
+        self.lake.drop_removed_files(TABLE)
