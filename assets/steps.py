@@ -89,7 +89,8 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
         new_steps, open_turns = extraction.steps, extraction.open_turns.lazy()
         if not (new_steps.height or increment.has_new_data):
             continue
-        tails.append(extraction.new_tails)
+        if extraction.new_tails.height:
+            tails.append(extraction.new_tails)
         if final:
             increment.replace_state("steps_open", open_turns, OPEN_STATE)
             committed = True
