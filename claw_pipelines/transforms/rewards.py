@@ -13,6 +13,7 @@ import polars as pl
 
 from claw_pipelines import reward_rules
 from claw_pipelines.derived_schemas import REWARDED_STEPS, polars_schema
+from claw_pipelines.lake import keyed
 from claw_pipelines.transforms.credit import assign_credit
 
 
@@ -29,7 +30,9 @@ def affected_trajectories(
     """Distinct ``trajectory_id`` whose rewarded rows must be recomputed.
 
     ``step_index``: (turn_id, trajectory_id, group_id) of all emitted steps (a narrow scan of the
-    steps table), used to resolve turn- and group-targeted rewards to trajectories.
+    steps table), used to resolve turn- and group-targeted rewards to trajectories. It is read
+    only at the new rewards' targets (by key, so a Delta scan skips files by their statistics):
+    a run's work follows its new rewards, not the steps table.
     """
     index = step_index.lazy().select("turn_id", "trajectory_id", "group_id")
     parts = []
@@ -38,10 +41,13 @@ def affected_trajectories(
     if (events := _lazy(new_events)) is not None:
         parts.append(events.select("trajectory_id"))
     if (rewards := _lazy(new_rewards)) is not None:
+        targets = rewards.select("trajectory_id", "turn_id", "group_id").collect()
         parts += [
-            rewards.select("trajectory_id"),
-            rewards.select("turn_id").join(index, on="turn_id").select("trajectory_id"),
-            rewards.select("group_id").join(index, on="group_id").select("trajectory_id"),
+            targets.lazy().select("trajectory_id"),
+            *(
+                index.filter(keyed(column, targets.get_column(column))).select("trajectory_id")
+                for column in ("turn_id", "group_id")
+            ),
         ]
     if not parts:
         return pl.DataFrame(schema={"trajectory_id": pl.String})
