@@ -258,7 +258,9 @@ def extract_steps(
 
     ``new_turns``: turns rows (CDF since the watermark; a ``_commit_version`` column, if present,
     becomes the row's ``source_version``, else ``source_version`` is used). ``open_state``: the
-    previous run's ``steps_open`` (None on the first run). ``new_events``: trajectory_events
+    previous state, open turns and closed tails (None on the first run); a trajectory may have
+    several tails (a log of its emissions), the one with the highest step_index is current.
+    ``new_events``: trajectory_events
     rows since their watermark. ``emitted``: the steps emitted so far (the steps table, or
     None before any), read only for the last steps of closed trajectories that new turns
     continue. Turns without a trajectory_id are assigned to inferred trajectories by token

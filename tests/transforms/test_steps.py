@@ -61,6 +61,20 @@ def test_idle_trajectory_closes_by_timeout():
     assert closed["close_reason"].unique().to_list() == ["timeout"]
 
 
+def test_a_log_of_tails_continues_from_the_latest_emission():
+    """A tails log keeps a row per emission of a trajectory; the highest step_index is current,
+    so a second late turn follows the first one, not the original end."""
+    rows = chain("A", 4)
+    first = _run(turns(*rows[:2]), evts=events(event("A")))
+    second = _run(turns(rows[2]), first.open_state, now=60, emitted=first.steps)
+    log = pl.concat([first.open_state, second.open_state])
+    emitted = pl.concat([first.steps, second.steps])
+    third = _run(turns(rows[3], rows[1]), log, now=90, emitted=emitted)
+    assert third.steps["step_id"].to_list() == ["A-3"]
+    assert third.steps["step_index"].to_list() == [3]
+    assert third.steps["prefix_consistent"].all()
+
+
 def test_reopened_trajectory_appends_without_duplicating():
     rows = chain("A", 4)
     first = _run(turns(*rows[:2]), evts=events(event("A")))
