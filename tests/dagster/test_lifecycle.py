@@ -363,6 +363,8 @@ def test_a_turns_backlog_is_extracted_in_chunks_that_survive_a_crash(
     assert steps.get_column("prefix_consistent").all()
     assert not steps.get_column("reopened").any()
     assert set(steps.get_column("step_index")) == {0, 1}
+    tails = bound.lake.scan("steps_tails").collect()  # the crashed run's tails were deleted
+    assert tails.height == tails.get_column("trajectory_id").n_unique() == 6
 
 
 def test_unique_step_ids_checks_the_new_ids_against_the_whole_table() -> None:
