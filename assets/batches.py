@@ -19,13 +19,13 @@ from deltalake import write_deltalake
 from assets import ledger
 from assets.checks import repeated_ids
 from assets.configs import recipes
-from assets.incremental import WRITER
+from assets.incremental import COMPACT_AFTER_FILES, WRITER
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, markdown_table, table_metadata
 from assets.quality import curated_steps
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
 from claw_pipelines.exporters import export_batch
-from claw_pipelines.lake import Lake
+from claw_pipelines.lake import Lake, compact
 from claw_pipelines.recipes import BatchPlan, Recipe
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
@@ -61,7 +61,8 @@ def _prefetched(chunks: Iterator[pa.Table]) -> Iterator[pa.Table]:
 
 def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
     """Replace the batch's rows in one commit, so a re-run never duplicates them; the rows are
-    streamed a chunk at a time, so a big batch never holds all its token lists."""
+    streamed a chunk at a time, so a big batch never holds all its token lists. A batch is one
+    file, so the table is compacted as batches pile up."""
     schema = batch_schema(recipe)
     table = lake.ensure(ledger.batches_table(recipe.name), schema)
     chunks = (conform(rows, schema) for rows in plan.row_chunks())
@@ -72,6 +73,11 @@ def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
         pa.RecordBatchReader.from_batches(schema, batches),
         mode="overwrite",
         predicate=f"batch_id = '{quoted}'",
+        writer_properties=WRITER,
+    )
+    compact(
+        lake.open(ledger.batches_table(recipe.name)),
+        max_files=COMPACT_AFTER_FILES,
         writer_properties=WRITER,
     )
 

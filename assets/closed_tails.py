@@ -22,14 +22,11 @@ import polars as pl
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from assets.incremental import WRITER
+from assets.incremental import COMPACT_AFTER_FILES, WRITER
 from claw_pipelines.derived_schemas import CLOSED_TAILS, conform, fit
-from claw_pipelines.lake import Lake
+from claw_pipelines.lake import Lake, compact
 
 TABLE = "steps_tails"
-
-COMPACT_AFTER_FILES = 64
-"""A run appends one small file; past this many the log is compacted into large files."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +71,5 @@ class ClosedTails:
         if table is None:
             return
         table.delete(f"closed_at < '{closed_before.isoformat()}'")
-        table = self.lake.open(TABLE)
-        if len(table.file_uris()) > COMPACT_AFTER_FILES:
-            table.optimize.compact()
+        compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
         self.lake.drop_removed_files(TABLE)

@@ -37,7 +37,7 @@ from deltalake import (
 )
 
 from claw_pipelines.derived_schemas import conform, empty
-from claw_pipelines.lake import Lake, changes, keyed
+from claw_pipelines.lake import Lake, changes, compact, keyed
 
 CHUNK_TRAJECTORIES = 8192
 """Trajectories recomputed per commit by ``Increment.recompute``."""
@@ -57,6 +57,10 @@ WRITER = WriterProperties(
 """How every derived table is written. Token-ID lists are most of the bytes, and for them the
 writer's defaults (dictionary encoding, page statistics) cost ~4x the write time: 6.3 s against
 1.4 s for 100k steps of 1,280 tokens. Chunk statistics keep the file and row-group skipping."""
+
+COMPACT_AFTER_FILES = 64
+"""Every run adds a small file to each derived table (and to ``steps_tails``); past this many
+they are merged."""
 
 STATE_LOOKBACK = 5
 """How many state-table versions to walk back to find the one matching a watermark."""
@@ -239,7 +243,10 @@ class Increment:
                 writer_properties=WRITER,
             )
         self._chunks_written += not watermark
-        return self.lake.open(self.output)
+        latest = self.lake.open(self.output)
+        if watermark:
+            compact(latest, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
+        return latest
 
     def recompute(
         self,

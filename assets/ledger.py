@@ -17,8 +17,9 @@ import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 
+from assets.incremental import COMPACT_AFTER_FILES
 from claw_pipelines.derived_schemas import LEDGER, conform
-from claw_pipelines.lake import Lake
+from claw_pipelines.lake import Lake, compact
 from claw_pipelines.recipes import BatchPlan, Recipe, plan_batch
 
 PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
@@ -109,4 +110,5 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
             custom_metadata={"claw.batch_id": batch_id},
         ),
     )
+    compact(lake.open(ledger_table(recipe.name)), max_files=COMPACT_AFTER_FILES)
     return plan

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import (
+    CommitProperties,
+    DeltaTable,
+    Transaction,
+    WriterProperties,
+    write_deltalake,
+)
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from claw_pipelines.settings import ClawSettings, get_settings
@@ -151,6 +157,17 @@ def keyed(column: str, keys: pl.Series) -> pl.Expr:
         return pl.lit(False)
     value = pl.col(column)
     return (value >= ordered[0]) & (value <= ordered[-1]) & value.is_in(ordered.implode())
+
+
+def compact(
+    delta_table: DeltaTable, *, max_files: int, writer_properties: WriterProperties | None = None
+) -> None:
+    """Merge the table's small files once it has more than ``max_files`` (the handle moves to
+    the new version). A table that gets a small commit per run would otherwise make every open
+    and scan slower as it ages. The commit carries no data change, so change-data-feed readers
+    skip it, and earlier versions stay readable (nothing is vacuumed)."""
+    if len(delta_table.file_uris()) > max_files:
+        delta_table.optimize.compact(writer_properties=writer_properties)
 
 
 def changes(

@@ -50,7 +50,19 @@ def assert_batch_matches(rows: pl.DataFrame, landed: Rollouts, group_size: int) 
         assert row["reward"] == pytest.approx(landed.rewards[row["trajectory_id"]])
 
 
-def test_landing_to_exported_grpo_batch_incrementally(driver: Driver, bound) -> None:
+@pytest.mark.parametrize("compact_after_files", [64, 1], ids=["shipped", "compacting-each-run"])
+def test_landing_to_exported_grpo_batch_incrementally(
+    driver: Driver, bound, monkeypatch, compact_after_files: int
+) -> None:
+    """Also with every derived, ledger and batch table compacted after each commit: merges
+    change no data, so batches, ledgers and re-materialized partitions stay the same."""
+    import assets.batches
+    import assets.closed_tails
+    import assets.incremental
+    import assets.ledger
+
+    for module in (assets.incremental, assets.closed_tails, assets.ledger, assets.batches):
+        monkeypatch.setattr(module, "COMPACT_AFTER_FILES", compact_after_files)
     landed = land_rollouts(bound.lake, groups=5, group_size=4, steps=2)
     first_turns = bound.lake.version("turns")
     metadata = driver.refresh()
@@ -118,6 +130,10 @@ def test_landing_to_exported_grpo_batch_incrementally(driver: Driver, bound) -> 
         assert driver.metadata(result, f"batch_{recipe}")["dagster/partition_row_count"] > 0
         manifest = driver.metadata(result, f"export_{recipe}")["manifest"]
         assert manifest["algorithm"] == recipe and manifest["files"]
+    if compact_after_files == 1:
+        for table in (*CHAIN, "steps_tails", "batch_ledger/grpo", "batches/grpo"):
+            history = bound.lake.open(table).history()
+            assert "OPTIMIZE" in {commit["operation"] for commit in history}, table
 
 
 def test_a_stale_concurrent_run_cannot_commit_twice(bound) -> None:
@@ -307,6 +323,30 @@ def test_tails_past_the_reopen_window_leave_the_log(driver: Driver, bound, monke
     tails = bound.lake.scan("steps_tails").collect()
     assert tails.get_column("trajectory_id").to_list() == [trajectory_id]
     assert _steps_of(bound.lake, trajectory_id).get_column("step_index").to_list() == [0, 0]
+
+
+def test_derived_tables_are_compacted_without_a_row_read_twice(
+    driver: Driver, bound, monkeypatch
+) -> None:
+    """Each run adds a small file to every derived table; past ``COMPACT_AFTER_FILES`` they
+    are merged. The merge commits no data change, so no change-data-feed reader downstream
+    sees a row twice, and a version pinned before it stays readable."""
+    import assets.incremental
+
+    monkeypatch.setattr(assets.incremental, "COMPACT_AFTER_FILES", 2)
+    land_rollouts(bound.lake, groups=1, group_size=2, steps=1)
+    driver.refresh()
+    pinned = bound.lake.version("steps")
+    for seed in (1, 2, 3):
+        land_rollouts(bound.lake, groups=1, group_size=2, steps=1, seed=seed)
+        driver.refresh()
+    for key in CHAIN:
+        table = bound.lake.open(key)
+        assert len(table.file_uris()) <= 2, key
+        assert "OPTIMIZE" in {commit["operation"] for commit in table.history()}, key
+        rows = bound.lake.scan(key).collect()
+        assert rows.height == rows.get_column("trajectory_id").n_unique() == 8, key
+    assert bound.lake.scan("steps", pinned).collect().height == 2
 
 
 def test_chunked_recompute_survives_a_crash_part_way(driver: Driver, bound, monkeypatch) -> None:
