@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import landing, quality, rewards, steps
+from assets import landing, maintenance, quality, rewards, steps
 from assets.automation import build_automation_sensor
 from assets.batches import build_recipe_definitions
 from claw_pipelines.settings import get_settings
@@ -31,6 +31,8 @@ def build_definitions(
             quality.curated_steps,
         ],
         sensors=[landing.build_ingest_sensor(interval), build_automation_sensor(interval)],
+        jobs=[maintenance.landing_compaction],
+        schedules=[maintenance.landing_compaction_schedule],
         resources={"lake": lake or LakeResource.from_settings(get_settings())},
         # Steps are small and write their own tables: one process per run, not per step.
         executor=dg.in_process_executor,

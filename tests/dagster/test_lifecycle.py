@@ -349,6 +349,27 @@ def test_derived_tables_are_compacted_without_a_row_read_twice(
     assert bound.lake.scan("steps", pinned).collect().height == 2
 
 
+def test_compacting_landing_tables_reads_no_turn_twice(driver: Driver, bound, monkeypatch) -> None:
+    """The scheduled job merges the landing tables' small files; the steps asset's change-feed
+    read skips the merge, so it reads no turn twice and then only turns landed after it."""
+    import assets.maintenance
+
+    monkeypatch.setattr(assets.maintenance, "COMPACT_AFTER_FILES", 2)
+    for seed in range(3):
+        land_rollouts(bound.lake, groups=1, group_size=2, steps=1, seed=seed)
+    driver.refresh()
+    job = bound.defs.resolve_job_def("landing_compaction")
+    assert job.execute_in_process(instance=driver.instance).success
+    for table in ("turns", "trajectory_events"):
+        assert len(bound.lake.open(table).file_uris()) == 1, table
+
+    assert driver.refresh()["steps"]["rows_read"]["turns"] == 0
+    land_rollouts(bound.lake, groups=1, group_size=2, steps=1, seed=3)
+    assert driver.refresh()["steps"]["rows_read"]["turns"] == 2
+    steps = bound.lake.scan("steps").collect()
+    assert steps.height == steps.get_column("step_id").n_unique() == 8
+
+
 def test_chunked_recompute_survives_a_crash_part_way(driver: Driver, bound, monkeypatch) -> None:
     """Big backlogs are recomputed a few trajectories per commit; a run dying after some chunks
     committed (watermark not moved yet) is redone by the next run without duplicates."""
