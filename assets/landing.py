@@ -8,6 +8,7 @@ derived assets reacts to.
 import json
 
 import dagster as dg
+from deltalake import DeltaTable
 
 from claw_pipelines.schemas import LANDING_MODELS
 from resources.lake import LakeResource
@@ -40,6 +41,15 @@ LANDING_SPECS = [
 ]
 
 
+def _data_changed(table: DeltaTable, after_version: int | None) -> bool:
+    """Whether a commit after ``after_version`` changed data: compaction commits (OPTIMIZE) do
+    not, and reporting them would refresh the chain over an empty range."""
+    if after_version is None:
+        return True
+    commits = table.history(limit=table.version() - after_version)
+    return any(commit.get("operation") != "OPTIMIZE" for commit in commits)
+
+
 def build_ingest_sensor(interval_s: int) -> dg.SensorDefinition:
     @dg.sensor(
         name="landing_ingest_sensor",
@@ -54,8 +64,12 @@ def build_ingest_sensor(interval_s: int) -> dg.SensorDefinition:
         the_lake = lake.lake()
         events = []
         for table in LANDING_TABLES:
-            version = the_lake.version(table)
-            if version is None or version == seen.get(table):
+            delta_table = the_lake.open(table)
+            if delta_table is None or delta_table.version() == seen.get(table):
+                continue
+            version, previous = delta_table.version(), seen.get(table)
+            seen[table] = version
+            if not _data_changed(delta_table, previous):
                 continue
             events.append(
                 dg.AssetMaterialization(
@@ -63,14 +77,14 @@ def build_ingest_sensor(interval_s: int) -> dg.SensorDefinition:
                     description=f"Delta version {version}",
                     metadata={
                         "delta_version": version,
-                        "previous_delta_version": seen.get(table, -1),
+                        "previous_delta_version": -1 if previous is None else previous,
                         "dagster/uri": dg.MetadataValue.path(the_lake.uri(table)),
                     },
                 )
             )
-            seen[table] = version
         if not events:
-            return dg.SkipReason("no new Delta versions in the landing tables")
+            context.update_cursor(json.dumps(seen, sort_keys=True))
+            return dg.SkipReason("no new data in the landing tables")
         return dg.SensorResult(asset_events=events, cursor=json.dumps(seen, sort_keys=True))
 
     return landing_ingest_sensor

@@ -350,8 +350,9 @@ def test_derived_tables_are_compacted_without_a_row_read_twice(
 
 
 def test_compacting_landing_tables_reads_no_turn_twice(driver: Driver, bound, monkeypatch) -> None:
-    """The scheduled job merges the landing tables' small files; the steps asset's change-feed
-    read skips the merge, so it reads no turn twice and then only turns landed after it."""
+    """The scheduled job merges the landing tables' small files; the ingest sensor does not
+    report the merge as new data, and the steps asset's change-feed read skips it, so no turn is
+    read twice and then only turns landed after it."""
     import assets.maintenance
 
     monkeypatch.setattr(assets.maintenance, "COMPACT_AFTER_FILES", 2)
@@ -363,6 +364,7 @@ def test_compacting_landing_tables_reads_no_turn_twice(driver: Driver, bound, mo
     for table in ("turns", "trajectory_events"):
         assert len(bound.lake.open(table).file_uris()) == 1, table
 
+    assert isinstance(driver.tick("landing_ingest_sensor"), dg.SkipReason)  # no new data
     assert driver.refresh()["steps"]["rows_read"]["turns"] == 0
     land_rollouts(bound.lake, groups=1, group_size=2, steps=1, seed=3)
     assert driver.refresh()["steps"]["rows_read"]["turns"] == 2
