@@ -107,7 +107,7 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
             )
         )
     if committed:
-        tails.expire(now - timedelta(seconds=config.reopen_window_s))
+        tails.expire(now, timedelta(seconds=config.reopen_window_s))
         increment.lake.drop_removed_files("steps_open")
     open_count = extraction.open_turns.height
     new_steps = pl.concat(written) if written else None
