@@ -71,8 +71,7 @@ def repeated_ids(table: pl.LazyFrame | None, column: str, ids: pl.Series) -> pl.
     if table is None:
         return pl.Series(column, [], pl.String)
     return (
-        table.select(column)
-        .filter(keyed(column, ids))
+        keyed(table.select(column), column, ids)
         .group_by(column)
         .len()
         .filter(pl.col("len") > 1)

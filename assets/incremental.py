@@ -177,7 +177,7 @@ class Increment:
             return None
         if columns is not None:
             frame = frame.select(columns)
-        return frame.filter(keyed(column, pl.Series(keys, dtype=pl.String))).collect()
+        return keyed(frame, column, pl.Series(keys, dtype=pl.String)).collect()
 
     def _transactions(self) -> list[Transaction]:
         inputs = [
@@ -277,19 +277,11 @@ class Increment:
             written.summaries.append(rows.select(summary))
         return written
 
-    def replace_state(
-        self, state_table: str, state: pl.LazyFrame | pl.DataFrame, schema: pa.Schema
-    ) -> None:
-        """Overwrite the carried-over state, tagged with this run's watermark. The rows are
-        streamed into the write, so rows carried over from the previous state (a scan of it)
-        are never all in memory."""
-        target = self.lake.ensure(state_table, schema)
-        frames = state.lazy().collect_batches()
+    def replace_state(self, state_table: str, state: pl.DataFrame, schema: pa.Schema) -> None:
+        """Overwrite the carried-over state, tagged with this run's watermark."""
         write_deltalake(
-            target,
-            pa.RecordBatchReader.from_batches(
-                schema, (b for frame in frames for b in conform(frame, schema).to_batches())
-            ),
+            self.lake.ensure(state_table, schema),
+            conform(state, schema),
             mode="overwrite",
             schema_mode="overwrite",
             commit_properties=self._properties(),

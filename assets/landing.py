@@ -1,8 +1,8 @@
 """The landing tables (written by the capture proxy) and the sensor that notices new commits.
 
-Dagster never writes these tables, so they are external assets; the ingest sensor turns each
-new Delta version into a runless materialization, which is what declarative automation on the
-derived assets reacts to.
+Dagster never writes their rows (only ``assets.maintenance`` compacts their files), so they are
+external assets; the ingest sensor turns each new Delta version that changed data into a
+runless materialization, which is what declarative automation on the derived assets reacts to.
 """
 
 import json

@@ -92,7 +92,7 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
         if extraction.new_tails.height:
             tails.append(extraction.new_tails)
         if final:
-            increment.replace_state("steps_open", open_turns, OPEN_STATE)
+            increment.replace_state("steps_open", extraction.open_turns, OPEN_STATE)
             committed = True
         replace = (
             ("step_id", new_steps.get_column("step_id").to_list()) if len(ranges) > 1 else None

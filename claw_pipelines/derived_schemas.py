@@ -249,19 +249,16 @@ def with_tokens(
     columns: list[str] = TOKEN_COLUMNS,
 ) -> pl.DataFrame:
     """``narrow`` steps with their token ``columns`` read from ``steps`` (by turn_id); a scan of
-    the steps table decodes only the selected rows' row groups (``lake.keyed``)."""
+    the steps table decodes only the row groups the selected rows can be in (``lake.keyed``)."""
     if steps is None or narrow.is_empty():
         return narrow.with_columns(
             pl.lit(None, dtype).alias(name)
             for name, dtype in polars_schema(STEPS).items()
             if name in columns
         )
-    tokens = (
-        steps.lazy()
-        .filter(keyed("turn_id", narrow.get_column("turn_id").unique()))
-        .select("turn_id", *columns)
-        .collect()
-    )
+    tokens = keyed(
+        steps.lazy().select("turn_id", *columns), "turn_id", narrow.get_column("turn_id")
+    ).collect()
     return narrow.join(tokens, on="turn_id", how="left", maintain_order="left")
 
 

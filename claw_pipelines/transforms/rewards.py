@@ -45,7 +45,7 @@ def affected_trajectories(
         parts += [
             targets.lazy().select("trajectory_id"),
             *(
-                index.filter(keyed(column, targets.get_column(column))).select("trajectory_id")
+                keyed(index, column, targets.get_column(column)).select("trajectory_id")
                 for column in ("turn_id", "group_id")
             ),
         ]

@@ -8,7 +8,6 @@ import polars as pl
 import pytest
 from transform_rows import SYSTEM, T0, at, chain, event, events, rewards, turn, turns
 
-import claw_pipelines.recipes
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, conform
 from claw_pipelines.recipes import Recipe, load_recipes, plan_batch
 from claw_pipelines.reward_rules import RewardConfig
@@ -78,10 +77,7 @@ def test_complete_groups_fill_a_batch_in_deterministic_order():
     assert again.rows.equals(plan.rows) and again.dropped.equals(plan.dropped)
 
 
-@pytest.mark.parametrize("keyed_read_max", [10_000, 0], ids=["keyed-read", "semi-join"])
-def test_ledger_prevents_double_consumption(monkeypatch, keyed_read_max: int):
-    """Whichever way the open trajectories' rows are read (few: keyed, many: semi join)."""
-    monkeypatch.setattr(claw_pipelines.recipes, "KEYED_READ_MAX", keyed_read_max)
+def test_ledger_prevents_double_consumption():
     curated, steps = _curated({"a": [1, 0], "b": [0, 1], "c": [1, 0], "d": [0, 1]})
     first = plan_batch(_recipe(), curated, steps, None, at(200))
     ledger = first.ledger_rows("grpo", at(200))
