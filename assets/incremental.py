@@ -37,7 +37,7 @@ from deltalake import (
 )
 
 from claw_pipelines.derived_schemas import conform, empty
-from claw_pipelines.lake import Lake, changes, compact, keyed
+from claw_pipelines.lake import Lake, changes, compact, keyed, sql_in
 
 CHUNK_TRAJECTORIES = 8192
 """Trajectories recomputed per commit by ``Increment.recompute``."""
@@ -233,12 +233,11 @@ class Increment:
             )
         else:
             column, keys = replace
-            quoted = ", ".join("'" + k.replace("'", "''") + "'" for k in keys)
             write_deltalake(
                 target,
                 data,
                 mode="overwrite",
-                predicate=f"{column} IN ({quoted})",
+                predicate=sql_in(column, keys),
                 commit_properties=self._properties(watermark),
                 writer_properties=WRITER,
             )

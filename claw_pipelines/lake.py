@@ -7,6 +7,7 @@ commit retries and the change-data-feed reads are decided in one place.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,6 +164,12 @@ def keyed(frame: pl.LazyFrame, column: str, keys: pl.Series) -> pl.LazyFrame:
     return frame.filter((value >= pl.lit(ordered[0])) & (value <= pl.lit(ordered[-1]))).join(
         ordered.to_frame(column).lazy(), on=column, how="semi"
     )
+
+
+def sql_in(column: str, values: Iterable[str]) -> str:
+    """The delta-rs predicate ``column IN ('a', 'b')``, each value quoted as an SQL string."""
+    quoted = ", ".join("'" + value.replace("'", "''") + "'" for value in values)
+    return f"{column} IN ({quoted})"
 
 
 def compact(

@@ -20,7 +20,7 @@ from claw_pipelines.inspector.api_models import (
 )
 from claw_pipelines.inspector.summary import latest_labels
 from claw_pipelines.inspector.tables import LakeState
-from claw_pipelines.lake import Lake
+from claw_pipelines.lake import Lake, sql_in
 
 STEP_COLUMNS = [
     "turn_id",
@@ -53,10 +53,6 @@ STEP_COLUMNS = [
 ]
 
 
-def _quoted(values: pl.Series) -> str:
-    return ", ".join("'" + v.replace("'", "''") + "'" for v in values.to_list())
-
-
 def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
     """Full `turns` rows for ``located`` (turn_id, _commit_version), one CDF read per commit.
 
@@ -69,7 +65,7 @@ def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
     columns = [c for c in STEP_COLUMNS if c in present]
     frames, vacuumed = [], []
     for (version,), part in located.group_by("_commit_version"):
-        predicate = f"_change_type = 'insert' AND turn_id IN ({_quoted(part['turn_id'])})"
+        predicate = f"_change_type = 'insert' AND {sql_in('turn_id', part['turn_id'])}"
         try:
             reader = table.load_cdf(
                 starting_version=version,
