@@ -23,9 +23,10 @@ from assets.incremental import COMPACT_AFTER_FILES, WRITER
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, markdown_table, table_metadata
 from assets.quality import curated_steps
+from assets.retirements import retired_table
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
 from claw_pipelines.exporters import export_batch
-from claw_pipelines.lake import Lake, compact
+from claw_pipelines.lake import Lake, compact, sql_in
 from claw_pipelines.recipes import BatchPlan, Recipe
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
@@ -67,12 +68,11 @@ def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
     table = lake.ensure(ledger.batches_table(recipe.name), schema)
     chunks = (conform(rows, schema) for rows in plan.row_chunks())
     batches = (b for chunk in _prefetched(chunks) for b in chunk.to_batches())
-    quoted = plan.batch_id.replace("'", "''")
     write_deltalake(
         table,
         pa.RecordBatchReader.from_batches(schema, batches),
         mode="overwrite",
-        predicate=f"batch_id = '{quoted}'",
+        predicate=sql_in("batch_id", [plan.batch_id]),
         writer_properties=WRITER,
     )
     compact(
@@ -113,6 +113,14 @@ def _consumed_once_check(lake: Lake, recipe: str, turn_ids: pl.Series) -> dg.Ass
             "examples": dg.MetadataValue.json(reused.head(20).to_list()),
         },
     )
+
+
+def _retired_counts(lake: Lake, recipe: str, pins: dict) -> dict[str, int]:
+    """Steps the plan left out as retired (dropped for good by earlier plans), by reason."""
+    version = pins.get("batch_retired", -1)
+    if version < 0:
+        return {}
+    return counts(lake.scan(retired_table(recipe), version).select("reason").collect(), "reason")
 
 
 def _decoded(rows: pl.DataFrame, message_column: str) -> pl.DataFrame:
@@ -176,6 +184,7 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
                 "sample": dg.MetadataValue.md(markdown_table(sample)),
                 "reward_distribution": histogram(rows.get_column(reward)),
                 "dropped": dg.MetadataValue.json(counts(plan.dropped, "reason")),
+                "retired": dg.MetadataValue.json(_retired_counts(the_lake, name, pins)),
             },
             check_results=[
                 _group_check(recipe, rows),

@@ -1,9 +1,10 @@
 """Batch reservations: which steps each batch of a recipe consumed, and what it was planned from.
 
 ``batch_ledger/<recipe>`` holds one row per consumed step. A batch's rows are appended in one
-commit together with its pins (the curated_steps, steps (token lists) and ledger versions it was
-planned from and the planning time), so the ledger is both the "at most one batch per step"
-guarantee and the partition's record: re-planning from the pins reproduces the batch exactly.
+commit together with its pins (the curated_steps, steps (token lists), ledger and retirement
+versions it was planned from and the planning time), so the ledger is both the "at most one
+batch per step" guarantee and the partition's record: re-planning from the pins reproduces the
+batch exactly.
 Reservations carry a ``claw/plan/<recipe>`` app transaction taken from the snapshot the plan was
 made on, so two planners racing on the same ledger cannot both commit.
 """
@@ -18,6 +19,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from assets.incremental import COMPACT_AFTER_FILES
+from assets.retirements import Retirements, retired_table
 from claw_pipelines.derived_schemas import LEDGER, conform
 from claw_pipelines.lake import Lake, compact
 from claw_pipelines.recipes import BatchPlan, Recipe, plan_batch
@@ -48,12 +50,17 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
     """The plan for ``batch_id`` from exactly the inputs it was (or is being) planned from."""
     ledger_version = pins["batch_ledger"]
     ledger = None if ledger_version < 0 else lake.scan(ledger_table(recipe.name), ledger_version)
+    retired_version = pins.get("batch_retired", -1)
+    retired = (
+        None if retired_version < 0 else lake.scan(retired_table(recipe.name), retired_version)
+    )
     return plan_batch(
         recipe,
         lake.scan("curated_steps", pins["curated_steps"]),
         lake.scan("steps", pins["steps"]),
         ledger,
         datetime.fromisoformat(pins["planned_at"]),
+        retired=retired,
         batch_id=batch_id,
         source_versions={
             "curated_steps": pins["curated_steps"],
@@ -85,13 +92,16 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
     if curated_version is None:
         return None
     snapshot = lake.open(ledger_table(recipe.name))
+    retirements = Retirements.current(lake, recipe, curated_version)
     pins = {
         "curated_steps": curated_version,
         "steps": lake.version("steps"),
         "batch_ledger": -1 if snapshot is None else snapshot.version(),
+        "batch_retired": retirements.version,
         "planned_at": now.isoformat(),
     }
     plan = plan_from_pins(lake, recipe, batch_id, pins)
+    retirements.record(plan, curated_version, now)
     if not plan.ready:
         return None
     rows = conform(

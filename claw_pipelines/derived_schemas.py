@@ -221,6 +221,9 @@ DROPPED = pa.schema(
 )
 """Steps a batch plan left out and why (inspector batch preview)."""
 
+RETIRED = DROPPED.append(pa.field("retired_at", _TS))
+"""``batch_retired/<recipe>``: steps a recipe's plans dropped for good (``recipes.final_drops``)."""
+
 LEDGER = pa.schema(
     [
         pa.field("recipe", pa.string(), nullable=False),

@@ -407,22 +407,58 @@ def _dpo_batch(
     return fit(rows, DPO_PAIRS), pl.concat(drops), pairs.height >= wanted, consumed
 
 
-def _unconsumed(
-    recipe: Recipe, curated: pl.LazyFrame, consumed_before: pl.LazyFrame
-) -> pl.LazyFrame:
-    """Credited curated steps the recipe has not consumed: trajectory-based algorithms skip any
-    trajectory with a consumed step, dpo skips consumed steps (credit is still assigned over
-    the whole trajectory). The consumed keys and then the open trajectories are collected
-    first (one plan joining the whole id columns took ~3x the memory), so planning holds the
-    open trajectories' rows, not the table's."""
+def _unconsumed(recipe: Recipe, curated: pl.LazyFrame, excluded: pl.LazyFrame) -> pl.LazyFrame:
+    """Credited curated steps the recipe has neither consumed nor retired: trajectory-based
+    algorithms skip any trajectory with an excluded step, dpo skips excluded steps (credit is
+    still assigned over the whole trajectory). The excluded keys and then the open trajectory
+    ids are collected first (one plan joining the whole id columns took ~3x the memory), so
+    planning holds the open trajectories' rows, not the table's."""
     key = "turn_id" if recipe.algorithm == "dpo" else "trajectory_id"
-    consumed = consumed_before.select(key).unique().collect(engine="streaming").lazy()
+    excluded = excluded.select(key).unique().collect(engine="streaming").lazy()
     open_trajectories = (
-        curated.join(consumed, on=key, how="anti").select("trajectory_id").unique().collect()
+        curated.join(excluded, on=key, how="anti").select("trajectory_id").unique().collect()
     )
     open_rows = keyed(curated, "trajectory_id", open_trajectories.get_column("trajectory_id"))
     credited = assign_credit(open_rows, recipe.credit_assignment)
-    return credited.join(consumed, on=key, how="anti") if key == "turn_id" else credited
+    return credited.join(excluded, on=key, how="anti") if key == "turn_id" else credited
+
+
+FINAL_REASONS = frozenset(
+    {
+        "untrainable",
+        "low_quality",
+        "no_reward",
+        "stale",
+        "prompt_too_long",
+        "response_too_long",
+        "no_tokens",
+        "trajectory_filtered",
+        "below_min_reward",
+        "no_group",
+    }
+)
+"""Drops decided by the step's own trajectory: they stand until one of its curated rows changes
+(staleness only grows, as the newest policy version never goes back)."""
+
+FINAL_GROUP_REASONS = frozenset({"zero_variance", "straggler_dropped"})
+"""Drops of a whole group: they stand until a curated row of the group changes, provided every
+other unconsumed member of the group is dropped for good too. A member waiting, overflowing or
+queued for a later batch could still move into the group's first ``group_size``."""
+
+
+def final_drops(recipe: Recipe, dropped: pl.DataFrame) -> pl.DataFrame:
+    """The rows of a plan's ``dropped`` that every later plan drops as well, as long as no curated
+    row of their group (or of their trajectory, when it has none) changes.
+
+    Leaving them out of later plans (``plan_batch(retired=...)``) changes no batch; it keeps
+    planning from re-reading everything ever dropped (e.g. GRPO's many zero-variance groups).
+    """
+    final = pl.col("reason").is_in(list(FINAL_REASONS))
+    if recipe.algorithm == "dpo":
+        return dropped.filter(final)
+    by_group = pl.col("reason").is_in(list(FINAL_GROUP_REASONS))
+    group_done = (final | by_group).all().over("group_id")
+    return dropped.filter(final | (by_group & group_done))
 
 
 def plan_batch(
@@ -432,6 +468,7 @@ def plan_batch(
     ledger: pl.LazyFrame | pl.DataFrame | None,
     now: datetime,
     *,
+    retired: pl.LazyFrame | pl.DataFrame | None = None,
     batch_id: str | None = None,
     source_versions: dict[str, int] | None = None,
     latest_policy_version: int | None = None,
@@ -444,19 +481,27 @@ def plan_batch(
     skip any trajectory with a consumed step (so late steps of a consumed trajectory never
     form a fragment); dpo skips consumed steps. Everything is ordered by explicit keys
     (start time, then ids), so the same inputs and ``now`` give the same batch. ``batch_id``
-    defaults to ``<recipe>-<n+1>`` with n the batches in the ledger. Planning reads only the
+    defaults to ``<recipe>-<n+1>`` with n the batches in the ledger. ``retired`` steps (rows of
+    earlier plans' ``final_drops``) are left out like consumed ones. Planning reads only the
     narrow curated columns; the token lists of the selected rows are then read from ``steps``.
     """
     curated = curated_steps.lazy()
     if latest_policy_version is None:
         latest_policy_version = curated.select(pl.col("policy_version").max()).collect().item()
     latest = pl.lit(latest_policy_version, pl.Int64)
-    if ledger is None:
-        batches_so_far, candidates = 0, assign_credit(curated, recipe.credit_assignment)
-    else:
-        consumed_before = ledger.lazy().select("batch_id", "turn_id", "trajectory_id")
-        batches_so_far = consumed_before.select(pl.col("batch_id").n_unique()).collect().item()
-        candidates = _unconsumed(recipe, curated, consumed_before)
+    batches_so_far = 0
+    if ledger is not None:
+        batches_so_far = ledger.lazy().select(pl.col("batch_id").n_unique()).collect().item()
+    excluded = [
+        frame.lazy().select("turn_id", "trajectory_id")
+        for frame in (ledger, retired)
+        if frame is not None
+    ]
+    candidates = (
+        _unconsumed(recipe, curated, pl.concat(excluded))
+        if excluded
+        else assign_credit(curated, recipe.credit_assignment)
+    )
     batch_id = batch_id or f"{recipe.name}-{batches_so_far + 1:06d}"
     frame = (
         candidates.with_columns(_step_reasons(recipe, latest).alias("_reason"))

@@ -28,11 +28,12 @@ def land_rollouts(
     *,
     seed: int = 0,
     complete: bool = True,
+    flat: bool = False,
 ) -> Rollouts:
     """Land ``groups`` GRPO groups of multi-step trajectories, then their completion events.
 
     Each step's prompt extends the previous prompt + response exactly (prefix-consistent), and
-    rewards differ within a group so no group has zero variance.
+    rewards differ within a group so no group has zero variance (``flat``: all score 1).
     """
     rng = random.Random(seed)
     landed = Rollouts()
@@ -74,7 +75,7 @@ def land_rollouts(
                 turn_rows.append(turn.model_dump())
                 landed.turns[turn.turn_id] = turn.model_dump()
                 prompt = [*prompt, *response, 7, 8]
-            reward = float(member % 2)
+            reward = 1.0 if flat else float(member % 2)
             landed.rewards[trajectory_id] = reward
             if complete:
                 event_rows.append(

@@ -9,7 +9,7 @@ import pytest
 from transform_rows import SYSTEM, T0, at, chain, event, events, rewards, turn, turns
 
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, conform
-from claw_pipelines.recipes import Recipe, load_recipes, plan_batch
+from claw_pipelines.recipes import Recipe, final_drops, load_recipes, plan_batch
 from claw_pipelines.reward_rules import RewardConfig
 from claw_pipelines.transforms import (
     QualityConfig,
@@ -213,3 +213,81 @@ def test_stale_trajectories_are_measured_against_the_newest_policy_seen():
     assert plan_batch(recipe, curated, steps, None, at(200), latest_policy_version=2).rows[
         "group_id"
     ].unique().to_list() == ["a"]
+
+
+def _same_batch_without(retired: pl.DataFrame, recipe: Recipe, curated, steps, ledger, now, **kw):
+    """The plan leaving ``retired`` out, after checking it picks what re-reading them picks."""
+    full = plan_batch(recipe, curated, steps, ledger, now, **kw)
+    lean = plan_batch(recipe, curated, steps, ledger, now, retired=retired, **kw)
+    assert lean.rows.equals(full.rows) and lean.consumed.equals(full.consumed)
+    assert lean.ready == full.ready
+    kept = full.dropped.join(retired.select("turn_id"), on="turn_id", how="anti")
+    assert lean.dropped.equals(kept)
+    return lean
+
+
+def test_final_drops_leave_every_later_batch_unchanged():
+    """Time passes, the policy moves on and a batch is consumed between the plans: leaving the
+    first plan's final drops out changes nothing. An overflowing zero-variance group is not
+    final: once a member goes stale, the next one moves up and the group is trainable."""
+    curated, steps = _curated({"flat": [1, 1], "over": [1, 1, 0], "ok": [0, 1], "late": [1, 0],
+                               "s": [1]})  # fmt: skip
+    curated = curated.with_columns(
+        pl.when(pl.col("trajectory_id") == "over:0").then(1).otherwise(3).alias("policy_version"),
+        (pl.col("trajectory_id") != "late:1").alias("trainable"),
+    )
+    recipe = _recipe(groups_per_batch=1, filters={"max_policy_lag": 2})
+    first = plan_batch(recipe, curated, steps, None, at(200))
+    assert set(first.rows["group_id"]) == {"ok"}
+    retired = final_drops(recipe, first.dropped)
+    assert set(retired["trajectory_id"]) == {"flat:0", "flat:1", "late:1"}
+    assert _reasons(first)["over:0"] == "zero_variance"
+
+    ledger = first.ledger_rows("grpo", at(200))
+    second = _same_batch_without(retired, recipe, curated, steps, ledger, at(5000),
+                                 latest_policy_version=4)  # fmt: skip
+    assert set(second.rows["trajectory_id"]) == {"over:1", "over:2"}
+    assert _reasons(second) == {"over:0": "stale", "late:0": "straggler_dropped",
+                                "s:0": "straggler_dropped"}  # fmt: skip
+    retired = pl.concat([retired, final_drops(recipe, second.dropped)])
+    assert set(retired["trajectory_id"]) == {"flat:0", "flat:1", "late:1", "late:0", "s:0",
+                                             "over:0"}  # fmt: skip
+    ledger = pl.concat([ledger, second.ledger_rows("grpo", at(5000))])
+    third = _same_batch_without(retired, recipe, curated, steps, ledger, at(9000),
+                                latest_policy_version=4)  # fmt: skip
+    assert third.rows.is_empty() and third.dropped.is_empty()
+
+
+def test_groups_waiting_or_queued_are_not_final():
+    curated, steps = _curated({"a": [1, 0], "b": [0, 1], "w": [1]})
+    plan = plan_batch(_recipe(groups_per_batch=1), curated, steps, None, at(200))
+    assert set(_reasons(plan).values()) == {"next_batch", "waiting_for_group"}
+    assert final_drops(_recipe(groups_per_batch=1), plan.dropped).is_empty()
+
+
+def test_dpo_retires_single_steps_but_never_unpaired_ones():
+    """An unpaired step can pair with a group mate once the best and worst are consumed."""
+    prompt = [*SYSTEM, 1, 2]
+    rows = [turn(name, prompt, [i + 5], trajectory_id=f"t{i}", group_id="g", start=i)
+            for i, name in enumerate(["best", "high", "low", "worst", "skip"])]  # fmt: skip
+    values = {"t0": 1.0, "t1": 0.8, "t2": 0.2, "t3": 0.0, "t4": 0.5}
+    landed = rewards(*[{"trajectory_id": t, "value": v} for t, v in values.items()])
+    steps = extract_steps(turns(*rows), None, events(*[event(t) for t in values]), now=at(50)).steps
+    curated = (
+        curate_steps(
+            score_steps(reward_steps(steps, landed, None, RewardConfig()), steps, QualityConfig()),
+            None,
+        )
+        .collect()
+        .with_columns((pl.col("turn_id") != "skip").alias("trainable"))
+    )
+    recipe = load_recipes("assets/batches.yaml")["dpo"].model_copy(update={"groups_per_batch": 1})
+    first = plan_batch(recipe, curated, steps, None, at(60))
+    retired = final_drops(recipe, first.dropped)
+    assert retired.select("turn_id", "reason").rows() == [("skip", "untrainable")]
+    ledger = first.ledger_rows("dpo", at(60))
+    second = _same_batch_without(retired, recipe, curated, steps, ledger, at(60))
+    assert (second.rows["turn_id"].item(), second.rows["rejected_turn_id"].item()) == (
+        "high",
+        "low",
+    )

@@ -1,0 +1,69 @@
+"""Retired steps on real tables: a plan's final drops stay out of later plans until a curated row
+of their group changes, a changed recipe voids them, and a racing planner retires nothing."""
+
+from __future__ import annotations
+
+import dagster as dg
+import polars as pl
+from dagster_harness import Driver
+from dagster_rollouts import land_rollouts
+
+from assets import ledger
+from assets.configs import recipes
+from assets.retirements import Retirements, retired_table
+from claw_pipelines.schemas import Reward, rows_to_arrow, utc_now
+
+RETIRED = retired_table("grpo")
+
+
+def test_flat_groups_stay_retired_until_a_late_reward_changes_one(bound, instance) -> None:
+    driver = Driver(bound, instance)
+    flat = land_rollouts(bound.lake, groups=2, group_size=4, steps=2, flat=True)
+    driver.refresh()
+    assert isinstance(driver.tick("batch_grpo_planner"), dg.SkipReason)
+    retired = bound.lake.scan(RETIRED).collect()
+    assert retired.height == 16 and set(retired["reason"]) == {"zero_variance"}
+    version = bound.lake.version(RETIRED)
+    assert ledger.reserve(bound.lake, recipes()["grpo"], "grpo-000001", utc_now()) is None
+    assert bound.lake.version(RETIRED) == version  # nothing new to retire: no commit
+
+    changed, unchanged = flat.groups
+    late = Reward(trajectory_id=flat.groups[changed][0], value=0.0)
+    bound.lake.append("rewards", rows_to_arrow(Reward, [late.model_dump()]))
+    land_rollouts(bound.lake, groups=3, group_size=4, steps=2, seed=1)
+    driver.refresh()
+    (request,) = driver.tick("batch_grpo_planner").run_requests
+    result = driver.materialize(["batch_grpo"], partition_key=request.partition_key)
+    batch = bound.lake.scan("batches/grpo").collect()
+    assert changed in set(batch["group_id"]) and unchanged not in set(batch["group_id"])
+    assert set(bound.lake.scan(RETIRED).collect()["group_id"]) == {unchanged}
+    pins = driver.metadata(result, "batch_grpo")["pinned_versions"]
+    assert pins["batch_retired"] >= 0
+    assert driver.metadata(result, "batch_grpo")["retired"] == {"zero_variance": 8}
+
+    driver.materialize(["batch_grpo"], partition_key=request.partition_key)
+    again = bound.lake.scan("batches/grpo").collect()
+    assert again.select("turn_id", "reward").equals(batch.select("turn_id", "reward"))
+
+
+def test_a_racing_planner_retires_nothing_and_a_changed_recipe_voids_all(bound, instance) -> None:
+    land_rollouts(bound.lake, groups=1, group_size=4, steps=2, flat=True)
+    Driver(bound, instance).refresh()
+    recipe, curated = recipes()["grpo"], bound.lake.version("curated_steps")
+    now = utc_now()
+    pins = {"curated_steps": curated, "steps": bound.lake.version("steps"),
+            "batch_ledger": -1, "planned_at": now.isoformat()}  # fmt: skip
+    plan = ledger.plan_from_pins(bound.lake, recipe, "grpo-000001", pins)
+    winner = Retirements.current(bound.lake, recipe, curated)
+    loser = Retirements.current(bound.lake, recipe, curated)
+    winner.record(plan, curated, now)
+    loser.record(plan, curated, now)
+    assert winner.usable and not loser.usable and loser.scan() is None
+    assert bound.lake.scan(RETIRED).collect().height == 8
+
+    same = Retirements.current(bound.lake, recipe.model_copy(update={"groups_per_batch": 9}),
+                               curated)  # fmt: skip
+    assert same.scan().collect().height == 8
+    stricter = recipe.model_copy(update={"straggler_timeout_s": 1.0})
+    assert Retirements.current(bound.lake, stricter, curated).scan().collect().is_empty()
+    assert bound.lake.scan(RETIRED).select(pl.len()).collect().item() == 0
