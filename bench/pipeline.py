@@ -60,8 +60,10 @@ def _ids(prefix: str, start: int, rows: int) -> pa.Array:
     return pa.array([f"{prefix}-{i:09d}" for i in range(start, start + rows)])
 
 
-def land(lake: Lake, first: int, count: int, seed: int) -> None:
-    """Land ``count`` one-turn trajectories (in complete groups) and their completion events."""
+def land(lake: Lake, first: int, count: int, seed: int, flat_share: float = 0.0) -> None:
+    """Land ``count`` one-turn trajectories (in complete groups) and their completion events;
+    rewards alternate within a group, except in ``flat_share`` of the groups, where all are 1
+    (zero variance)."""
     rng = np.random.default_rng(seed)
     turn_schema, event_schema = Turn.arrow_schema(), TrajectoryEventRow.arrow_schema()
     base = datetime(2026, 11, 30, tzinfo=UTC)
@@ -111,7 +113,9 @@ def land(lake: Lake, first: int, count: int, seed: int) -> None:
             "trajectory_id": trajectories,
             "group_id": groups,
             "event": pa.array(["completed"] * rows),
-            "reward": pa.array((index % 2).astype(np.float64)),
+            "reward": pa.array(
+                np.where((index // GROUP_SIZE) % 100 < flat_share * 100, 1.0, index % 2)
+            ),
             "created_at": started,
         }
         lake.append(
@@ -122,7 +126,14 @@ def land(lake: Lake, first: int, count: int, seed: int) -> None:
         )
 
 
-def _peak_rss_mib() -> float:
+def peak_rss_mib() -> float:
+    """This process's own peak RSS. Not ``getrusage``: a child started by ``subprocess`` (vfork
+    + exec) inherits its parent's peak in ``ru_maxrss``, so every phase would report at least
+    the memory of the process that landed the turns."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        (line,) = [x for x in status.read_text().splitlines() if x.startswith("VmHWM:")]
+        return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -167,10 +178,15 @@ def phase_pipeline(lake: Lake, batch_id: str, groups: int) -> dict:
     }
 
 
-def run_phase(args: list[str]) -> dict:
-    """Run one phase in a fresh interpreter and add its peak RSS."""
+def flat_groups(groups: int, flat_share: float) -> int:
+    """How many of the first ``groups`` groups ``land`` makes zero-variance."""
+    return int((np.arange(groups) % 100 < flat_share * 100).sum())
+
+
+def run_phase(args: list[str], script: str = __file__) -> dict:
+    """Run one phase of ``script`` in a fresh interpreter and add its peak RSS."""
     done = subprocess.run(
-        [sys.executable, __file__, *args], capture_output=True, text=True, check=False
+        [sys.executable, script, *args], capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         raise RuntimeError(f"phase {args} failed:\n{done.stderr[-4000:]}")
@@ -192,7 +208,7 @@ def main() -> None:
             if args.phase == "scan"
             else phase_pipeline(lake, args.batch_id, args.groups)
         )
-        print(json.dumps({**measured, "peak_rss_mib": round(_peak_rss_mib(), 1)}))
+        print(json.dumps({**measured, "peak_rss_mib": round(peak_rss_mib(), 1)}))
         return
 
     turns = args.turns - args.turns % GROUP_SIZE

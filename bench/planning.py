@@ -1,0 +1,126 @@
+"""Benchmark: planning a batch over a backlog of steps dropped for good, with and without retiring.
+
+GRPO drops every group whose rewards are all equal, and in practice that is a large share of
+them. Lands N single-step rollouts (groups of 4, ``--flat-share`` of them zero-variance, every
+other group consumed by one big batch), runs the asset chain, then, each in a fresh process so
+its peak RSS is its own:
+
+* ``first``: the first plan after the build: reads the whole backlog and retires it;
+* ``next``: +1 ready group landed and the chain re-run, the next plan (reads the retirements'
+  ids, not the retired steps);
+* ``unretired``: the same plan with the retirements ignored: what every plan cost before.
+
+Prints one JSON object: seconds and ``peak_rss_mib`` per plan, and ``next_over_unretired``.
+
+    .venv/bin/python bench/planning.py [--turns 100000] [--flat-share 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from pipeline import CHAIN, GROUP_SIZE, flat_groups, land, peak_rss_mib, run_phase
+
+from claw_pipelines.lake import Lake
+
+
+def _chain(lake: Lake) -> None:
+    import dagster as dg
+
+    from claw_pipelines.definitions import build_definitions
+    from resources.lake import LakeResource
+
+    defs = build_definitions(lake=LakeResource(lake_uri=lake.root))
+    keys = [dg.AssetKey(k) for k in CHAIN]
+    job = defs.resolve_implicit_job_def_def_for_assets(keys)
+    if not job.execute_in_process(asset_selection=keys).success:
+        raise RuntimeError("the asset chain failed")
+
+
+def phase_plan(lake: Lake, batch_id: str, groups: int, retired: bool) -> dict:
+    """One ``ledger.reserve`` of a grpo batch of ``groups`` groups (``retired=False``: a plan
+    from the same inputs that ignores the retirements, and records nothing)."""
+    import pyarrow.compute  # noqa: F401  (imported once by the long-running planner, not per plan)
+
+    from assets import ledger
+    from assets.configs import recipes
+    from claw_pipelines.schemas import utc_now
+
+    recipe = recipes()["grpo"].model_copy(update={"groups_per_batch": groups})
+    started = time.perf_counter()
+    if retired:
+        plan = ledger.reserve(lake, recipe, batch_id, utc_now())
+        rows = 0 if plan is None else plan.planned.height
+    else:
+        pins = {
+            "curated_steps": lake.version("curated_steps"),
+            "steps": lake.version("steps"),
+            "batch_ledger": lake.version(ledger.ledger_table(recipe.name)),
+            "planned_at": utc_now().isoformat(),
+        }
+        rows = ledger.plan_from_pins(lake, recipe, batch_id, pins).planned.height
+    return {"seconds": time.perf_counter() - started, "batch_rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=100_000)
+    parser.add_argument("--flat-share", type=float, default=0.5)
+    parser.add_argument("--phase", choices=["chain", "plan"], help=argparse.SUPPRESS)
+    parser.add_argument("--lake", help=argparse.SUPPRESS)
+    parser.add_argument("--batch-id", help=argparse.SUPPRESS)
+    parser.add_argument("--groups", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--unretired", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase:
+        lake = Lake(args.lake)
+        if args.phase == "chain":
+            _chain(lake)
+            measured = {}
+        else:
+            measured = phase_plan(lake, args.batch_id, args.groups, not args.unretired)
+        print(json.dumps({**measured, "peak_rss_mib": round(peak_rss_mib(), 1)}))
+        return
+
+    turns = args.turns - args.turns % GROUP_SIZE
+    with tempfile.TemporaryDirectory(prefix="claw-bench-") as root:
+        lake = Lake(str(Path(root) / "lake"))
+        land(lake, 0, turns, seed=0, flat_share=args.flat_share)
+        run_phase(["--phase", "chain", "--lake", lake.root], script=__file__)
+        groups = turns // GROUP_SIZE
+        trainable = groups - flat_groups(groups, args.flat_share)
+        plan = ["--phase", "plan", "--lake", lake.root]
+        first = run_phase([*plan, "--batch-id", "grpo-000001", "--groups", str(trainable)],
+                          script=__file__)  # fmt: skip
+        land(lake, turns, GROUP_SIZE, seed=1)
+        run_phase(["--phase", "chain", "--lake", lake.root], script=__file__)
+        then = [*plan, "--batch-id", "grpo-000002", "--groups", "1"]
+        unretired = run_phase([*then, "--unretired"], script=__file__)
+        following = run_phase(then, script=__file__)
+    print(
+        json.dumps(
+            {
+                "turns": turns,
+                "flat_share": args.flat_share,
+                "first_plan_seconds": round(first["seconds"], 3),
+                "first_plan_batch_rows": first["batch_rows"],
+                "first_plan_peak_rss_mib": first["peak_rss_mib"],
+                "next_plan_seconds": round(following["seconds"], 3),
+                "next_plan_batch_rows": following["batch_rows"],
+                "next_plan_peak_rss_mib": following["peak_rss_mib"],
+                "unretired_plan_seconds": round(unretired["seconds"], 3),
+                "unretired_plan_peak_rss_mib": unretired["peak_rss_mib"],
+                "next_over_unretired": round(following["seconds"] / unretired["seconds"], 3),
+                "ok": first["batch_rows"] > 0
+                and following["batch_rows"] == unretired["batch_rows"] > 0,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
