@@ -489,9 +489,11 @@ def plan_batch(
     if latest_policy_version is None:
         latest_policy_version = curated.select(pl.col("policy_version").max()).collect().item()
     latest = pl.lit(latest_policy_version, pl.Int64)
-    batches_so_far = 0
-    if ledger is not None:
-        batches_so_far = ledger.lazy().select(pl.col("batch_id").n_unique()).collect().item()
+    if batch_id is None:
+        batches_so_far = 0
+        if ledger is not None:
+            batches_so_far = ledger.lazy().select(pl.col("batch_id").n_unique()).collect().item()
+        batch_id = f"{recipe.name}-{batches_so_far + 1:06d}"
     excluded = [
         frame.lazy().select("turn_id", "trajectory_id")
         for frame in (ledger, retired)
@@ -502,7 +504,6 @@ def plan_batch(
         if excluded
         else assign_credit(curated, recipe.credit_assignment)
     )
-    batch_id = batch_id or f"{recipe.name}-{batches_so_far + 1:06d}"
     frame = (
         candidates.with_columns(_step_reasons(recipe, latest).alias("_reason"))
         .sort("started_at", "trajectory_id", "step_index", "turn_id")
