@@ -61,6 +61,7 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
         ledger,
         datetime.fromisoformat(pins["planned_at"]),
         retired=retired,
+        open_from=pins.get("open_from"),
         batch_id=batch_id,
         source_versions={
             "curated_steps": pins["curated_steps"],
@@ -98,11 +99,12 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
         "steps": lake.version("steps"),
         "batch_ledger": -1 if snapshot is None else snapshot.version(),
         "batch_retired": retirements.version,
+        "open_from": retirements.open_from,
         "planned_at": now.isoformat(),
     }
     plan = plan_from_pins(lake, recipe, batch_id, pins)
-    retirements.record(plan, curated_version, now)
     if not plan.ready:
+        retirements.record(plan, curated_version, now)
         return None
     rows = conform(
         plan.ledger_rows(recipe.name, now).with_columns(pins=pl.lit(json.dumps(pins))),
@@ -121,4 +123,5 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
         ),
     )
     compact(lake.open(ledger_table(recipe.name)), max_files=COMPACT_AFTER_FILES)
+    retirements.record(plan, curated_version, now)  # after: it assumes the batch consumed
     return plan

@@ -6,12 +6,18 @@ them out like consumed steps, so its work grows with the steps still in play, no
 everything ever dropped (zero-variance groups alone are often a large share of GRPO rollouts).
 
 A retirement stands only while the data it was decided on does. The table is current through a
-curated_steps version (app transaction ``claw/retired/<recipe fingerprint>``); every plan first
-reads the curated change feed since then and voids the retirements of each group or trajectory
-with a changed row (a late reward, a new label, a new group member). A changed recipe has a new
-fingerprint, so it voids them all. Voids and retirements carry that transaction: a planner that
-raced another one fails its commit instead of retiring from stale data, then plans without
-retirements (always right, only slower) and retires nothing.
+curated_steps version (app transaction ``claw/retired/<recipe>``); every plan first reads the
+curated change feed since then and voids the retirements of each group or trajectory with a
+changed row (a late reward, a new label, a new group member). A changed recipe has a new
+fingerprint (``claw/retired/recipe``), so it voids them all. Voids and retirements carry the
+through transaction: a planner that raced another one fails its commit instead of retiring
+from stale data, then plans without retirements (always right, only slower) and retires
+nothing.
+
+Each retirement commit also records where the next plan may start reading (``claw.open_from``,
+the plan's ``open_from_next``): every trajectory sorting before it is consumed or retired, so
+planning reads the tables' recent end only. A trajectory changed since (even with an old or
+unordered id) lowers it again.
 """
 
 from __future__ import annotations
@@ -27,18 +33,32 @@ from deltalake.exceptions import CommitFailedError
 
 from assets.incremental import CHUNK_TRAJECTORIES, COMPACT_AFTER_FILES
 from claw_pipelines.derived_schemas import RETIRED, conform
-from claw_pipelines.lake import Lake, changes, compact, sql_in
-from claw_pipelines.recipes import BatchPlan, Recipe, final_drops
+from claw_pipelines.lake import Lake, changes, compact, keyed, sql_in
+from claw_pipelines.recipes import BatchPlan, Recipe
+
+RECIPE_APP = "claw/retired/recipe"
+"""App transaction naming the recipe the retirements were decided under (its fingerprint as a
+number): a table last written under another recipe (even an earlier one edited back) is voided."""
+OPEN_FROM = "claw.open_from"
+HISTORY_SEARCHED = 20
+"""Commits searched back for the last ``claw.open_from`` (past voids and compactions); when
+none is found the next plan reads the tables whole, which is always right."""
 
 
 def retired_table(recipe: str) -> str:
     return f"batch_retired/{recipe}"
 
 
-def fingerprint(recipe: Recipe) -> str:
-    """Everything in the recipe that decides final drops (batch size and exports do not)."""
+def fingerprint(recipe: Recipe) -> int:
+    """Everything in the recipe that decides final drops (batch size and exports do not), as a
+    60-bit number (an app transaction version)."""
     settings = recipe.model_dump_json(exclude={"exports", "groups_per_batch"})
-    return hashlib.sha256(settings.encode()).hexdigest()[:16]
+    return int(hashlib.sha256(settings.encode()).hexdigest()[:15], 16)
+
+
+def _lowest(*values: str | None) -> str | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
 
 
 @dataclass
@@ -52,11 +72,16 @@ class Retirements:
     conflicts with it."""
     through: int | None
     """The curated_steps version the retirements are current through (None: none yet)."""
+    recorded_open_from: str | None = None
+    """``claw.open_from`` as the last plan recorded it."""
+    open_from: str | None = None
+    """Where this plan may start reading: the recorded one, lowered to every trajectory
+    changed since (None: read everything)."""
     usable: bool = True
 
     @property
     def app(self) -> str:
-        return f"claw/retired/{fingerprint(self.recipe)}"
+        return f"claw/retired/{self.recipe.name}"
 
     @property
     def version(self) -> int:
@@ -68,7 +93,8 @@ class Retirements:
         """The recipe's retirements with those that ``curated_version`` invalidated voided."""
         table = lake.ensure(retired_table(recipe.name), RETIRED)
         retirements = cls(lake, recipe, table, None)
-        retirements.through = table.transaction_version(retirements.app)
+        if table.transaction_version(RECIPE_APP) == fingerprint(recipe):
+            retirements.through = table.transaction_version(retirements.app)
         if retirements.through is not None and retirements.through > curated_version:
             retirements.usable = False  # decided on newer data than this plan's
             return retirements
@@ -79,11 +105,13 @@ class Retirements:
         return retirements
 
     def _void(self, curated_version: int) -> None:
-        if not self.table.file_uris():
-            return
+        """Void what changed since ``through`` and lower ``open_from`` to it."""
         if self.through is None:
-            self._delete(None)
+            if self.table.file_uris():
+                self._delete(None)
             return
+        self.recorded_open_from = self._recorded_open_from()
+        self.open_from = self.recorded_open_from
         changed = changes(
             self.lake.open("curated_steps"),
             self.through,
@@ -96,10 +124,8 @@ class Retirements:
         void = (
             pl.concat(
                 [
-                    retired.join(changed.lazy(), on="trajectory_id", how="semi"),
-                    retired.join(
-                        changed.lazy().select("group_id").drop_nulls(), on="group_id", how="semi"
-                    ),
+                    keyed(retired, "trajectory_id", changed.get_column("trajectory_id")),
+                    keyed(retired, "group_id", changed.get_column("group_id")),
                 ]
             )
             .select("trajectory_id")
@@ -110,18 +136,35 @@ class Retirements:
         )
         for start in range(0, void.len(), CHUNK_TRAJECTORIES):
             self._delete(sql_in("trajectory_id", void.slice(start, CHUNK_TRAJECTORIES)))
+        if self.open_from is not None:
+            self.open_from = _lowest(self.open_from, changed["trajectory_id"].min(), void.min())
+
+    def _recorded_open_from(self) -> str | None:
+        for commit in self.table.history(HISTORY_SEARCHED):
+            if OPEN_FROM in commit:
+                return commit[OPEN_FROM]
+        return None
 
     def _delete(self, predicate: str | None) -> None:
         self.table.delete(predicate, commit_properties=self._commit(self.through))
 
-    def _commit(self, through: int | None) -> CommitProperties:
-        transactions = None if through is None else [Transaction(app_id=self.app, version=through)]
+    def _commit(self, through: int | None, open_from: str | None = None) -> CommitProperties:
+        transactions = None
+        if through is not None:
+            transactions = [
+                Transaction(app_id=self.app, version=through),
+                Transaction(app_id=RECIPE_APP, version=fingerprint(self.recipe)),
+            ]
+        metadata = None if open_from is None else {OPEN_FROM: open_from}
         return CommitProperties(
-            max_commit_retries=self.lake.max_commit_retries, app_transactions=transactions
+            max_commit_retries=self.lake.max_commit_retries,
+            app_transactions=transactions,
+            custom_metadata=metadata,
         )
 
     def _give_up(self, action: str, error: CommitFailedError) -> None:
         self.usable = False
+        self.open_from = None
         dg.get_dagster_logger().warning(
             "another planner changed %s first (%s); this plan %s no retirements",
             retired_table(self.recipe.name),
@@ -135,18 +178,22 @@ class Retirements:
         return self.lake.scan(retired_table(self.recipe.name), self.version)
 
     def record(self, plan: BatchPlan, curated_version: int, now: datetime) -> None:
-        """Retire the plan's final drops, now current through ``curated_version``."""
+        """Retire the plan's final drops, now current through ``curated_version``, and record
+        where the next plan may start."""
         if not self.usable:
             return
-        rows = final_drops(self.recipe, plan.dropped).with_columns(retired_at=pl.lit(now))
-        if rows.is_empty() and (self.through == curated_version or not self.table.file_uris()):
+        rows = plan.final.with_columns(retired_at=pl.lit(now))
+        unchanged = self.through == curated_version and (
+            plan.open_from_next == self.recorded_open_from
+        )
+        if rows.is_empty() and unchanged:
             return
         try:
             write_deltalake(
                 self.table,
                 conform(rows, RETIRED),
                 mode="append",
-                commit_properties=self._commit(curated_version),
+                commit_properties=self._commit(curated_version, plan.open_from_next),
             )
         except CommitFailedError as error:
             self._give_up("record", error)

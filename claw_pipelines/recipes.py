@@ -125,6 +125,12 @@ class BatchPlan:
     consumed: pl.DataFrame
     """(turn_id, trajectory_id, group_id) of every step this batch uses; for dpo both the
     chosen and the rejected step."""
+    final: pl.DataFrame
+    """The rows of ``dropped`` that later plans drop too (``final_drops``): to retire."""
+    open_from_next: str | None
+    """The smallest trajectory id still in play once this batch is reserved (if ``ready``) and
+    the final drops retired, or the newest id when none is: the next plan's ``open_from``, valid
+    only after the reservation committed. None for an empty table."""
 
     @cached_property
     def rows(self) -> pl.DataFrame:
@@ -469,6 +475,7 @@ def plan_batch(
     now: datetime,
     *,
     retired: pl.LazyFrame | pl.DataFrame | None = None,
+    open_from: str | None = None,
     batch_id: str | None = None,
     source_versions: dict[str, int] | None = None,
     latest_policy_version: int | None = None,
@@ -482,8 +489,11 @@ def plan_batch(
     form a fragment); dpo skips consumed steps. Everything is ordered by explicit keys
     (start time, then ids), so the same inputs and ``now`` give the same batch. ``batch_id``
     defaults to ``<recipe>-<n+1>`` with n the batches in the ledger. ``retired`` steps (rows of
-    earlier plans' ``final_drops``) are left out like consumed ones. Planning reads only the
-    narrow curated columns; the token lists of the selected rows are then read from ``steps``.
+    earlier plans' ``final_drops``) are left out like consumed ones. ``open_from`` (an earlier
+    plan's ``open_from_next``, lowered to any trajectory changed since) says every trajectory
+    sorting before it is consumed or retired: only the rest of each table is read, which file
+    statistics make cheap as ids are time-ordered. Planning reads only the narrow curated
+    columns; the token lists of the selected rows are then read from ``steps``.
     """
     curated = curated_steps.lazy()
     if latest_policy_version is None:
@@ -494,8 +504,10 @@ def plan_batch(
         if ledger is not None:
             batches_so_far = ledger.lazy().select(pl.col("batch_id").n_unique()).collect().item()
         batch_id = f"{recipe.name}-{batches_so_far + 1:06d}"
+    in_play = pl.lit(True) if open_from is None else pl.col("trajectory_id") >= open_from
+    curated = curated.filter(in_play)
     excluded = [
-        frame.lazy().select("turn_id", "trajectory_id")
+        frame.lazy().filter(in_play).select("turn_id", "trajectory_id")
         for frame in (ledger, retired)
         if frame is not None
     ]
@@ -515,11 +527,22 @@ def plan_batch(
     else:
         rows, dropped, ready, picked = _trajectory_batch(recipe, frame, now, batch_id, versions)
         consumed = picked.select("turn_id", "trajectory_id", "group_id")
+    dropped = fit(dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED)
+    final = final_drops(recipe, dropped)
+    settled = pl.concat([final.select("turn_id"), consumed.select("turn_id")]) if ready else final
+    still_in_play = frame.join(settled, on="turn_id", how="anti").get_column("trajectory_id")
+    if still_in_play.len():
+        open_from_next = still_in_play.min()
+    else:  # nothing in play: what comes later is newer, or shows in the change feed
+        newest = curated.select(pl.col("trajectory_id").max()).collect().item()
+        open_from_next = newest if newest is not None else open_from
     return BatchPlan(
         batch_id=batch_id,
         planned=rows,
         tokens=None if recipe.algorithm == "dpo" else steps,
-        dropped=fit(dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED),
+        dropped=dropped,
         ready=ready,
         consumed=consumed.sort("turn_id"),
+        final=final,
+        open_from_next=open_from_next,
     )

@@ -29,11 +29,13 @@ def land_rollouts(
     seed: int = 0,
     complete: bool = True,
     flat: bool = False,
+    trajectory_prefix: str = "t",
 ) -> Rollouts:
     """Land ``groups`` GRPO groups of multi-step trajectories, then their completion events.
 
     Each step's prompt extends the previous prompt + response exactly (prefix-consistent), and
     rewards differ within a group so no group has zero variance (``flat``: all score 1).
+    Trajectory ids are ``<trajectory_prefix>-<time-ordered id>``.
     """
     rng = random.Random(seed)
     landed = Rollouts()
@@ -44,7 +46,7 @@ def land_rollouts(
         landed.groups[group_id] = []
         task = [rng.randrange(1, 30_000) for _ in range(12)]
         for member in range(group_size):
-            trajectory_id = f"t-{new_id()}"
+            trajectory_id = f"{trajectory_prefix}-{new_id()}"
             landed.groups[group_id].append(trajectory_id)
             prompt = list(task)
             for index in range(steps):

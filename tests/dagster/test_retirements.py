@@ -65,5 +65,34 @@ def test_a_racing_planner_retires_nothing_and_a_changed_recipe_voids_all(bound, 
                                curated)  # fmt: skip
     assert same.scan().collect().height == 8
     stricter = recipe.model_copy(update={"straggler_timeout_s": 1.0})
-    assert Retirements.current(bound.lake, stricter, curated).scan().collect().is_empty()
+    under_stricter = Retirements.current(bound.lake, stricter, curated)
+    assert under_stricter.scan().collect().is_empty()
     assert bound.lake.scan(RETIRED).select(pl.len()).collect().item() == 0
+    under_stricter.record(ledger.plan_from_pins(bound.lake, stricter, "grpo-000001", pins),
+                          curated, now)  # fmt: skip
+    assert bound.lake.scan(RETIRED).select(pl.len()).collect().item() == 8
+    edited_back = Retirements.current(bound.lake, recipe, curated)
+    assert edited_back.scan().collect().is_empty()  # decided under the other recipe
+
+
+def test_a_trajectory_sorting_before_the_read_start_is_still_planned(bound, instance) -> None:
+    """Plans read from the oldest trajectory still in play; one landing later with an id that
+    sorts before it (agents may bring their own ids) lowers that start through the change feed."""
+    driver = Driver(bound, instance)
+    first = land_rollouts(bound.lake, groups=4, group_size=4, steps=1)
+    driver.refresh()
+    assert len(driver.tick("batch_grpo_planner").run_requests) == 1
+    recipe = recipes()["grpo"]
+    assert ledger.reserve(bound.lake, recipe, "grpo-000002", utc_now()) is None
+    curated = bound.lake.version("curated_steps")
+    start = Retirements.current(bound.lake, recipe, curated).open_from
+    assert start == max(t for group in first.groups.values() for t in group)
+
+    early = land_rollouts(bound.lake, groups=4, group_size=4, steps=1, trajectory_prefix="a")
+    driver.refresh()
+    (request,) = driver.tick("batch_grpo_planner").run_requests
+    result = driver.materialize(["batch_grpo"], partition_key=request.partition_key)
+    batch = bound.lake.scan("batches/grpo").filter(pl.col("batch_id") == request.partition_key)
+    assert set(batch.collect()["group_id"]) == set(early.groups)
+    pins = driver.metadata(result, "batch_grpo")["pinned_versions"]
+    assert pins["open_from"] == min(t for group in early.groups.values() for t in group)

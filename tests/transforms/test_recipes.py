@@ -215,10 +215,13 @@ def test_stale_trajectories_are_measured_against_the_newest_policy_seen():
     ].unique().to_list() == ["a"]
 
 
-def _same_batch_without(retired: pl.DataFrame, recipe: Recipe, curated, steps, ledger, now, **kw):
-    """The plan leaving ``retired`` out, after checking it picks what re-reading them picks."""
+def _same_batch_without(earlier, recipe: Recipe, curated, steps, ledger, now, **kw):
+    """The plan leaving out the ``earlier`` plans' final drops and starting at the last one's
+    ``open_from_next``, after checking it picks what reading everything picks."""
+    retired = pl.concat([plan.final for plan in earlier])
     full = plan_batch(recipe, curated, steps, ledger, now, **kw)
-    lean = plan_batch(recipe, curated, steps, ledger, now, retired=retired, **kw)
+    lean = plan_batch(recipe, curated, steps, ledger, now, retired=retired,
+                      open_from=earlier[-1].open_from_next, **kw)  # fmt: skip
     assert lean.rows.equals(full.rows) and lean.consumed.equals(full.consumed)
     assert lean.ready == full.ready
     kept = full.dropped.join(retired.select("turn_id"), on="turn_id", how="anti")
@@ -239,23 +242,24 @@ def test_final_drops_leave_every_later_batch_unchanged():
     recipe = _recipe(groups_per_batch=1, filters={"max_policy_lag": 2})
     first = plan_batch(recipe, curated, steps, None, at(200))
     assert set(first.rows["group_id"]) == {"ok"}
-    retired = final_drops(recipe, first.dropped)
-    assert set(retired["trajectory_id"]) == {"flat:0", "flat:1", "late:1"}
+    assert first.final.equals(final_drops(recipe, first.dropped))
+    assert set(first.final["trajectory_id"]) == {"flat:0", "flat:1", "late:1"}
     assert _reasons(first)["over:0"] == "zero_variance"
+    assert first.open_from_next == "late:0"  # flat:* are retired
 
     ledger = first.ledger_rows("grpo", at(200))
-    second = _same_batch_without(retired, recipe, curated, steps, ledger, at(5000),
+    second = _same_batch_without([first], recipe, curated, steps, ledger, at(5000),
                                  latest_policy_version=4)  # fmt: skip
     assert set(second.rows["trajectory_id"]) == {"over:1", "over:2"}
     assert _reasons(second) == {"over:0": "stale", "late:0": "straggler_dropped",
                                 "s:0": "straggler_dropped"}  # fmt: skip
-    retired = pl.concat([retired, final_drops(recipe, second.dropped)])
-    assert set(retired["trajectory_id"]) == {"flat:0", "flat:1", "late:1", "late:0", "s:0",
-                                             "over:0"}  # fmt: skip
+    assert set(second.final["trajectory_id"]) == {"late:0", "s:0", "over:0"}
+    assert second.open_from_next == "s:0"  # nothing left in play once reserved: the newest id
     ledger = pl.concat([ledger, second.ledger_rows("grpo", at(5000))])
-    third = _same_batch_without(retired, recipe, curated, steps, ledger, at(9000),
+    third = _same_batch_without([first, second], recipe, curated, steps, ledger, at(9000),
                                 latest_policy_version=4)  # fmt: skip
     assert third.rows.is_empty() and third.dropped.is_empty()
+    assert third.open_from_next == "s:0"  # nothing left in play: the newest id
 
 
 def test_groups_waiting_or_queued_are_not_final():
@@ -283,10 +287,9 @@ def test_dpo_retires_single_steps_but_never_unpaired_ones():
     )
     recipe = load_recipes("assets/batches.yaml")["dpo"].model_copy(update={"groups_per_batch": 1})
     first = plan_batch(recipe, curated, steps, None, at(60))
-    retired = final_drops(recipe, first.dropped)
-    assert retired.select("turn_id", "reason").rows() == [("skip", "untrainable")]
+    assert first.final.select("turn_id", "reason").rows() == [("skip", "untrainable")]
     ledger = first.ledger_rows("dpo", at(60))
-    second = _same_batch_without(retired, recipe, curated, steps, ledger, at(60))
+    second = _same_batch_without([first], recipe, curated, steps, ledger, at(60))
     assert (second.rows["turn_id"].item(), second.rows["rejected_turn_id"].item()) == (
         "high",
         "low",
