@@ -6,9 +6,10 @@ other group consumed by one big batch), runs the asset chain, then, each in a fr
 its peak RSS is its own:
 
 * ``first``: the first plan after the build: reads the whole backlog and retires it;
-* ``next``: +1 ready group landed and the chain re-run, the next plan (reads the retirements'
-  ids, not the retired steps);
-* ``unretired``: the same plan with the retirements ignored: what every plan cost before.
+* ``next``: +1 ready group landed and the chain re-run, the next plan (leaves the retired steps
+  out and reads the tables from the oldest trajectory still in play);
+* ``unretired``: the same plan without retirements or that start, reading everything: what
+  every plan cost before.
 
 Prints one JSON object: seconds and ``peak_rss_mib`` per plan, and ``next_over_unretired``.
 
@@ -43,7 +44,7 @@ def _chain(lake: Lake) -> None:
 
 def phase_plan(lake: Lake, batch_id: str, groups: int, retired: bool) -> dict:
     """One ``ledger.reserve`` of a grpo batch of ``groups`` groups (``retired=False``: a plan
-    from the same inputs that ignores the retirements, and records nothing)."""
+    from the same inputs that reads everything, and records nothing)."""
     import pyarrow.compute  # noqa: F401  (imported once by the long-running planner, not per plan)
 
     from assets import ledger
