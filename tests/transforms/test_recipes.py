@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 
 import polars as pl
@@ -294,3 +295,32 @@ def test_dpo_retires_single_steps_but_never_unpaired_ones():
         "high",
         "low",
     )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_plans_from_retirements_and_open_from_equal_full_plans_on_random_backlogs(seed):
+    """Random groups (flat ones common), untrainable steps, policy lag, straggler policies and
+    batch sizes; time passes, the policy moves on and ready batches are consumed."""
+    rng = random.Random(seed)
+    groups = {f"g{g}": [rng.choice([0.0, 0.5, 1.0, 1.0]) for _ in range(rng.randint(1, 5))]
+              for g in range(8)}  # fmt: skip
+    curated, steps = _curated(groups, steps=rng.randint(1, 2))
+    curated = curated.with_columns(
+        pl.Series("trainable", [rng.random() > 0.05 for _ in range(curated.height)]),
+        pl.Series("policy_version", [rng.choice([1, 2, 3, 3]) for _ in range(curated.height)],
+                  dtype=pl.Int64),
+    )  # fmt: skip
+    recipe = _recipe(group_size=3, groups_per_batch=rng.randint(1, 2),
+                     straggler_policy=rng.choice(["emit", "drop"]),
+                     filters={"max_policy_lag": 1})  # fmt: skip
+    ledger, earlier = None, []
+    for now, latest in [(100, 3), (700, 3), (2000, 4), (5000, 5)]:
+        if earlier:
+            plan = _same_batch_without(earlier, recipe, curated, steps, ledger, at(now),
+                                       latest_policy_version=latest)  # fmt: skip
+        else:
+            plan = plan_batch(recipe, curated, steps, ledger, at(now), latest_policy_version=latest)
+        earlier.append(plan)
+        if plan.ready:
+            consumed = plan.ledger_rows("grpo", at(now))
+            ledger = consumed if ledger is None else pl.concat([ledger, consumed])
