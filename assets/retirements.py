@@ -40,6 +40,7 @@ RECIPE_APP = "claw/retired/recipe"
 """App transaction naming the recipe the retirements were decided under (its fingerprint as a
 number): a table last written under another recipe (even an earlier one edited back) is voided."""
 OPEN_FROM = "claw.open_from"
+"""Commit metadata of every retirement commit: where the next plan may start ("" for nowhere)."""
 HISTORY_SEARCHED = 20
 """Commits searched back for the last ``claw.open_from`` (past voids and compactions); when
 none is found the next plan reads the tables whole, which is always right."""
@@ -142,20 +143,21 @@ class Retirements:
     def _recorded_open_from(self) -> str | None:
         for commit in self.table.history(HISTORY_SEARCHED):
             if OPEN_FROM in commit:
-                return commit[OPEN_FROM]
+                return commit[OPEN_FROM] or None
         return None
 
     def _delete(self, predicate: str | None) -> None:
         self.table.delete(predicate, commit_properties=self._commit(self.through))
 
-    def _commit(self, through: int | None, open_from: str | None = None) -> CommitProperties:
+    def _commit(
+        self, through: int | None, metadata: dict[str, str] | None = None
+    ) -> CommitProperties:
         transactions = None
         if through is not None:
             transactions = [
                 Transaction(app_id=self.app, version=through),
                 Transaction(app_id=RECIPE_APP, version=fingerprint(self.recipe)),
             ]
-        metadata = None if open_from is None else {OPEN_FROM: open_from}
         return CommitProperties(
             max_commit_retries=self.lake.max_commit_retries,
             app_transactions=transactions,
@@ -193,7 +195,9 @@ class Retirements:
                 self.table,
                 conform(rows, RETIRED),
                 mode="append",
-                commit_properties=self._commit(curated_version, plan.open_from_next),
+                commit_properties=self._commit(
+                    curated_version, {OPEN_FROM: plan.open_from_next or ""}
+                ),
             )
         except CommitFailedError as error:
             self._give_up("record", error)
