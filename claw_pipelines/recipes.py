@@ -504,7 +504,9 @@ def plan_batch(
         if ledger is not None:
             batches_so_far = ledger.lazy().select(pl.col("batch_id").n_unique()).collect().item()
         batch_id = f"{recipe.name}-{batches_so_far + 1:06d}"
-    in_play = pl.lit(True) if open_from is None else pl.col("trajectory_id") >= open_from
+    in_play = pl.lit(True)
+    if open_from is not None:
+        in_play = pl.col("trajectory_id").is_null() | (pl.col("trajectory_id") >= open_from)
     curated = curated.filter(in_play)
     excluded = [
         frame.lazy().filter(in_play).select("turn_id", "trajectory_id")
