@@ -115,12 +115,14 @@ def _consumed_once_check(lake: Lake, recipe: str, turn_ids: pl.Series) -> dg.Ass
     )
 
 
-def _retired_counts(lake: Lake, recipe: str, pins: dict) -> dict[str, int]:
-    """Steps the plan left out as retired (dropped for good by earlier plans), by reason."""
+def _retired_before(lake: Lake, recipe: str, pins: dict) -> int:
+    """How many steps earlier plans retired (the plan left them out), from the file statistics
+    of the pinned version: no data read, however many there are."""
     version = pins.get("batch_retired", -1)
     if version < 0:
-        return {}
-    return counts(lake.scan(retired_table(recipe), version).select("reason").collect(), "reason")
+        return 0
+    files = pl.DataFrame(lake.open(retired_table(recipe), version).get_add_actions(flatten=True))
+    return int(files.get_column("num_records").sum()) if files.height else 0
 
 
 def _decoded(rows: pl.DataFrame, message_column: str) -> pl.DataFrame:
@@ -184,7 +186,8 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
                 "sample": dg.MetadataValue.md(markdown_table(sample)),
                 "reward_distribution": histogram(rows.get_column(reward)),
                 "dropped": dg.MetadataValue.json(counts(plan.dropped, "reason")),
-                "retired": dg.MetadataValue.json(_retired_counts(the_lake, name, pins)),
+                "retired": dg.MetadataValue.json(counts(plan.final, "reason")),
+                "retired_before": _retired_before(the_lake, name, pins),
             },
             check_results=[
                 _group_check(recipe, rows),

@@ -57,11 +57,6 @@ def fingerprint(recipe: Recipe) -> int:
     return int(hashlib.sha256(settings.encode()).hexdigest()[:15], 16)
 
 
-def _lowest(*values: str | None) -> str | None:
-    present = [v for v in values if v is not None]
-    return min(present) if present else None
-
-
 @dataclass
 class Retirements:
     """A recipe's retirements as a plan at one curated_steps version may use them."""
@@ -138,7 +133,8 @@ class Retirements:
         for start in range(0, void.len(), CHUNK_TRAJECTORIES):
             self._delete(sql_in("trajectory_id", void.slice(start, CHUNK_TRAJECTORIES)))
         if self.open_from is not None:
-            self.open_from = _lowest(self.open_from, changed["trajectory_id"].min(), void.min())
+            lower = [changed["trajectory_id"].min(), void.min()]
+            self.open_from = min([self.open_from, *(v for v in lower if v is not None)])
 
     def _recorded_open_from(self) -> str | None:
         for commit in self.table.history(HISTORY_SEARCHED):
@@ -173,11 +169,6 @@ class Retirements:
             error,
             "uses" if action == "void" else "records",
         )
-
-    def scan(self) -> pl.LazyFrame | None:
-        if not self.usable:
-            return None
-        return self.lake.scan(retired_table(self.recipe.name), self.version)
 
     def record(self, plan: BatchPlan, curated_version: int, now: datetime) -> None:
         """Retire the plan's final drops, now current through ``curated_version``, and record
