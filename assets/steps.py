@@ -35,6 +35,9 @@ from resources.lake import LakeResource
 
 STEP_SAMPLE = ["trajectory_id", "step_index", "is_last", "token_source", "response_text"]
 
+STEPS_POOL = "claw_steps"
+"""The steps asset's Dagster pool: limited to one run at a time by the repository's dagster.yaml."""
+
 CHUNK_TURNS = 16_384
 """New turns extracted per commit, so a backlog (e.g. a first build) needs memory for a chunk."""
 
@@ -52,7 +55,7 @@ class StepsConfig(dg.Config):
     owners=OWNERS,
     deps=["turns", "trajectory_events"],
     automation_condition=on_new_data_or_idle_sweep(),
-    pool="claw_steps",
+    pool=STEPS_POOL,
     check_specs=STEP_CHECKS,
 )
 def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeResource):
@@ -66,6 +69,7 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     holding its last new turn), one commit each; only the last moves the watermark, and each
     replaces its step ids, so re-running after a crash part-way cannot duplicate steps.
     """
+    _warn_without_pool_limit(context)
     increment = Increment.begin(lake.lake(), "steps", "steps", ["turns", "trajectory_events"])
     tails = ClosedTails.for_run(increment.lake, increment.run)
     open_turns = _open_turns(increment.state_as_of("steps_open"), tails)
@@ -135,6 +139,23 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
             logprobs_aligned(checked),
         ],
     )
+
+
+def _warn_without_pool_limit(context: dg.AssetExecutionContext) -> None:
+    """Say so when this instance lets two steps runs overlap: the state tables assume one writer
+    (README, "Pipeline"). In-process runs (ephemeral instances) run one at a time anyway."""
+    instance = context.instance
+    if instance.is_ephemeral:
+        return
+    limits = {pool.name: pool.limit for pool in instance.event_log_storage.get_pool_limits()}
+    if limits.get(STEPS_POOL, instance.global_op_concurrency_default_limit) is None:
+        context.log.warning(
+            "pool %s has no limit on this Dagster instance: a second steps run started while this "
+            "one runs can lose turns. Set it: dagster instance concurrency set %s 1 (or use the "
+            "repository's dagster.yaml).",
+            STEPS_POOL,
+            STEPS_POOL,
+        )
 
 
 def _open_turns(state: pl.LazyFrame | None, tails: ClosedTails) -> pl.LazyFrame:

@@ -59,9 +59,7 @@ def start_dagster(port: int, workdir: Path, env: dict[str, str] | None = None) -
     """``dagster dev`` (webserver + daemon) on the project's workspace, state under workdir."""
     dagster_home = workdir / "dagster"
     dagster_home.mkdir(parents=True, exist_ok=True)
-    instance_config = REPO_ROOT / "resources" / "dagster.yaml"
-    if instance_config.exists():
-        shutil.copy(instance_config, dagster_home / "dagster.yaml")
+    shutil.copy(REPO_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
     command = ["dagster", "dev", "-w", str(REPO_ROOT / "workspace.yaml"), "-h", "127.0.0.1"]
     return start_service(
         "dagster",

@@ -90,7 +90,7 @@ def dagster_dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev
     root = tmp_path_factory.mktemp("dagster_dev")
     home = root / "home"
     home.mkdir()
-    shutil.copy(REPO / "resources" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     lake = Lake(str(root / "lake"))
     port = free_port()
     service = start_service(

@@ -78,3 +78,16 @@ def test_lake_resource_keeps_secrets_out_of_config(monkeypatch) -> None:
     assert lake.uri("batches/grpo") == "s3://bucket/lake/batches/grpo"
     local = LakeResource.from_settings(ClawSettings(lake_uri="relative/lake"))
     assert Path(local.lake_uri).is_absolute()
+
+
+def test_dagster_dev_in_the_repository_gives_each_derived_table_one_writer(monkeypatch) -> None:
+    """`dagster dev -w workspace.yaml` run here without $DAGSTER_HOME takes the repository's
+    dagster.yaml (Dagster's own lookup, as the CLI does it): one run per pool at a time."""
+    from dagster._cli.utils import get_possibly_temporary_instance_for_cli
+    from dagster._core.run_coordinator import QueuedRunCoordinator
+
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.chdir(REPO)
+    with get_possibly_temporary_instance_for_cli("dagster dev") as instance:
+        assert instance.global_op_concurrency_default_limit == 1
+        assert isinstance(instance.run_coordinator, QueuedRunCoordinator)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from datetime import timedelta
 from pathlib import Path
@@ -147,6 +148,22 @@ def test_a_stale_concurrent_run_cannot_commit_twice(bound) -> None:
         second.commit(rows)
     turns_version = bound.lake.version("turns")
     assert bound.lake.open("steps").transaction_version("claw/steps/turns") == turns_version
+
+
+@pytest.mark.parametrize("pool_limit", [None, 1], ids=["unlimited", "limited"])
+def test_a_steps_run_warns_when_its_pool_lets_a_second_run_overlap(
+    bound, pool_limit: int | None
+) -> None:
+    overrides = {} if pool_limit is None else {"concurrency": {"pools": {"default_limit": 1}}}
+    land_rollouts(bound.lake, groups=1, group_size=2, steps=1)
+    with dg.instance_for_test(overrides=overrides) as instance:
+        result = Driver(bound, instance).materialize(["steps"])
+        warnings = [
+            record.user_message
+            for record in instance.all_logs(result.run_id)
+            if record.level == logging.WARNING and "claw_steps" in record.user_message
+        ]
+    assert len(warnings) == (1 if pool_limit is None else 0)
 
 
 def test_new_landing_versions_trigger_automation(driver: Driver, bound, instance) -> None:
