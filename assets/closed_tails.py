@@ -7,10 +7,14 @@ this log a run appends only the tails it changed and reads only the ones it touc
 cost follows its new data. A trajectory that reopened has several rows; the one with the
 highest ``step_index`` is current.
 
-Crash safety without time travel: each row carries the ``run`` number of the steps run that
-wrote it, and a run starts by deleting rows of its own number or higher, left by an attempt
-that died before its steps commit. Expired rows are deleted (in bulk, see ``expire``) and small
-files compacted at the end of a run that committed.
+A run appends its tails before its steps commit, so they count only once that commit has
+landed. Each row carries the ``attempt`` id of the run that wrote it; readers take the rows of
+attempts known to have committed (``state = committed`` rows name them), of the attempt that
+made the steps table's last commit, and their own. The rows of an attempt that died before its
+commit, or whose commit lost a race to another run, are never read and leave with the window.
+Before its own commit replaces the last one, a run records that last attempt (if it wrote
+tails) in the same append as its own tails. Expired rows are deleted (in bulk, see ``expire``)
+and small files compacted at the end of a run that committed.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from deltalake import DeltaTable, write_deltalake
 from assets.incremental import COMPACT_AFTER_FILES, WRITER
 from claw_pipelines.derived_schemas import CLOSED_TAILS, conform, fit
 from claw_pipelines.lake import Lake, compact
+from claw_pipelines.schemas import utc_now
 
 TABLE = "steps_tails"
 
@@ -33,28 +38,55 @@ EXPIRY_SLACK = 0.25
 deleted: rewrites of the oldest file happen about once per quarter window, not every run."""
 
 
-@dataclass(frozen=True)
+COMMITTED = "committed"
+"""``state`` of a row recording that its ``attempt`` made a steps commit."""
+
+
+@dataclass
 class ClosedTails:
     lake: Lake
     run: int
     """The steps run appending: its rows carry this number."""
+    attempt: int
+    """The attempt appending: its rows carry this id."""
+    counted: frozenset[int | None]
+    """The attempts whose rows count: recorded as committed, the last committer, this one;
+    None for rows from before attempt ids."""
+    unrecorded: int | None = None
+    """The attempt that made the steps table's last commit, when it wrote tails that no row
+    records as committed yet: recorded by this run before its own commit."""
 
     @classmethod
-    def for_run(cls, lake: Lake, run: int) -> ClosedTails:
-        """The log as the steps run ``run`` may read it: rows of its failed attempts deleted."""
-        table = lake.open(TABLE)
-        if table is not None:
-            table.delete(f"run >= {run}")
-        return cls(lake, run)
+    def for_attempt(cls, lake: Lake, run: int, attempt: int, committed: int | None) -> ClosedTails:
+        """The log as the attempt ``attempt`` of run ``run`` reads it, the steps table's last
+        commit having been made by the attempt ``committed``."""
+        frame = lake.scan(TABLE)
+        if frame is None:
+            return cls(lake, run, attempt, frozenset({None, attempt}))
+        frame = fit(frame, CLOSED_TAILS)
+        written = frame.select("state", "attempt").unique().collect()
+        recorded = set(written.filter(pl.col("state") == COMMITTED).get_column("attempt"))
+        wrote = set(written.filter(pl.col("state") != COMMITTED).get_column("attempt"))
+        unrecorded = committed if committed in wrote - recorded else None
+        counted = frozenset({*recorded, committed, attempt, None})
+        return cls(lake, run, attempt, counted, unrecorded)
 
     def scan(self) -> pl.LazyFrame | None:
-        """Every tail row (several per reopened trajectory); None before the first."""
-        return self.lake.scan(TABLE)
+        """Every tail row that counts (several per reopened trajectory); None before the first.
+        Scanned afresh, so the rows this run appended are in it."""
+        frame = self.lake.scan(TABLE)
+        if frame is None:
+            return None
+        attempt = pl.col("attempt")
+        counted = attempt.is_null() | attempt.is_in([a for a in self.counted if a is not None])
+        return fit(frame, CLOSED_TAILS).filter((pl.col("state") != COMMITTED) & counted)
 
     def append(self, tails: pl.DataFrame | pl.LazyFrame) -> None:
-        """Append ``tails`` (rows with ``derived_schemas.TAIL_COLUMNS``), streamed."""
+        """Append ``tails`` (rows with ``derived_schemas.TAIL_COLUMNS``), streamed, with the
+        record of the last committer if it is still due."""
         target = self.lake.ensure(TABLE, CLOSED_TAILS)
-        frames = fit(tails.lazy().with_columns(run=pl.lit(self.run)), CLOSED_TAILS)
+        mine = tails.lazy().with_columns(run=pl.lit(self.run), attempt=pl.lit(self.attempt))
+        frames = fit(pl.concat([mine, *self._due_record()], how="diagonal_relaxed"), CLOSED_TAILS)
         batches = (
             b
             for frame in frames.collect_batches()
@@ -64,8 +96,29 @@ class ClosedTails:
             target,
             pa.RecordBatchReader.from_batches(CLOSED_TAILS, batches),
             mode="append",
+            schema_mode="merge",
             writer_properties=WRITER,
         )
+        self.unrecorded = None
+
+    def record_committed(self) -> None:
+        """Record the last committer before this run's commit takes its place (if still due)."""
+        if self.unrecorded is not None:
+            self.append(pl.DataFrame(schema={"state": pl.String}))
+
+    def _due_record(self) -> list[pl.LazyFrame]:
+        if self.unrecorded is None:
+            return []
+        return [
+            pl.LazyFrame(
+                {
+                    "state": [COMMITTED],
+                    "attempt": [self.unrecorded],
+                    "run": [self.run],
+                    "closed_at": [utc_now()],
+                }
+            )
+        ]
 
     def expire(self, now: datetime, window: timedelta) -> None:
         """Delete the tails closed before the reopen ``window``, compact a log of many small

@@ -11,17 +11,23 @@ Rows and watermark land in the same atomic commit, so:
 
 Every such commit also carries ``claw/<asset>/run``, the number of runs that committed: a run
 that read nothing new (a sweep closing idle trajectories) commits the same input versions as
-the run before it, so only the run number tells the two apart.
+the run before it, so only the run number tells the two apart. Each run also has an attempt
+id of its own (two racing runs share a run number, not this): ``claw/<asset>/attempt`` on the
+commit that moves the watermark tells which attempt made it, and ``claw/<asset>/writer`` on
+every commit, the chunks of a backlog included, makes a run's commits collide with any other
+run's that landed since its snapshot.
 
 Carried-over state (e.g. the steps of trajectories still open) lives in a side table that is
 overwritten *before* the output commit with the same transactions; after a crash between the
-two commits the state table is one run ahead, and ``state_as_of`` time-travels back to the
-state written by the run that made the output's last commit.
+two commits, or a run that lost a race, the state table is ahead of the output, and
+``state_as_of`` time-travels back to the state written by the attempt that made the output's
+last commit.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,6 +41,7 @@ from deltalake import (
     WriterProperties,
     write_deltalake,
 )
+from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.derived_schemas import conform, empty
 from claw_pipelines.lake import Lake, changes, compact, keyed, sql_in
@@ -65,6 +72,16 @@ they are merged."""
 STATE_LOOKBACK = 5
 """How many state-table versions to walk back to find the one matching a watermark."""
 
+ATTEMPT_RANDOM_BITS = 24
+"""An attempt id is its run number followed by this many random bits: ids grow run after run,
+and two attempts of one run (a race, a retry) differ."""
+
+
+class ConcurrentRun(RuntimeError):
+    """Another run of the asset committed to its output while this run ran. That commit stands;
+    this run's rows and state never count, and the next run reads on from the committed
+    watermark. Limiting the asset's pool to one run (dagster.yaml) queues runs instead."""
+
 
 @dataclass
 class Written:
@@ -89,6 +106,12 @@ def _runs(table: DeltaTable | None, asset: str) -> int:
     return 0 if table is None else table.transaction_version(app_id(asset, "run")) or 0
 
 
+def _attempt_of(table: DeltaTable | None, asset: str, app: str = "attempt") -> int | None:
+    """The attempt that made ``table``'s last watermark commit of ``asset`` (``app="writer"``:
+    its last commit); None before attempt ids."""
+    return None if table is None else table.transaction_version(app_id(asset, app))
+
+
 def _watermark(table: DeltaTable | None, asset: str, sources: list[str]) -> dict[str, int | None]:
     if table is None:
         return dict.fromkeys(sources)
@@ -108,12 +131,23 @@ class Increment:
     inputs: dict[str, DeltaTable | None] = field(default_factory=dict)
     """Each input opened once, at the version pinned in ``upto``: every read of the run uses it."""
     rows_read: dict[str, int] = field(default_factory=dict)
+    attempt: int = field(init=False)
+    """This run's attempt id, carried by each of its commits (see ``ATTEMPT_RANDOM_BITS``)."""
     _chunks_written: int = 0
+
+    def __post_init__(self) -> None:
+        self.attempt = self.run << ATTEMPT_RANDOM_BITS | secrets.randbits(ATTEMPT_RANDOM_BITS)
 
     @property
     def run(self) -> int:
         """This run's number: one more than the runs that committed to the output so far."""
         return _runs(self.snapshot, self.asset) + 1
+
+    @property
+    def committed_attempt(self) -> int | None:
+        """The attempt that made the output's last watermark commit (None before the first, or
+        before attempt ids)."""
+        return _attempt_of(self.snapshot, self.asset)
 
     @classmethod
     def begin(cls, lake: Lake, asset: str, output: str, sources: list[str]) -> Increment:
@@ -179,29 +213,41 @@ class Increment:
             frame = frame.select(columns)
         return keyed(frame, column, pl.Series(keys, dtype=pl.String)).collect()
 
-    def _transactions(self) -> list[Transaction]:
-        inputs = [
-            Transaction(app_id=app_id(self.asset, s), version=v)
-            for s, v in self.upto.items()
-            if v is not None
+    def _transactions(self, watermark: bool = True) -> list[Transaction]:
+        """The writer; with ``watermark`` also the input versions, run number and attempt."""
+        writer = Transaction(app_id=app_id(self.asset, "writer"), version=self.attempt)
+        if not watermark:
+            return [writer]
+        committed = {**self.upto, "run": self.run, "attempt": self.attempt}
+        return [
+            writer,
+            *(
+                Transaction(app_id=app_id(self.asset, name), version=version)
+                for name, version in committed.items()
+                if version is not None
+            ),
         ]
-        return [*inputs, Transaction(app_id=app_id(self.asset, "run"), version=self.run)]
 
     def _properties(self, watermark: bool = True) -> CommitProperties:
         return CommitProperties(
             max_commit_retries=self.lake.max_commit_retries,
-            app_transactions=self._transactions() if watermark else None,
+            app_transactions=self._transactions(watermark),
             custom_metadata={"claw.asset": self.asset, "claw.read": json.dumps(self.ranges())},
         )
 
-    def _target(self, schema: pa.Schema, watermark: bool) -> DeltaTable:
-        """The snapshot the watermark was read from, so a racing run's commit conflicts; after
-        this run's own chunk commits, the latest table, provided the watermark has not moved."""
+    def _target(self, schema: pa.Schema) -> DeltaTable:
+        """The table to commit against, so that a commit of another run since this run's
+        snapshot (or its own last chunk) conflicts: the snapshot the watermark was read from (the
+        table as created, if this run created it); after this run's own chunk commits, the
+        latest table, provided no other run has committed since."""
         if not self._chunks_written:
-            return self.snapshot or self.lake.ensure(self.output, schema)
+            if self.snapshot is not None:
+                return self.snapshot
+            self.lake.ensure(self.output, schema)
+            return self.lake.open(self.output, 0)
         latest = self.lake.open(self.output)
-        if watermark and _watermark(latest, self.asset, list(self.after)) != self.after:
-            raise RuntimeError(f"another run advanced the watermark of {self.output}")
+        if _attempt_of(latest, self.asset, "writer") != self.attempt:
+            raise ConcurrentRun(f"another run of {self.asset} committed to {self.output}")
         return latest
 
     def commit(
@@ -222,25 +268,21 @@ class Increment:
         """
         if self.snapshot is not None and not self.has_new_data and data.num_rows == 0:
             return self.snapshot
-        target = self._target(data.schema, watermark)
-        if self.snapshot is None or replace is None or not replace[1]:
+        target = self._target(data.schema)
+        replacing = self.snapshot is not None and replace is not None and bool(replace[1])
+        try:
             write_deltalake(
                 target,
                 data,
-                mode="append",
+                mode="overwrite" if replacing else "append",
+                predicate=sql_in(*replace) if replacing else None,
                 commit_properties=self._properties(watermark),
                 writer_properties=WRITER,
             )
-        else:
-            column, keys = replace
-            write_deltalake(
-                target,
-                data,
-                mode="overwrite",
-                predicate=sql_in(column, keys),
-                commit_properties=self._properties(watermark),
-                writer_properties=WRITER,
-            )
+        except CommitFailedError as error:
+            raise ConcurrentRun(
+                f"another run of {self.asset} committed to {self.output} while this one ran"
+            ) from error
         self._chunks_written += not watermark
         latest = self.lake.open(self.output)
         if watermark:
@@ -276,32 +318,43 @@ class Increment:
             written.summaries.append(rows.select(summary))
         return written
 
-    def replace_state(self, state_table: str, state: pl.DataFrame, schema: pa.Schema) -> None:
-        """Overwrite the carried-over state, tagged with this run's watermark."""
+    def replace_state(self, state_table: str, state: pl.DataFrame, schema: pa.Schema) -> int:
+        """Overwrite the carried-over state, tagged with this run's watermark; returns the
+        state table's version holding it."""
+        target = self.lake.ensure(state_table, schema)
         write_deltalake(
-            self.lake.ensure(state_table, schema),
+            target,
             conform(state, schema),
             mode="overwrite",
             schema_mode="overwrite",
             commit_properties=self._properties(),
             writer_properties=WRITER,
         )
+        return target.version()
 
     def state_as_of(self, state_table: str) -> pl.LazyFrame | None:
-        """The state written by the run that made the output's last commit (a scan, so a reader
-        can take the rows and columns it needs)."""
+        """The state written by the attempt that made the output's last commit (a scan, so a
+        reader can take the rows and columns it needs). Outputs from before attempt ids match
+        the state by run number."""
         if all(v is None for v in self.after.values()):
             return None
         latest = self.lake.open(state_table)
         if latest is None:
             raise RuntimeError(f"{state_table} is missing but {self.output} has a watermark")
-        committed = self.run - 1
+        attempt, run = self.committed_attempt, self.run - 1
         version = latest.version()
         for candidate in range(version, max(version - STATE_LOOKBACK, -1), -1):
             table = latest if candidate == version else self.lake.open(state_table, candidate)
-            if _runs(table, self.asset) == committed:
+            written_by = (
+                _runs(table, self.asset) == run
+                if attempt is None
+                else _attempt_of(table, self.asset) == attempt
+            )
+            if written_by:
                 return self.lake.scan(state_table, candidate)
-        raise RuntimeError(f"no version of {state_table} was written by run {committed}")
+        raise RuntimeError(
+            f"no version of {state_table} was written by the last commit of {self.output}"
+        )
 
     def ranges(self) -> dict[str, list[int | None]]:
         """Per input ``[after, upto]``: the Delta version range this run read."""

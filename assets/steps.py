@@ -35,9 +35,6 @@ from resources.lake import LakeResource
 
 STEP_SAMPLE = ["trajectory_id", "step_index", "is_last", "token_source", "response_text"]
 
-STEPS_POOL = "claw_steps"
-"""The steps asset's Dagster pool: limited to one run at a time by the repository's dagster.yaml."""
-
 CHUNK_TURNS = 16_384
 """New turns extracted per commit, so a backlog (e.g. a first build) needs memory for a chunk."""
 
@@ -55,7 +52,7 @@ class StepsConfig(dg.Config):
     owners=OWNERS,
     deps=["turns", "trajectory_events"],
     automation_condition=on_new_data_or_idle_sweep(),
-    pool=STEPS_POOL,
+    pool="claw_steps",
     check_specs=STEP_CHECKS,
 )
 def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeResource):
@@ -69,13 +66,14 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     holding its last new turn), one commit each; only the last moves the watermark, and each
     replaces its step ids, so re-running after a crash part-way cannot duplicate steps.
     """
-    _warn_without_pool_limit(context)
     increment = Increment.begin(lake.lake(), "steps", "steps", ["turns", "trajectory_events"])
-    tails = ClosedTails.for_run(increment.lake, increment.run)
+    tails = ClosedTails.for_attempt(
+        increment.lake, increment.run, increment.attempt, increment.committed_attempt
+    )
     open_turns = _open_turns(increment.state_as_of("steps_open"), tails)
     events = increment.new_rows("trajectory_events")
     ranges, last_range = _turn_ranges(increment)
-    now, table, written, committed = utc_now(), increment.snapshot, [], False
+    now, table, written, state_version = utc_now(), increment.snapshot, [], None
     for index, versions in enumerate(ranges):
         final = index == len(ranges) - 1
         known_tails = tails.scan()
@@ -96,8 +94,8 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
         if extraction.new_tails.height:
             tails.append(extraction.new_tails)
         if final:
-            increment.replace_state("steps_open", extraction.open_turns, OPEN_STATE)
-            committed = True
+            state_version = increment.replace_state("steps_open", extraction.open_turns, OPEN_STATE)
+            tails.record_committed()
         replace = (
             ("step_id", new_steps.get_column("step_id").to_list()) if len(ranges) > 1 else None
         )
@@ -110,9 +108,9 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
                 misaligned_logprobs().fill_null(False).alias("logprobs_misaligned"),
             )
         )
-    if committed:
+    if state_version is not None:
         tails.expire(now, timedelta(seconds=config.reopen_window_s))
-        increment.lake.drop_removed_files("steps_open")
+        increment.lake.drop_removed_files("steps_open", keep_versions=[state_version])
     open_count = extraction.open_turns.height
     new_steps = pl.concat(written) if written else None
     rows = 0 if new_steps is None else new_steps.height
@@ -139,23 +137,6 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
             logprobs_aligned(checked),
         ],
     )
-
-
-def _warn_without_pool_limit(context: dg.AssetExecutionContext) -> None:
-    """Say so when this instance lets two steps runs overlap: the state tables assume one writer
-    (README, "Pipeline"). In-process runs (ephemeral instances) run one at a time anyway."""
-    instance = context.instance
-    if instance.is_ephemeral:
-        return
-    limits = {pool.name: pool.limit for pool in instance.event_log_storage.get_pool_limits()}
-    if limits.get(STEPS_POOL, instance.global_op_concurrency_default_limit) is None:
-        context.log.warning(
-            "pool %s has no limit on this Dagster instance: a second steps run started while this "
-            "one runs can lose turns. Set it: dagster instance concurrency set %s 1 (or use the "
-            "repository's dagster.yaml).",
-            STEPS_POOL,
-            STEPS_POOL,
-        )
 
 
 def _open_turns(state: pl.LazyFrame | None, tails: ClosedTails) -> pl.LazyFrame:

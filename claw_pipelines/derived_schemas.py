@@ -86,11 +86,17 @@ TAIL_COLUMNS = [
 re-delivered turns; no token lists (those are read back from ``steps`` when needed)."""
 
 CLOSED_TAILS = pa.schema(
-    [*(OPEN_STATE.field(name) for name in TAIL_COLUMNS), pa.field("run", pa.int64(), False)]
+    [
+        *(OPEN_STATE.field(name) for name in TAIL_COLUMNS),
+        pa.field("run", pa.int64(), False),
+        pa.field("attempt", pa.int64()),
+    ]
 )
-"""Table ``steps_tails``: the closed tails, appended by the steps run (``run``) that closed a
-trajectory or extended it with late turns; a trajectory's current tail is its row with the
-highest ``step_index``."""
+"""Table ``steps_tails``: the closed tails, appended by the steps run (``run``, ``attempt``) that
+closed a trajectory or extended it with late turns; a trajectory's current tail is its row with
+the highest ``step_index``. Rows with ``state = committed`` record that their ``attempt`` made a
+steps commit, so its tails count (``assets.closed_tails``); null ``attempt``: written before
+attempt ids."""
 
 TRAJECTORIES = pa.schema(
     [

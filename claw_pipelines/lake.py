@@ -63,13 +63,18 @@ class Lake:
         except TableNotFoundError:
             return None
 
-    def drop_removed_files(self, table: str) -> None:
-        """Delete the files no version from the latest on needs (Delta vacuum with no
-        retention). Only for state tables that one run at a time reads at its latest version:
-        they are rewritten often, and their old files would otherwise pile up."""
+    def drop_removed_files(self, table: str, keep_versions: list[int] | None = None) -> None:
+        """Delete the files no version from the latest on needs, nor ``keep_versions`` (Delta
+        vacuum with no retention). Only for the steps run's state tables: they are rewritten
+        often, and their old files would otherwise pile up."""
         delta_table = self.open(table)
         if delta_table is not None:
-            delta_table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+            delta_table.vacuum(
+                retention_hours=0,
+                enforce_retention_duration=False,
+                dry_run=False,
+                keep_versions=keep_versions,
+            )
 
     def version(self, table: str) -> int | None:
         delta_table = self.open(table)
