@@ -9,8 +9,9 @@ highest ``step_index`` is current.
 
 A run appends its tails before its steps commit, so they count only once that commit has
 landed. Each row carries the ``attempt`` id of the run that wrote it; readers take the rows of
-attempts known to have committed (``state = committed`` rows name them), of the attempt that
-made the steps table's last commit, and their own. The rows of an attempt that died before its
+attempts known to have committed (``state = committed`` rows name them, with the id negated so
+that one integer column tells them from tails), of the attempt that made the steps table's last
+commit, and their own. The rows of an attempt that died before its
 commit, or whose commit lost a race to another run, are never read and leave with the window.
 Before its own commit replaces the last one, a run records that last attempt (if it wrote
 tails) in the same append as its own tails. Expired rows are deleted (in bulk, see ``expire``)
@@ -39,7 +40,7 @@ deleted: rewrites of the oldest file happen about once per quarter window, not e
 
 
 COMMITTED = "committed"
-"""``state`` of a row recording that its ``attempt`` made a steps commit."""
+"""``state`` of a row recording that the attempt ``-attempt`` made a steps commit."""
 
 
 @dataclass
@@ -63,11 +64,9 @@ class ClosedTails:
         frame = lake.scan(TABLE)
         if frame is None:
             return cls(lake, run, attempt, frozenset({None, attempt}))
-        frame = fit(frame, CLOSED_TAILS)
-        written = frame.select("state", "attempt").unique().collect()
-        recorded = set(written.filter(pl.col("state") == COMMITTED).get_column("attempt"))
-        wrote = set(written.filter(pl.col("state") != COMMITTED).get_column("attempt"))
-        unrecorded = committed if committed in wrote - recorded else None
+        ids = fit(frame, CLOSED_TAILS).select("attempt").unique().collect().get_column("attempt")
+        recorded = set((-ids.filter(ids < 0)).to_list())
+        unrecorded = committed if committed in set(ids) - recorded else None
         counted = frozenset({*recorded, committed, attempt, None})
         return cls(lake, run, attempt, counted, unrecorded)
 
@@ -79,7 +78,7 @@ class ClosedTails:
             return None
         attempt = pl.col("attempt")
         counted = attempt.is_null() | attempt.is_in([a for a in self.counted if a is not None])
-        return fit(frame, CLOSED_TAILS).filter((pl.col("state") != COMMITTED) & counted)
+        return fit(frame, CLOSED_TAILS).filter(counted)
 
     def append(self, tails: pl.DataFrame | pl.LazyFrame) -> None:
         """Append ``tails`` (rows with ``derived_schemas.TAIL_COLUMNS``), streamed, with the
@@ -113,7 +112,7 @@ class ClosedTails:
             pl.LazyFrame(
                 {
                     "state": [COMMITTED],
-                    "attempt": [self.unrecorded],
+                    "attempt": [-self.unrecorded],
                     "run": [self.run],
                     "closed_at": [utc_now()],
                 }
