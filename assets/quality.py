@@ -11,6 +11,7 @@ from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
 from assets.rewards import rewarded_steps
 from claw_pipelines.derived_schemas import CURATED_STEPS, SCORED_STEPS, empty
+from claw_pipelines.lake import column_max
 from claw_pipelines.transforms.curation import curate_steps
 from claw_pipelines.transforms.quality import score_steps
 from resources.lake import LakeResource
@@ -36,9 +37,7 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     affected = trajectory_ids(increment.new_rows("rewarded_steps", ["trajectory_id"]))
     latest_policy = None
     if affected:
-        latest_policy = (
-            increment.scan("rewarded_steps").select(pl.col("policy_version").max()).collect().item()
-        )
+        latest_policy = column_max(increment.inputs["rewarded_steps"], "policy_version")
 
     def build(keys: list[str]) -> pl.DataFrame:
         return score_steps(

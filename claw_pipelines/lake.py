@@ -171,6 +171,22 @@ def keyed(frame: pl.LazyFrame, column: str, keys: pl.Series) -> pl.LazyFrame:
     )
 
 
+def column_max(delta_table: DeltaTable, column: str):
+    """The largest value of ``column`` (None when empty), from the files' statistics when every
+    file has them, so no data is read however big the table; else from a scan of the column."""
+    files = pl.DataFrame(delta_table.get_add_actions(flatten=True))
+    if files.is_empty():
+        return None
+    largest, nulls = f"max.{column}", f"null_count.{column}"
+    if {largest, nulls} <= set(files.columns):
+        known = files.get_column(largest).is_not_null() | (
+            files.get_column(nulls) == files.get_column("num_records")
+        )
+        if known.all():
+            return files.get_column(largest).max()
+    return pl.scan_delta(delta_table).select(pl.col(column).max()).collect().item()
+
+
 def sql_in(column: str, values: Iterable[str]) -> str:
     """The delta-rs predicate ``column IN ('a', 'b')``, each value quoted as an SQL string."""
     quoted = ", ".join("'" + value.replace("'", "''") + "'" for value in values)

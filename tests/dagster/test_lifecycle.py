@@ -13,13 +13,13 @@ import pyarrow as pa
 import pytest
 from dagster_harness import CHAIN, Driver, KilledOnCall
 from dagster_rollouts import Rollouts, land_rollouts, late_turn
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from assets.checks import unique_step_ids
 from assets.closed_tails import ClosedTails
 from assets.incremental import ConcurrentRun, Increment
 from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform, empty, fit
-from claw_pipelines.lake import Lake, keyed
+from claw_pipelines.lake import Lake, column_max, keyed
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
 
 
@@ -424,3 +424,22 @@ def test_keyed_reads_exactly_the_keys_across_files(tmp_path: Path) -> None:
     picked = keyed(ids, "id", pl.Series(["t-5", None, "t-2", "t-9", "t-5"])).collect()
     assert sorted(picked.get_column("id")) == ["t-2", "t-5"]
     assert keyed(ids, "id", pl.Series([None], dtype=pl.String)).collect().is_empty()
+
+
+def test_column_max_comes_from_file_statistics_and_falls_back_to_a_scan(tmp_path: Path) -> None:
+    """The newest policy version is read from the files' statistics: it holds with the data
+    files gone. A table written without statistics is scanned instead."""
+    versions = [pa.table({"v": pa.array(v, pa.int64())}) for v in ([1, 3], [None, None], [7, 2])]
+    with_stats, without = str(tmp_path / "with"), str(tmp_path / "without")
+    for table in versions:
+        write_deltalake(with_stats, table, mode="append")
+        write_deltalake(
+            without,
+            table,
+            mode="append",
+            configuration={"delta.dataSkippingNumIndexedCols": "0"},
+        )
+    for data_file in Path(with_stats).glob("*.parquet"):
+        data_file.unlink()
+    assert column_max(DeltaTable(with_stats), "v") == 7
+    assert column_max(DeltaTable(without), "v") == 7
