@@ -284,10 +284,9 @@ class Increment:
                 f"another run of {self.asset} committed to {self.output} while this one ran"
             ) from error
         self._chunks_written += not watermark
-        latest = self.lake.open(self.output)
         if watermark:
-            compact(latest, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
-        return latest
+            compact(target, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
+        return target
 
     def recompute(
         self,
