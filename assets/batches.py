@@ -75,11 +75,7 @@ def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
         predicate=sql_in("batch_id", [plan.batch_id]),
         writer_properties=WRITER,
     )
-    compact(
-        lake.open(ledger.batches_table(recipe.name)),
-        max_files=COMPACT_AFTER_FILES,
-        writer_properties=WRITER,
-    )
+    compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
 
 
 def _group_check(recipe: Recipe, rows: pl.DataFrame) -> dg.AssetCheckResult:

@@ -124,6 +124,6 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
             custom_metadata={"claw.batch_id": batch_id},
         ),
     )
-    compact(lake.open(ledger_table(recipe.name)), max_files=COMPACT_AFTER_FILES)
+    compact(target, max_files=COMPACT_AFTER_FILES)
     retirements.record(plan, curated_version, now)  # after: it assumes the batch consumed
     return plan
