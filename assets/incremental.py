@@ -69,8 +69,12 @@ COMPACT_AFTER_FILES = 64
 """Every run adds a small file to each derived table (and to ``steps_tails``); past this many
 they are merged."""
 
-STATE_LOOKBACK = 5
-"""How many state-table versions to walk back to find the one matching a watermark."""
+STATE_LOOKBACK = 200
+"""How many state-table commits to look back through for the one the output's last commit
+matches: each attempt that died or lost a race between its state and output commits adds one."""
+
+LEGACY_STATE_LOOKBACK = 5
+"""The same for outputs from before attempt ids (matched by run number, a version at a time)."""
 
 ATTEMPT_RANDOM_BITS = 24
 """An attempt id is its run number followed by this many random bits: ids grow run after run,
@@ -232,7 +236,11 @@ class Increment:
         return CommitProperties(
             max_commit_retries=self.lake.max_commit_retries,
             app_transactions=self._transactions(watermark),
-            custom_metadata={"claw.asset": self.asset, "claw.read": json.dumps(self.ranges())},
+            custom_metadata={
+                "claw.asset": self.asset,
+                "claw.attempt": str(self.attempt),
+                "claw.read": json.dumps(self.ranges()),
+            },
         )
 
     def _target(self, schema: pa.Schema) -> DeltaTable:
@@ -333,27 +341,33 @@ class Increment:
 
     def state_as_of(self, state_table: str) -> pl.LazyFrame | None:
         """The state written by the attempt that made the output's last commit (a scan, so a
-        reader can take the rows and columns it needs). Outputs from before attempt ids match
-        the state by run number."""
+        reader can take the rows and columns it needs): the latest version, or after attempts
+        that wrote their state but not their output, an earlier one found in the history."""
         if all(v is None for v in self.after.values()):
             return None
         latest = self.lake.open(state_table)
         if latest is None:
             raise RuntimeError(f"{state_table} is missing but {self.output} has a watermark")
-        attempt, run = self.committed_attempt, self.run - 1
-        version = latest.version()
-        for candidate in range(version, max(version - STATE_LOOKBACK, -1), -1):
-            table = latest if candidate == version else self.lake.open(state_table, candidate)
-            written_by = (
-                _runs(table, self.asset) == run
-                if attempt is None
-                else _attempt_of(table, self.asset) == attempt
-            )
-            if written_by:
-                return self.lake.scan(state_table, candidate)
+        attempt = self.committed_attempt
+        if attempt is None:
+            return self._legacy_state(state_table, latest)
+        if _attempt_of(latest, self.asset) == attempt:
+            return pl.scan_delta(latest)
+        for commit in latest.history(STATE_LOOKBACK):
+            if commit.get("claw.attempt") == str(attempt):
+                return self.lake.scan(state_table, commit["version"])
         raise RuntimeError(
             f"no version of {state_table} was written by the last commit of {self.output}"
         )
+
+    def _legacy_state(self, state_table: str, latest: DeltaTable) -> pl.LazyFrame:
+        """``state_as_of`` for an output from before attempt ids: matched by run number."""
+        run, version = self.run - 1, latest.version()
+        for candidate in range(version, max(version - LEGACY_STATE_LOOKBACK, -1), -1):
+            table = latest if candidate == version else self.lake.open(state_table, candidate)
+            if _runs(table, self.asset) == run:
+                return self.lake.scan(state_table, candidate)
+        raise RuntimeError(f"no version of {state_table} was written by run {run}")
 
     def ranges(self) -> dict[str, list[int | None]]:
         """Per input ``[after, upto]``: the Delta version range this run read."""

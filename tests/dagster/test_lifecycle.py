@@ -186,14 +186,19 @@ def test_a_failed_blocking_check_stops_the_chain_at_the_asset_that_wrote_the_row
     assert not result.asset_materializations_for_node("rewarded_steps")
 
 
-def test_steps_recover_from_a_crash_between_state_and_output(driver: Driver, bound) -> None:
-    """The state commit lands first; if the run dies before the steps commit, the next run
-    must take the state matching the steps' watermark, so nothing is lost or emitted twice."""
+@pytest.mark.parametrize("crashes", [1, 12])
+def test_steps_recover_from_a_crash_between_state_and_output(
+    driver: Driver, bound, crashes: int
+) -> None:
+    """The state commit lands first; if the run dies before the steps commit (again and again,
+    say until an operator steps in), the next run must take the state matching the steps'
+    watermark, so nothing is lost or emitted twice."""
     land_rollouts(bound.lake, groups=1, group_size=2, steps=2, complete=False)
     driver.refresh()  # turns of open trajectories: all in the state, no steps yet
     land_rollouts(bound.lake, groups=1, group_size=2, steps=2, seed=3)
-    crashed = Increment.begin(bound.lake, "steps", "steps", ["turns", "trajectory_events"])
-    crashed.replace_state("steps_open", empty(OPEN_STATE), OPEN_STATE)
+    for _ in range(crashes):
+        crashed = Increment.begin(bound.lake, "steps", "steps", ["turns", "trajectory_events"])
+        crashed.replace_state("steps_open", empty(OPEN_STATE), OPEN_STATE)
     metadata = driver.refresh()
     steps = bound.lake.scan("steps").collect()
     assert steps.height == steps.get_column("step_id").n_unique()
