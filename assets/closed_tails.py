@@ -25,11 +25,11 @@ from datetime import datetime, timedelta
 
 import polars as pl
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 
 from assets.incremental import COMPACT_AFTER_FILES, WRITER
 from claw_pipelines.derived_schemas import CLOSED_TAILS, conform, fit
-from claw_pipelines.lake import Lake, compact
+from claw_pipelines.lake import Lake, column_bound, compact
 from claw_pipelines.schemas import utc_now
 
 TABLE = "steps_tails"
@@ -50,9 +50,9 @@ class ClosedTails:
     """The steps run appending: its rows carry this number."""
     attempt: int
     """The attempt appending: its rows carry this id."""
-    counted: frozenset[int | None]
-    """The attempts whose rows count: recorded as committed, the last committer, this one;
-    None for rows from before attempt ids."""
+    counted: frozenset[int]
+    """The attempts whose rows count: recorded as committed, the last committer, this one
+    (and rows from before attempt ids, whose ``attempt`` is null)."""
     unrecorded: int | None = None
     """The attempt that made the steps table's last commit, when it wrote tails that no row
     records as committed yet: recorded by this run before its own commit."""
@@ -63,11 +63,11 @@ class ClosedTails:
         commit having been made by the attempt ``committed``."""
         frame = lake.scan(TABLE)
         if frame is None:
-            return cls(lake, run, attempt, frozenset({None, attempt}))
+            return cls(lake, run, attempt, frozenset({attempt}))
         ids = fit(frame, CLOSED_TAILS).select("attempt").unique().collect().get_column("attempt")
         recorded = set((-ids.filter(ids < 0)).to_list())
         unrecorded = committed if committed in set(ids) - recorded else None
-        counted = frozenset({*recorded, committed, attempt, None})
+        counted = frozenset({*recorded, attempt} | ({committed} - {None}))
         return cls(lake, run, attempt, counted, unrecorded)
 
     def scan(self) -> pl.LazyFrame | None:
@@ -77,7 +77,7 @@ class ClosedTails:
         if frame is None:
             return None
         attempt = pl.col("attempt")
-        counted = attempt.is_null() | attempt.is_in([a for a in self.counted if a is not None])
+        counted = attempt.is_null() | attempt.is_in(list(self.counted))
         return fit(frame, CLOSED_TAILS).filter(counted)
 
     def append(self, tails: pl.DataFrame | pl.LazyFrame) -> None:
@@ -131,16 +131,8 @@ class ClosedTails:
         if table is None:
             return
         cutoff = now - window
-        oldest = _oldest_closed_at(table)
+        oldest = column_bound(table, "closed_at", "min")
         if oldest is not None and oldest < cutoff - window * EXPIRY_SLACK:
             table.delete(f"closed_at < '{cutoff.isoformat()}'")
         compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
         self.lake.drop_removed_files(TABLE)
-
-
-def _oldest_closed_at(table: DeltaTable) -> datetime | None:
-    """The earliest ``closed_at`` in the log, from the files' statistics (no data read)."""
-    files = pl.DataFrame(table.get_add_actions(flatten=True))
-    if files.is_empty():
-        return None
-    return files.get_column("min.closed_at").min()

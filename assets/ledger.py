@@ -21,7 +21,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from assets.incremental import COMPACT_AFTER_FILES
 from assets.retirements import Retirements, retired_table
 from claw_pipelines.derived_schemas import LEDGER, conform
-from claw_pipelines.lake import Lake, column_max, compact
+from claw_pipelines.lake import Lake, column_bound, compact
 from claw_pipelines.recipes import BatchPlan, Recipe, plan_batch
 
 PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
@@ -64,7 +64,7 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
         retired=retired,
         open_from=pins.get("open_from"),
         batch_id=batch_id,
-        latest_policy_version=column_max(curated, "policy_version"),
+        latest_policy_version=column_bound(curated, "policy_version", "max"),
         source_versions={
             "curated_steps": pins["curated_steps"],
             "steps": pins["steps"],

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import polars as pl
 import pyarrow as pa
@@ -171,20 +172,19 @@ def keyed(frame: pl.LazyFrame, column: str, keys: pl.Series) -> pl.LazyFrame:
     )
 
 
-def column_max(delta_table: DeltaTable, column: str):
-    """The largest value of ``column`` (None when empty), from the files' statistics when every
-    file has them, so no data is read however big the table; else from a scan of the column."""
+def column_bound(delta_table: DeltaTable, column: str, bound: Literal["min", "max"]):
+    """The smallest or largest value of ``column`` (None when empty), from the files'
+    statistics when every file has them, so no data is read however big the table; else from
+    a scan of the column."""
     files = pl.DataFrame(delta_table.get_add_actions(flatten=True))
     if files.is_empty():
         return None
-    largest, nulls = f"max.{column}", f"null_count.{column}"
-    if {largest, nulls} <= set(files.columns):
-        known = files.get_column(largest).is_not_null() | (
-            files.get_column(nulls) == files.get_column("num_records")
-        )
-        if known.all():
-            return files.get_column(largest).max()
-    return pl.scan_delta(delta_table).select(pl.col(column).max()).collect().item()
+    value, nulls = pl.col(f"{bound}.{column}"), pl.col(f"null_count.{column}")
+    if {f"{bound}.{column}", f"null_count.{column}"} <= set(files.columns):
+        known = files.select((value.is_not_null() | (nulls == pl.col("num_records"))).all())
+        if known.item():
+            return files.select(getattr(value, bound)()).item()
+    return pl.scan_delta(delta_table).select(getattr(pl.col(column), bound)()).collect().item()
 
 
 def sql_in(column: str, values: Iterable[str]) -> str:

@@ -19,7 +19,7 @@ from assets.checks import unique_step_ids
 from assets.closed_tails import ClosedTails
 from assets.incremental import ConcurrentRun, Increment
 from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform, empty, fit
-from claw_pipelines.lake import Lake, column_max, keyed
+from claw_pipelines.lake import Lake, column_bound, keyed
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
 
 
@@ -431,9 +431,10 @@ def test_keyed_reads_exactly_the_keys_across_files(tmp_path: Path) -> None:
     assert keyed(ids, "id", pl.Series([None], dtype=pl.String)).collect().is_empty()
 
 
-def test_column_max_comes_from_file_statistics_and_falls_back_to_a_scan(tmp_path: Path) -> None:
-    """The newest policy version is read from the files' statistics: it holds with the data
-    files gone. A table written without statistics is scanned instead."""
+def test_column_bound_comes_from_file_statistics_and_falls_back_to_a_scan(tmp_path: Path) -> None:
+    """The newest policy version and the oldest closed tail are read from the files'
+    statistics: they hold with the data files gone. A table written without statistics is
+    scanned instead."""
     versions = [pa.table({"v": pa.array(v, pa.int64())}) for v in ([1, 3], [None, None], [7, 2])]
     with_stats, without = str(tmp_path / "with"), str(tmp_path / "without")
     for table in versions:
@@ -446,5 +447,6 @@ def test_column_max_comes_from_file_statistics_and_falls_back_to_a_scan(tmp_path
         )
     for data_file in Path(with_stats).glob("*.parquet"):
         data_file.unlink()
-    assert column_max(DeltaTable(with_stats), "v") == 7
-    assert column_max(DeltaTable(without), "v") == 7
+    for bound, expected in (("max", 7), ("min", 1)):
+        assert column_bound(DeltaTable(with_stats), "v", bound) == expected
+        assert column_bound(DeltaTable(without), "v", bound) == expected
