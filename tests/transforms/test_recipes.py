@@ -243,7 +243,6 @@ def test_final_drops_leave_every_later_batch_unchanged():
     recipe = _recipe(groups_per_batch=1, filters={"max_policy_lag": 2})
     first = plan_batch(recipe, curated, steps, None, at(200))
     assert set(first.rows["group_id"]) == {"ok"}
-    assert first.final.equals(final_drops(recipe, first.dropped))
     assert set(first.final["trajectory_id"]) == {"flat:0", "flat:1", "late:1"}
     assert _reasons(first)["over:0"] == "zero_variance"
     assert first.open_from_next == "late:0"  # flat:* are retired
