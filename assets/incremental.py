@@ -7,7 +7,8 @@ Rows and watermark land in the same atomic commit, so:
 * a re-run reads only versions after the watermark and can never re-append what it committed;
 * a run that crashed after committing (before Dagster recorded it) is not replayed;
 * two runs of the same asset racing from the same snapshot collide on the app id and delta-rs
-  rejects the second commit (``Concurrent transaction failed``) instead of duplicating rows.
+  rejects the second commit (``Concurrent transaction failed``) instead of duplicating rows,
+  and Dagster retries the losing step (``ConcurrentRun``), which reads on from the winner's.
 
 Every such commit also carries ``claw/<asset>/run``, the number of runs that committed: a run
 that read nothing new (a sweep closing idle trajectories) commits the same input versions as
@@ -31,6 +32,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import dagster as dg
 import polars as pl
 import pyarrow as pa
 from deltalake import (
@@ -81,10 +83,21 @@ ATTEMPT_RANDOM_BITS = 24
 and two attempts of one run (a race, a retry) differ."""
 
 
-class ConcurrentRun(RuntimeError):
+RACE_RETRIES = 3
+"""How often a step that lost a commit race is retried (each retry reads on from the winner)."""
+
+RACE_RETRY_WAIT_S = 1.0
+
+
+class ConcurrentRun(dg.RetryRequested):
     """Another run of the asset committed to its output while this run ran. That commit stands;
-    this run's rows and state never count, and the next run reads on from the committed
-    watermark. Limiting the asset's pool to one run (dagster.yaml) queues runs instead."""
+    this run's rows and state never count. Dagster retries the step (up to ``RACE_RETRIES``
+    times), which reads on from the committed watermark, so an instance without the pool limits
+    of dagster.yaml (which queue such runs instead) still refreshes without anyone relaunching."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(max_retries=RACE_RETRIES, seconds_to_wait=RACE_RETRY_WAIT_S)
+        self.args = (message,)
 
 
 @dataclass
@@ -251,8 +264,7 @@ class Increment:
         if not self._chunks_written:
             if self.snapshot is not None:
                 return self.snapshot
-            self.lake.ensure(self.output, schema)
-            return self.lake.open(self.output, 0)
+            return self.lake.as_created(self.output, schema)
         latest = self.lake.open(self.output)
         if _attempt_of(latest, self.asset, "writer") != self.attempt:
             raise ConcurrentRun(f"another run of {self.asset} committed to {self.output}")

@@ -6,7 +6,8 @@ versions it was planned from and the planning time), so the ledger is both the "
 batch per step" guarantee and the partition's record: re-planning from the pins reproduces the
 batch exactly.
 Reservations carry a ``claw/plan/<recipe>`` app transaction taken from the snapshot the plan was
-made on, so two planners racing on the same ledger cannot both commit.
+made on, so two planners racing on the same ledger cannot both commit: the loser's step is
+retried (``ConcurrentRun``) and plans again from the ledger the winner left.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from datetime import datetime
 import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
-from assets.incremental import COMPACT_AFTER_FILES
+from assets.incremental import COMPACT_AFTER_FILES, ConcurrentRun
 from assets.retirements import Retirements, retired_table
 from claw_pipelines.derived_schemas import LEDGER, conform
 from claw_pipelines.lake import Lake, column_bound, compact
@@ -113,17 +115,22 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
         PINNED_LEDGER,
     )
     done = 0 if snapshot is None else snapshot.transaction_version(_plan_app(recipe.name)) or 0
-    target = snapshot or lake.ensure(ledger_table(recipe.name), rows.schema)
-    write_deltalake(
-        target,
-        rows,
-        mode="append",
-        commit_properties=CommitProperties(
-            max_commit_retries=lake.max_commit_retries,
-            app_transactions=[Transaction(app_id=_plan_app(recipe.name), version=done + 1)],
-            custom_metadata={"claw.batch_id": batch_id},
-        ),
-    )
+    target = snapshot or lake.as_created(ledger_table(recipe.name), rows.schema)
+    try:
+        write_deltalake(
+            target,
+            rows,
+            mode="append",
+            commit_properties=CommitProperties(
+                max_commit_retries=lake.max_commit_retries,
+                app_transactions=[Transaction(app_id=_plan_app(recipe.name), version=done + 1)],
+                custom_metadata={"claw.batch_id": batch_id},
+            ),
+        )
+    except CommitFailedError as error:
+        raise ConcurrentRun(
+            f"another batch of {recipe.name} was reserved while {batch_id} was planned"
+        ) from error
     compact(target, max_files=COMPACT_AFTER_FILES)
     retirements.record(plan, curated_version, now)  # after: it assumes the batch consumed
     return plan

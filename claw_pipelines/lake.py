@@ -102,6 +102,12 @@ class Lake:
                 time.sleep(0.05)
         raise RuntimeError(f"could not create Delta table {self.uri(table)}")
 
+    def as_created(self, table: str, schema: pa.Schema) -> DeltaTable:
+        """The table at version 0 (creating it if it does not exist): the snapshot for a first
+        commit, so that it conflicts with any commit made since the table was created."""
+        self.ensure(table, schema)
+        return self.open(table, 0)
+
     def append(
         self,
         table: str,

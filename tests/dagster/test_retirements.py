@@ -1,10 +1,12 @@
 """Retired steps on real tables: a plan's final drops stay out of later plans until a curated row
-of their group changes, a changed recipe voids them, and a racing planner retires nothing."""
+of their group changes, a changed recipe voids them, and a racing planner retires nothing (and
+reserves nothing: its step is retried)."""
 
 from __future__ import annotations
 
 import dagster as dg
 import polars as pl
+import pytest
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
@@ -102,3 +104,43 @@ def test_a_trajectory_sorting_before_the_read_start_is_still_planned(bound, inst
     assert set(batch.collect()["group_id"]) == set(early.groups)
     pins = driver.metadata(result, "batch_grpo")["pinned_versions"]
     assert pins["open_from"] == min(t for group in early.groups.values() for t in group)
+
+
+@pytest.mark.parametrize("earlier_batches", [0, 1], ids=["first-batches", "later-batches"])
+def test_two_batches_reserved_at_once_take_different_groups(
+    bound, instance, monkeypatch, earlier_batches: int
+) -> None:
+    """Without the pool limit two partitions may plan at once: both pick the same groups, the
+    second reservation is rejected and its step retried, which plans the groups left over."""
+    driver = Driver(bound, instance)
+    landed = land_rollouts(bound.lake, groups=4 * (2 + earlier_batches), group_size=4, steps=1)
+    driver.refresh()
+    names = [f"grpo-{n:06d}" for n in range(1, earlier_batches + 3)]
+    instance.add_dynamic_partitions("batches_grpo", names)
+    for name in names[:earlier_batches]:
+        driver.materialize(["batch_grpo"], partition_key=name)
+    winner, loser = names[earlier_batches:]
+    planned_alone = ledger.plan_from_pins
+
+    def planned_while_another_reserves(lake, recipe, batch_id, pins):
+        plan = planned_alone(lake, recipe, batch_id, pins)
+        if batch_id == loser and ledger.pins_of(lake, "grpo", winner) is None:
+            assert ledger.reserve(lake, recipe, winner, utc_now()) is not None
+        return plan
+
+    monkeypatch.setattr(ledger, "plan_from_pins", planned_while_another_reserves)
+    raced = driver.attempt(["batch_grpo"], partition_key=loser)
+    assert raced.success
+    (retry,) = [
+        e for e in raced.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY
+    ]
+    assert f"another batch of grpo was reserved while {loser} was planned" in (
+        retry.event_specific_data.error.message
+    )
+    driver.materialize(["batch_grpo"], partition_key=winner)
+    batches = bound.lake.scan("batches/grpo").collect()
+    groups = batches.group_by("batch_id").agg(pl.col("group_id").unique()).sort("batch_id")
+    assert groups.get_column("batch_id").to_list() == names
+    per_batch = [set(g) for g in groups.get_column("group_id").to_list()]
+    assert all(len(g) == 4 for g in per_batch) and set().union(*per_batch) == set(landed.groups)
+    assert batches.height == batches.get_column("turn_id").n_unique() == 16 * len(names)

@@ -1,10 +1,12 @@
 """Two steps runs at once, as an instance without the ``claw_steps`` pool limit allows: the run
-whose commit is rejected must leave nothing behind that the next run takes for emitted or open."""
+whose commit is rejected is retried, and must leave nothing behind that its retry (or any later
+run) takes for emitted or open."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import dagster as dg
 import polars as pl
@@ -39,15 +41,25 @@ class HeldCommits:
         assert self.ready[name].wait(WAIT_S), f"{name} never reached its commit"
 
 
-def _run_steps(bound, name: str, results: dict) -> threading.Thread:
-    """Run ``steps`` on a thread called ``name``; ``results[name]``: True on success, else the
-    error the run failed with."""
+@dataclass
+class Outcome:
+    succeeded: bool
+    retried_because: list[str]
+    """The message of each error the step was retried on."""
+
+
+def _run_steps(bound, name: str, results: dict[str, Outcome]) -> threading.Thread:
+    """Run ``steps`` on a thread called ``name`` and put how it went in ``results[name]``."""
 
     def run() -> None:
         with dg.instance_for_test() as instance:
             result = Driver(bound, instance).attempt(["steps"])
-            failures = [e.step_failure_data.error for e in result.get_step_failure_events()]
-            results[name] = result.success or str(failures[0].cause)
+            retries = [
+                e.event_specific_data.error.message
+                for e in result.all_events
+                if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY
+            ]
+            results[name] = Outcome(result.success, retries)
 
     thread = threading.Thread(target=run, name=name)
     thread.start()
@@ -87,7 +99,7 @@ def test_a_run_that_read_more_and_lost_the_commit_race_loses_no_turn(
     landed.turns.update(open_ones.turns)
     held = HeldCommits(Increment.commit, {"first", "second"})
     monkeypatch.setattr(Increment, "commit", lambda self, *a, **k: held(self, *a, **k))
-    results: dict[str, bool | str] = {}
+    results: dict[str, Outcome] = {}
     first = _run_steps(bound, "first", results)
     held.wait_ready("first")
     _complete(bound.lake, open_ones)
@@ -97,8 +109,11 @@ def test_a_run_that_read_more_and_lost_the_commit_race_loses_no_turn(
     first.join(WAIT_S)
     held.release["second"].set()
     second.join(WAIT_S)
-    assert results["first"] is True
-    assert "another run of steps committed to steps" in results["second"]
+    assert results["first"] == Outcome(True, [])
+    assert results["second"].succeeded
+    (why,) = results["second"].retried_because
+    assert "another run of steps committed to steps while this one ran" in why
+    _assert_every_turn_emitted_once(bound.lake, landed)
 
     Driver(bound, instance).materialize(["steps"])
     _assert_every_turn_emitted_once(bound.lake, landed)
@@ -120,15 +135,18 @@ def test_backlog_runs_racing_chunk_by_chunk_write_each_step_once(
     loser = "second" if winner == "first" else "first"
     held = HeldCommits(Increment.commit, {loser}, final_only=False)
     monkeypatch.setattr(Increment, "commit", lambda self, *a, **k: held(self, *a, **k))
-    results: dict[str, bool | str] = {}
+    results: dict[str, Outcome] = {}
     losing = _run_steps(bound, loser, results)
     held.wait_ready(loser)
     winning = _run_steps(bound, winner, results)
     winning.join(WAIT_S)
     held.release[loser].set()
     losing.join(WAIT_S)
-    assert results[winner] is True
-    assert "another run of steps committed to steps" in results[loser]
+    assert results[winner] == Outcome(True, [])
+    assert results[loser].succeeded
+    (why,) = results[loser].retried_because
+    assert "another run of steps committed to steps" in why
+    _assert_every_turn_emitted_once(bound.lake, landed)
 
     Driver(bound, instance).materialize(["steps"])
     _assert_every_turn_emitted_once(bound.lake, landed)
