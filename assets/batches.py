@@ -15,11 +15,12 @@ import dagster as dg
 import polars as pl
 import pyarrow as pa
 from deltalake import write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from assets import ledger
 from assets.checks import repeated_ids
 from assets.configs import recipes
-from assets.incremental import COMPACT_AFTER_FILES, WRITER
+from assets.incremental import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, markdown_table, table_metadata
 from assets.quality import curated_steps
@@ -68,13 +69,19 @@ def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
     table = lake.ensure(ledger.batches_table(recipe.name), schema)
     chunks = (conform(rows, schema) for rows in plan.row_chunks())
     batches = (b for chunk in _prefetched(chunks) for b in chunk.to_batches())
-    write_deltalake(
-        table,
-        pa.RecordBatchReader.from_batches(schema, batches),
-        mode="overwrite",
-        predicate=sql_in("batch_id", [plan.batch_id]),
-        writer_properties=WRITER,
-    )
+    try:
+        write_deltalake(
+            table,
+            pa.RecordBatchReader.from_batches(schema, batches),
+            mode="overwrite",
+            predicate=sql_in("batch_id", [plan.batch_id]),
+            writer_properties=WRITER,
+        )
+    except CommitFailedError as error:  # e.g. another batch's compaction merged the files read
+        raise ConcurrentRun(
+            f"another batch of {recipe.name} changed {ledger.batches_table(recipe.name)} "
+            f"while {plan.batch_id} was written"
+        ) from error
     compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
 
 

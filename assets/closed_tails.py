@@ -20,12 +20,14 @@ and small files compacted at the end of a run that committed.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import polars as pl
 import pyarrow as pa
 from deltalake import write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from assets.incremental import COMPACT_AFTER_FILES, WRITER
 from claw_pipelines.derived_schemas import CLOSED_TAILS, conform, fit
@@ -126,13 +128,15 @@ class ClosedTails:
         A delete rewrites every file holding an expired row, and a compacted file spans many
         runs' tails, so expiring at every run would rewrite the oldest file each time. Expired
         rows are deleted only once the oldest is ``EXPIRY_SLACK`` of a window past the cutoff
-        (readers skip them until then: ``extract_steps`` filters by window)."""
+        (readers skip them until then: ``extract_steps`` filters by window). Like compaction,
+        expiry only saves work later: a delete that another writer got ahead of is skipped."""
         table = self.lake.open(TABLE)
         if table is None:
             return
         cutoff = now - window
         oldest = column_bound(table, "closed_at", "min")
         if oldest is not None and oldest < cutoff - window * EXPIRY_SLACK:
-            table.delete(f"closed_at < '{cutoff.isoformat()}'")
+            with contextlib.suppress(CommitFailedError):
+                table.delete(f"closed_at < '{cutoff.isoformat()}'")
         compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
         self.lake.drop_removed_files(TABLE)

@@ -6,6 +6,7 @@ commit retries and the change-data-feed reads are decided in one place.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -205,9 +206,12 @@ def compact(
     """Merge the table's small files once it has more than ``max_files`` (the handle moves to
     the new version). A table that gets a small commit per run would otherwise make every open
     and scan slower as it ages. The commit carries no data change, so change-data-feed readers
-    skip it, and earlier versions stay readable (nothing is vacuumed)."""
+    skip it, and earlier versions stay readable (nothing is vacuumed). It only saves work
+    later: when another writer removed files it merged (its commit is rejected), it is skipped,
+    and the caller's own commit, already made, stands; a later compaction merges them."""
     if len(delta_table.file_uris()) > max_files:
-        delta_table.optimize.compact(writer_properties=writer_properties)
+        with contextlib.suppress(CommitFailedError):
+            delta_table.optimize.compact(writer_properties=writer_properties)
 
 
 def changes(

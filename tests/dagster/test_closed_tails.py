@@ -1,4 +1,5 @@
-"""The closed-tails log on its own: which attempts' tails count, and expiry in bulk."""
+"""The closed-tails log on its own: which attempts' tails count, and expiry in bulk (skipped when
+another run got ahead of it)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import polars as pl
 
+from assets import closed_tails
 from assets.closed_tails import ClosedTails
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import utc_now
@@ -79,3 +81,24 @@ def test_only_the_tails_of_attempts_that_committed_are_read(tmp_path: Path) -> N
         "committed",
         "second",
     }
+
+
+def test_an_expiry_another_run_got_ahead_of_is_skipped(tmp_path: Path, monkeypatch) -> None:
+    """Expiry runs after the steps commit: when another run's expiry deleted the same rows
+    first, this one's delete is rejected and skipped instead of failing the run."""
+    lake = Lake(str(tmp_path / "lake"))
+    tails = ClosedTails.for_attempt(lake, run=1, attempt=1, committed=None)
+    start, window = utc_now(), timedelta(hours=1)
+    tails.append(_tail("old").with_columns(closed_at=pl.lit(start)))
+    tails.append(_tail("new").with_columns(closed_at=pl.lit(start + 2 * window)))
+    cutoff = f"closed_at < '{(start + window).isoformat()}'"
+    oldest = closed_tails.column_bound
+
+    def oldest_after_another_expiry(table, column, bound):
+        found = oldest(table, column, bound)
+        lake.open("steps_tails").delete(cutoff)
+        return found
+
+    monkeypatch.setattr(closed_tails, "column_bound", oldest_after_another_expiry)
+    tails.expire(start + 2 * window, window)
+    assert lake.scan("steps_tails").collect().get_column("trajectory_id").to_list() == ["new"]

@@ -19,7 +19,7 @@ from assets.checks import unique_step_ids
 from assets.closed_tails import ClosedTails
 from assets.incremental import ConcurrentRun, Increment
 from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform, empty, fit
-from claw_pipelines.lake import Lake, column_bound, keyed
+from claw_pipelines.lake import Lake, column_bound, compact, keyed
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
 
 
@@ -450,3 +450,18 @@ def test_column_bound_comes_from_file_statistics_and_falls_back_to_a_scan(tmp_pa
     for bound, expected in (("max", 7), ("min", 1)):
         assert column_bound(DeltaTable(with_stats), "v", bound) == expected
         assert column_bound(DeltaTable(without), "v", bound) == expected
+
+
+def test_a_compaction_another_writer_got_ahead_of_is_skipped(tmp_path: Path) -> None:
+    """Compaction runs after a run's own commit: when another writer removed files it would
+    merge, it is skipped (the run's commit stands) and the other writer's rows are intact."""
+    uri = str(tmp_path / "t")
+    for batch in ("a", "b", "c"):
+        write_deltalake(uri, pa.table({"batch_id": [batch]}), mode="append")
+    stale = DeltaTable(uri)
+    DeltaTable(uri).delete("batch_id = 'b'")
+    compact(stale, max_files=1)
+    assert stale.version() == 2
+    assert sorted(pl.scan_delta(uri).collect()["batch_id"]) == ["a", "c"]
+    compact(DeltaTable(uri), max_files=1)
+    assert len(DeltaTable(uri).file_uris()) == 1

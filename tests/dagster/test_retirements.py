@@ -9,8 +9,9 @@ import polars as pl
 import pytest
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
+from deltalake import DeltaTable
 
-from assets import ledger
+from assets import batches, ledger
 from assets.configs import recipes
 from assets.retirements import Retirements, retired_table
 from claw_pipelines.schemas import Reward, rows_to_arrow, utc_now
@@ -138,9 +139,45 @@ def test_two_batches_reserved_at_once_take_different_groups(
         retry.event_specific_data.error.message
     )
     driver.materialize(["batch_grpo"], partition_key=winner)
-    batches = bound.lake.scan("batches/grpo").collect()
-    groups = batches.group_by("batch_id").agg(pl.col("group_id").unique()).sort("batch_id")
+    written = bound.lake.scan("batches/grpo").collect()
+    groups = written.group_by("batch_id").agg(pl.col("group_id").unique()).sort("batch_id")
     assert groups.get_column("batch_id").to_list() == names
     per_batch = [set(g) for g in groups.get_column("group_id").to_list()]
     assert all(len(g) == 4 for g in per_batch) and set().union(*per_batch) == set(landed.groups)
-    assert batches.height == batches.get_column("turn_id").n_unique() == 16 * len(names)
+    assert written.height == written.get_column("turn_id").n_unique() == 16 * len(names)
+
+
+def test_a_batch_rewrite_that_a_compaction_got_ahead_of_is_retried(
+    bound, instance, monkeypatch
+) -> None:
+    """Another batch's compaction of `batches/grpo` merges this batch's file while the batch is
+    re-materialized: the rewrite is rejected (the rows it replaces moved) and the step retried
+    from the batch's pins, which writes the same rows."""
+    driver = Driver(bound, instance)
+    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
+    driver.refresh()
+    names = ["grpo-000001", "grpo-000002"]
+    instance.add_dynamic_partitions("batches_grpo", names)
+    for name in names:
+        driver.materialize(["batch_grpo"], partition_key=name)
+    before = bound.lake.scan("batches/grpo").sort("turn_id").collect()
+    written_alone = batches.write_deltalake
+
+    def written_while_another_compacts(table, data, **kwargs):
+        if len(table.file_uris()) > 1:
+            DeltaTable(table.table_uri).optimize.compact()
+        return written_alone(table, data, **kwargs)
+
+    monkeypatch.setattr(batches, "write_deltalake", written_while_another_compacts)
+    raced = driver.attempt(["batch_grpo"], partition_key=names[0])
+    assert raced.success
+    (retry,) = [
+        e for e in raced.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY
+    ]
+    assert f"changed batches/grpo while {names[0]} was written" in (
+        retry.event_specific_data.error.message
+    )
+    after = bound.lake.scan("batches/grpo").sort("turn_id").collect()
+    assert after.drop("_commit_version", strict=False).equals(
+        before.drop("_commit_version", strict=False)
+    )
