@@ -34,6 +34,15 @@ class Bound:
         return self.defs.resolve_assets_def(key)
 
 
+def retry_reasons(result: dg.ExecuteInProcessResult) -> list[str]:
+    """The message of each error a step of the run was retried on."""
+    return [
+        event.event_specific_data.error.message
+        for event in result.all_events
+        if event.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY
+    ]
+
+
 @dataclass
 class KilledOnCall:
     """Stands in for ``function`` and raises on its ``n``-th call, as a worker killed mid-run

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dagster as dg
 import polars as pl
 import pytest
-from dagster_harness import Driver
+from dagster_harness import Driver, retry_reasons
 from dagster_rollouts import land_rollouts
 from deltalake import DeltaTable
 
@@ -132,12 +132,8 @@ def test_two_batches_reserved_at_once_take_different_groups(
     monkeypatch.setattr(ledger, "plan_from_pins", planned_while_another_reserves)
     raced = driver.attempt(["batch_grpo"], partition_key=loser)
     assert raced.success
-    (retry,) = [
-        e for e in raced.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY
-    ]
-    assert f"another batch of grpo was reserved while {loser} was planned" in (
-        retry.event_specific_data.error.message
-    )
+    (why,) = retry_reasons(raced)
+    assert f"another batch of grpo was reserved while {loser} was planned" in why
     driver.materialize(["batch_grpo"], partition_key=winner)
     written = bound.lake.scan("batches/grpo").collect()
     groups = written.group_by("batch_id").agg(pl.col("group_id").unique()).sort("batch_id")
@@ -171,12 +167,8 @@ def test_a_batch_rewrite_that_a_compaction_got_ahead_of_is_retried(
     monkeypatch.setattr(batches, "write_deltalake", written_while_another_compacts)
     raced = driver.attempt(["batch_grpo"], partition_key=names[0])
     assert raced.success
-    (retry,) = [
-        e for e in raced.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY
-    ]
-    assert f"changed batches/grpo while {names[0]} was written" in (
-        retry.event_specific_data.error.message
-    )
+    (why,) = retry_reasons(raced)
+    assert f"changed batches/grpo while {names[0]} was written" in why
     after = bound.lake.scan("batches/grpo").sort("turn_id").collect()
     assert after.drop("_commit_version", strict=False).equals(
         before.drop("_commit_version", strict=False)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import dagster as dg
 import polars as pl
 import pytest
-from dagster_harness import Driver
+from dagster_harness import Driver, retry_reasons
 from dagster_rollouts import Rollouts, land_rollouts
 
 from assets.incremental import Increment
@@ -54,12 +54,7 @@ def _run_steps(bound, name: str, results: dict[str, Outcome]) -> threading.Threa
     def run() -> None:
         with dg.instance_for_test() as instance:
             result = Driver(bound, instance).attempt(["steps"])
-            retries = [
-                e.event_specific_data.error.message
-                for e in result.all_events
-                if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY
-            ]
-            results[name] = Outcome(result.success, retries)
+            results[name] = Outcome(result.success, retry_reasons(result))
 
     thread = threading.Thread(target=run, name=name)
     thread.start()
