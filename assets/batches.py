@@ -271,14 +271,20 @@ def build_planner_sensor(
         )
         if inputs["curated_steps"] is None or (seen.get("inputs") == inputs and recent):
             return dg.SkipReason("no new curated steps since the last plan")
-        reserved = []
+        reserved, raced = [], False
         for _ in range(MAX_BATCHES_PER_TICK):
             batch_id = ledger.next_batch_id(the_lake, name)
-            if ledger.reserve(the_lake, recipe, batch_id, now) is None:
+            try:
+                if ledger.reserve(the_lake, recipe, batch_id, now) is None:
+                    break
+            except ConcurrentRun as race:  # a batch launched from the UI reserved first
+                context.log.info("%s; the next tick plans again", race)
+                raced = True
                 break
             reserved.append(batch_id)
         inputs["batch_ledger"] = the_lake.version(ledger.ledger_table(name))
-        cursor = json.dumps({"inputs": inputs, "planned_at": now.isoformat()})
+        planned = None if raced else inputs  # a raced tick did not plan everything: no skip next
+        cursor = json.dumps({"inputs": planned, "planned_at": now.isoformat()})
         if not reserved:
             context.update_cursor(cursor)
             return dg.SkipReason(f"not enough ready data for a `{name}` batch")

@@ -173,3 +173,29 @@ def test_a_batch_rewrite_that_a_compaction_got_ahead_of_is_retried(
     assert after.drop("_commit_version", strict=False).equals(
         before.drop("_commit_version", strict=False)
     )
+
+
+def test_a_planner_tick_that_a_ui_launch_reserved_ahead_of_launches_the_rest_later(
+    bound, instance, monkeypatch
+) -> None:
+    """A partition materialized from the UI reserves its batch while the planner sensor plans
+    the same groups: the tick launches nothing instead of failing, and the next one plans the
+    groups left over."""
+    driver = Driver(bound, instance)
+    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
+    driver.refresh()
+    planned_alone = ledger.plan_from_pins
+
+    def planned_while_the_ui_reserves(lake, recipe, batch_id, pins):
+        plan = planned_alone(lake, recipe, batch_id, pins)
+        if batch_id != "from-the-ui" and ledger.pins_of(lake, "grpo", "from-the-ui") is None:
+            assert ledger.reserve(lake, recipe, "from-the-ui", utc_now()) is not None
+        return plan
+
+    monkeypatch.setattr(ledger, "plan_from_pins", planned_while_the_ui_reserves)
+    assert isinstance(driver.tick("batch_grpo_planner"), dg.SkipReason)
+    monkeypatch.setattr(ledger, "plan_from_pins", planned_alone)
+    (request,) = driver.tick("batch_grpo_planner").run_requests
+    assert request.partition_key == "grpo-000002"
+    consumed = bound.lake.scan("batch_ledger/grpo").collect()
+    assert consumed.height == consumed.get_column("turn_id").n_unique() == 32
