@@ -24,11 +24,11 @@ from assets.incremental import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, markdown_table, table_metadata
 from assets.quality import curated_steps
-from assets.retirements import retired_table
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
 from claw_pipelines.exporters import export_batch
 from claw_pipelines.lake import Lake, compact, sql_in
 from claw_pipelines.recipes import BatchPlan, Recipe
+from claw_pipelines.retired import retired_table
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
 

@@ -46,7 +46,7 @@ from deltalake import (
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.derived_schemas import conform, empty
-from claw_pipelines.lake import Lake, changes, compact, keyed, sql_in
+from claw_pipelines.lake import Lake, changes, compact, keyed, sql_in, watermark_app
 
 CHUNK_TRAJECTORIES = 8192
 """Trajectories recomputed per commit by ``Increment.recompute``."""
@@ -114,25 +114,21 @@ class Written:
         return pl.concat(self.summaries, how="vertical_relaxed")
 
 
-def app_id(asset: str, source: str) -> str:
-    return f"claw/{asset}/{source}"
-
-
 def _runs(table: DeltaTable | None, asset: str) -> int:
     """How many runs of ``asset`` committed to ``table`` (0 before any, or before run numbers)."""
-    return 0 if table is None else table.transaction_version(app_id(asset, "run")) or 0
+    return 0 if table is None else table.transaction_version(watermark_app(asset, "run")) or 0
 
 
 def _attempt_of(table: DeltaTable | None, asset: str, app: str = "attempt") -> int | None:
     """The attempt that made ``table``'s last watermark commit of ``asset`` (``app="writer"``:
     its last commit); None before attempt ids."""
-    return None if table is None else table.transaction_version(app_id(asset, app))
+    return None if table is None else table.transaction_version(watermark_app(asset, app))
 
 
 def _watermark(table: DeltaTable | None, asset: str, sources: list[str]) -> dict[str, int | None]:
     if table is None:
         return dict.fromkeys(sources)
-    return {s: table.transaction_version(app_id(asset, s)) for s in sources}
+    return {s: table.transaction_version(watermark_app(asset, s)) for s in sources}
 
 
 @dataclass
@@ -232,14 +228,14 @@ class Increment:
 
     def _transactions(self, watermark: bool = True) -> list[Transaction]:
         """The writer; with ``watermark`` also the input versions, run number and attempt."""
-        writer = Transaction(app_id=app_id(self.asset, "writer"), version=self.attempt)
+        writer = Transaction(app_id=watermark_app(self.asset, "writer"), version=self.attempt)
         if not watermark:
             return [writer]
         committed = {**self.upto, "run": self.run, "attempt": self.attempt}
         return [
             writer,
             *(
-                Transaction(app_id=app_id(self.asset, name), version=version)
+                Transaction(app_id=watermark_app(self.asset, name), version=version)
                 for name, version in committed.items()
                 if version is not None
             ),

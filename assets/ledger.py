@@ -21,10 +21,11 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from assets.incremental import COMPACT_AFTER_FILES, ConcurrentRun
-from assets.retirements import Retirements, retired_table
+from assets.retirements import Retirements
 from claw_pipelines.derived_schemas import LEDGER, conform
 from claw_pipelines.lake import Lake, column_bound, compact
 from claw_pipelines.recipes import BatchPlan, Recipe, plan_batch
+from claw_pipelines.retired import retired_table
 
 PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
 """The ledger as written here: each row also carries its batch's pins (JSON)."""

@@ -22,7 +22,6 @@ unordered id) lowers it again.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -33,28 +32,19 @@ from deltalake.exceptions import CommitFailedError
 
 from assets.incremental import CHUNK_TRAJECTORIES, COMPACT_AFTER_FILES
 from claw_pipelines.derived_schemas import RETIRED, conform
-from claw_pipelines.lake import Lake, changes, compact, keyed, sql_in
+from claw_pipelines.lake import Lake, changes, compact, sql_in
 from claw_pipelines.recipes import BatchPlan, Recipe
-
-RECIPE_APP = "claw/retired/recipe"
-"""App transaction naming the recipe the retirements were decided under (its fingerprint as a
-number): a table last written under another recipe (even an earlier one edited back) is voided."""
-OPEN_FROM = "claw.open_from"
-"""Commit metadata of every retirement commit: where the next plan may start ("" for nowhere)."""
-HISTORY_SEARCHED = 20
-"""Commits searched back for the last ``claw.open_from`` (past voids and compactions); when
-none is found the next plan reads the tables whole, which is always right."""
-
-
-def retired_table(recipe: str) -> str:
-    return f"batch_retired/{recipe}"
-
-
-def fingerprint(recipe: Recipe) -> int:
-    """Everything in the recipe that decides final drops (batch size and exports do not), as a
-    60-bit number (an app transaction version)."""
-    settings = recipe.model_dump_json(exclude={"exports", "groups_per_batch"})
-    return int(hashlib.sha256(settings.encode()).hexdigest()[:15], 16)
+from claw_pipelines.retired import (
+    OPEN_FROM,
+    RECIPE_APP,
+    current_through,
+    fingerprint,
+    lowered,
+    recorded_open_from,
+    retired_table,
+    through_app,
+    voided,
+)
 
 
 @dataclass
@@ -76,10 +66,6 @@ class Retirements:
     usable: bool = True
 
     @property
-    def app(self) -> str:
-        return f"claw/retired/{self.recipe.name}"
-
-    @property
     def version(self) -> int:
         """The version to pin and plan from; -1 plans without retirements."""
         return self.table.version() if self.usable else -1
@@ -88,9 +74,7 @@ class Retirements:
     def current(cls, lake: Lake, recipe: Recipe, curated_version: int) -> Retirements:
         """The recipe's retirements with those that ``curated_version`` invalidated voided."""
         table = lake.ensure(retired_table(recipe.name), RETIRED)
-        retirements = cls(lake, recipe, table, None)
-        if table.transaction_version(RECIPE_APP) == fingerprint(recipe):
-            retirements.through = table.transaction_version(retirements.app)
+        retirements = cls(lake, recipe, table, current_through(table, recipe))
         if retirements.through is not None and retirements.through > curated_version:
             retirements.usable = False  # decided on newer data than this plan's
             return retirements
@@ -106,7 +90,7 @@ class Retirements:
             if self.table.file_uris():
                 self._delete(None)
             return
-        self.recorded_open_from = self._recorded_open_from()
+        self.recorded_open_from = recorded_open_from(self.table)
         self.open_from = self.recorded_open_from
         changed = changes(
             self.lake.open("curated_steps"),
@@ -116,31 +100,10 @@ class Retirements:
         )
         if changed is None:
             return
-        retired = pl.scan_delta(self.table).select("trajectory_id", "group_id")
-        void = (
-            pl.concat(
-                [
-                    keyed(retired, "trajectory_id", changed.get_column("trajectory_id")),
-                    keyed(retired, "group_id", changed.get_column("group_id")),
-                ]
-            )
-            .select("trajectory_id")
-            .unique()
-            .sort("trajectory_id")
-            .collect()
-            .get_column("trajectory_id")
-        )
+        void = voided(pl.scan_delta(self.table), changed)
         for start in range(0, void.len(), CHUNK_TRAJECTORIES):
             self._delete(sql_in("trajectory_id", void.slice(start, CHUNK_TRAJECTORIES)))
-        if self.open_from is not None:
-            lower = [changed["trajectory_id"].min(), void.min()]
-            self.open_from = min([self.open_from, *(v for v in lower if v is not None)])
-
-    def _recorded_open_from(self) -> str | None:
-        for commit in self.table.history(HISTORY_SEARCHED):
-            if OPEN_FROM in commit:
-                return commit[OPEN_FROM] or None
-        return None
+        self.open_from = lowered(self.open_from, changed, void)
 
     def _delete(self, predicate: str | None) -> None:
         self.table.delete(predicate, commit_properties=self._commit(self.through))
@@ -151,7 +114,7 @@ class Retirements:
         transactions = None
         if through is not None:
             transactions = [
-                Transaction(app_id=self.app, version=through),
+                Transaction(app_id=through_app(self.recipe.name), version=through),
                 Transaction(app_id=RECIPE_APP, version=fingerprint(self.recipe)),
             ]
         return CommitProperties(

@@ -9,7 +9,9 @@ its peak RSS is its own:
 * ``next``: +1 ready group landed and the chain re-run, the next plan (leaves the retired steps
   out and reads the tables from the oldest trajectory still in play);
 * ``unretired``: the same plan without retirements or that start, reading everything: what
-  every plan cost before.
+  every plan cost before;
+* ``preview``: the inspector's preview of the next batch (its index loaded first, not timed),
+  which plans with the retirements that still stand as well.
 
 Prints one JSON object: seconds and ``peak_rss_mib`` per plan, and ``next_over_unretired``.
 
@@ -67,11 +69,23 @@ def phase_plan(lake: Lake, batch_id: str, groups: int, retired: bool) -> dict:
     return {"seconds": time.perf_counter() - started, "batch_rows": rows}
 
 
+def phase_preview(lake: Lake) -> dict:
+    """The inspector's grpo batch preview over its index of the lake."""
+    from claw_pipelines.inspector.batch_preview import preview, read_recipes
+    from claw_pipelines.inspector.tables import LakeIndex
+
+    recipes = read_recipes()
+    state = LakeIndex(lake, list(recipes)).refresh()
+    started = time.perf_counter()
+    planned = preview(lake, state, recipes["grpo"])
+    return {"seconds": time.perf_counter() - started, "batch_rows": planned.plan.rows.height}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=100_000)
     parser.add_argument("--flat-share", type=float, default=0.5)
-    parser.add_argument("--phase", choices=["chain", "plan"], help=argparse.SUPPRESS)
+    parser.add_argument("--phase", choices=["chain", "plan", "preview"], help=argparse.SUPPRESS)
     parser.add_argument("--lake", help=argparse.SUPPRESS)
     parser.add_argument("--batch-id", help=argparse.SUPPRESS)
     parser.add_argument("--groups", type=int, help=argparse.SUPPRESS)
@@ -82,6 +96,8 @@ def main() -> None:
         if args.phase == "chain":
             _chain(lake)
             measured = {}
+        elif args.phase == "preview":
+            measured = phase_preview(lake)
         else:
             measured = phase_plan(lake, args.batch_id, args.groups, not args.unretired)
         print(json.dumps({**measured, "peak_rss_mib": round(peak_rss_mib(), 1)}))
@@ -101,6 +117,7 @@ def main() -> None:
         run_phase(["--phase", "chain", "--lake", lake.root], script=__file__)
         then = [*plan, "--batch-id", "grpo-000002", "--groups", "1"]
         unretired = run_phase([*then, "--unretired"], script=__file__)
+        previewed = run_phase(["--phase", "preview", "--lake", lake.root], script=__file__)
         following = run_phase(then, script=__file__)
     print(
         json.dumps(
@@ -116,8 +133,11 @@ def main() -> None:
                 "unretired_plan_seconds": round(unretired["seconds"], 3),
                 "unretired_plan_peak_rss_mib": unretired["peak_rss_mib"],
                 "next_over_unretired": round(following["seconds"] / unretired["seconds"], 3),
+                "preview_seconds": round(previewed["seconds"], 3),
+                "preview_batch_rows": previewed["batch_rows"],
                 "ok": first["batch_rows"] > 0
-                and following["batch_rows"] == unretired["batch_rows"] > 0,
+                and following["batch_rows"] == unretired["batch_rows"] > 0
+                and previewed["batch_rows"] > 0,
             }
         )
     )

@@ -162,6 +162,12 @@ class Lake:
         return None if delta_table is None else pl.scan_delta(delta_table)
 
 
+def watermark_app(asset: str, source: str) -> str:
+    """The app transaction that an incremental asset's output commits carry for one input (or
+    for its run number and attempt): the input's Delta version it read up to."""
+    return f"claw/{asset}/{source}"
+
+
 def keyed(frame: pl.LazyFrame, column: str, keys: pl.Series) -> pl.LazyFrame:
     """The rows of ``frame`` whose ``column`` is one of ``keys``.
 

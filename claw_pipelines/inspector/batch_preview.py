@@ -2,8 +2,9 @@
 
 The preview runs ``plan_batch`` over `scored_steps` with the latest labels applied by
 ``curate_steps`` (so a label shows up here before Dagster refreshes `curated_steps`), against the
-recipe's consumption ledger. Plans are cached per input versions: they are recomputed only when
-`scored_steps`, `labels` or the ledger changed.
+recipe's consumption ledger and the retirements that still stand, so its work grows with the
+steps still in play, like the batch asset's. Plans are cached per input versions: they are
+recomputed only when `scored_steps`, `labels` or the ledger changed.
 """
 
 from __future__ import annotations
@@ -18,8 +19,15 @@ from pathlib import Path
 import polars as pl
 
 from claw_pipelines.inspector.tables import LakeState
-from claw_pipelines.lake import Lake
+from claw_pipelines.lake import Lake, changes, watermark_app
 from claw_pipelines.recipes import BatchPlan, Recipe, load_recipes, plan_batch
+from claw_pipelines.retired import (
+    current_through,
+    lowered,
+    recorded_open_from,
+    retired_table,
+    voided,
+)
 from claw_pipelines.transforms import curate_steps
 
 DAGSTER_URL_ENV = "CLAW_DAGSTER_URL"
@@ -40,6 +48,62 @@ def recipes_file() -> Path:
 
 def read_recipes() -> dict[str, Recipe]:
     return load_recipes(recipes_file())
+
+
+CHANGE_KEYS = ["trajectory_id", "group_id"]
+
+
+def _labelled(state: LakeState, after_version: int | None) -> pl.DataFrame:
+    """(trajectory_id, group_id) of every step or trajectory labelled after ``after_version``."""
+    labels = state["labels"]
+    if after_version is not None:
+        labels = labels.filter(pl.col("_commit_version") > after_version)
+    targets = pl.col("target_id")
+    steps = labels.filter(pl.col("target_kind") == "step").select(targets.alias("turn_id"))
+    trajectories = labels.filter(pl.col("target_kind") == "trajectory").select(
+        targets.alias("trajectory_id")
+    )
+    turns = state["turns"].select("turn_id", *CHANGE_KEYS)
+    return pl.concat(
+        [
+            turns.join(steps, on="turn_id", how="semi").select(CHANGE_KEYS),
+            turns.join(trajectories, on="trajectory_id", how="semi").select(CHANGE_KEYS),
+        ]
+    )
+
+
+def standing_retirements(
+    lake: Lake, state: LakeState, recipe: Recipe
+) -> tuple[pl.LazyFrame | None, str | None]:
+    """The recipe's retired steps that still stand for a plan over ``state``, and where that plan
+    may start reading; (None, None) plans over everything.
+
+    The batch asset decided them at a curated_steps version. Since then rows may have changed in
+    the curated change feed, in `scored_steps` rows curated_steps has not read yet, and in labels
+    it has not applied yet (this page applies them first): a retirement of a trajectory or group
+    with such a row is void, and the start is lowered to it, as the batch asset's next plan does.
+    """
+    table = lake.open(retired_table(recipe.name))
+    curated = lake.open("curated_steps")
+    through = None if table is None or curated is None else current_through(table, recipe)
+    if through is None:
+        return None, None
+    scored = lake.open("scored_steps")
+    feeds = [
+        changes(curated, through, curated.version(), CHANGE_KEYS),
+        changes(
+            scored,
+            curated.transaction_version(watermark_app("curated_steps", "scored_steps")),
+            state.versions["scored_steps"],
+            CHANGE_KEYS,
+        ),
+        _labelled(state, curated.transaction_version(watermark_app("curated_steps", "labels"))),
+    ]
+    changed = pl.concat([f.select(CHANGE_KEYS) for f in feeds if f is not None])
+    retired = pl.scan_delta(table)
+    void = voided(retired, changed)
+    standing = retired.join(void.to_frame().lazy(), on="trajectory_id", how="anti")
+    return standing, lowered(recorded_open_from(table), changed, void)
 
 
 @dataclass(frozen=True)
@@ -128,6 +192,7 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
     labels = state["labels"].drop("_commit_version")
     policy_versions = state["turns"]["policy_version"].drop_nulls()
     ledger = f"batch_ledger/{recipe.name}"
+    retired, open_from = standing_retirements(lake, state, recipe)
     plan = plan_batch(
         recipe,
         curate_steps(
@@ -137,8 +202,13 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
         lake.scan("steps", state.versions["steps"]),
         lake.scan(ledger, state.versions[ledger]) if state.has(ledger) else None,
         datetime.now(UTC),
+        retired=retired,
+        open_from=open_from,
         latest_policy_version=policy_versions.max() if policy_versions.len() else None,
     )
+    dropped = plan.dropped
+    if retired is not None:  # dropped by earlier plans for good: listed, not planned again
+        dropped = pl.concat([dropped, retired.select(dropped.columns).collect()])
     why = None
     if plan.rows.is_empty():
         why = "no complete, rewarded groups left that pass the recipe's filters"
@@ -147,7 +217,7 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
         dagster_asset_url(recipe.name),
         plan,
         group_table(plan.rows) if plan.rows.height else pl.DataFrame(),
-        dropped_table(plan.dropped) if plan.dropped.height else pl.DataFrame(),
+        dropped_table(dropped) if dropped.height else pl.DataFrame(),
         why,
         datetime.now(UTC),
     )

@@ -13,7 +13,8 @@ from deltalake import DeltaTable
 
 from assets import batches, ledger
 from assets.configs import recipes
-from assets.retirements import Retirements, retired_table
+from assets.retirements import Retirements
+from claw_pipelines.retired import retired_table
 from claw_pipelines.schemas import Reward, rows_to_arrow, utc_now
 
 RETIRED = retired_table("grpo")
