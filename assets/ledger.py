@@ -44,9 +44,17 @@ def _plan_app(recipe: str) -> str:
 
 
 def next_batch_id(lake: Lake, recipe: str) -> str:
-    """Sequential ids (``grpo-000001``) from the number of reservations so far."""
-    done = lake.committed_app_version(ledger_table(recipe), _plan_app(recipe)) or 0
-    return f"{recipe}-{done + 1:06d}"
+    """Sequential ids (``grpo-000001``) from the number of reservations so far, skipping ids that
+    a partition added in the UI under this pattern has already reserved."""
+    number = (lake.committed_app_version(ledger_table(recipe), _plan_app(recipe)) or 0) + 1
+    ledger = lake.scan(ledger_table(recipe))
+    taken: set[str] = set()
+    if ledger is not None:
+        later = ledger.filter(pl.col("batch_id") >= f"{recipe}-{number:06d}")
+        taken = set(later.select("batch_id").unique().collect().get_column("batch_id"))
+    while f"{recipe}-{number:06d}" in taken:
+        number += 1
+    return f"{recipe}-{number:06d}"
 
 
 def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> BatchPlan:
@@ -76,13 +84,16 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
     )
 
 
-def pins_of(lake: Lake, recipe: str, batch_id: str) -> dict | None:
-    """The pins recorded when ``batch_id`` was reserved (None if it never was)."""
-    ledger = lake.scan(ledger_table(recipe))
+def _recorded_pins(ledger: pl.LazyFrame | None, batch_id: str) -> dict | None:
     if ledger is None:
         return None
     found = ledger.filter(pl.col("batch_id") == batch_id).select("pins").head(1).collect()
     return json.loads(found.item()) if found.height else None
+
+
+def pins_of(lake: Lake, recipe: str, batch_id: str) -> dict | None:
+    """The pins recorded when ``batch_id`` was reserved (None if it never was)."""
+    return _recorded_pins(lake.scan(ledger_table(recipe)), batch_id)
 
 
 def consumed_turns(lake: Lake, recipe: str, batch_id: str) -> list[str]:
@@ -98,6 +109,8 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
     if curated_version is None:
         return None
     snapshot = lake.open(ledger_table(recipe.name))
+    if snapshot is not None and _recorded_pins(pl.scan_delta(snapshot), batch_id) is not None:
+        raise ConcurrentRun(f"{batch_id} was reserved by another run while this one started")
     retirements = Retirements.current(lake, recipe, curated_version)
     pins = {
         "curated_steps": curated_version,
