@@ -25,7 +25,7 @@ from assets.landing import OWNERS
 from assets.metadata import counts, histogram, markdown_table, table_metadata
 from assets.quality import curated_steps
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
-from claw_pipelines.exporters import export_batch
+from claw_pipelines.exporters import Destination, export_batch
 from claw_pipelines.lake import Lake, compact, sql_in
 from claw_pipelines.recipes import BatchPlan, Recipe
 from claw_pipelines.retired import retired_table
@@ -228,14 +228,14 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
         )
         if rows.is_empty():
             raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
-        out_dir = the_lake.uri(f"exports/{name}/{batch_id}")
+        out = Destination(the_lake.uri(f"exports/{name}/{batch_id}"), the_lake.storage_options)
         manifest = export_batch(
-            recipe, rows, out_dir, source_versions=json.loads(rows["source_versions"][0])
+            recipe, rows, out, source_versions=json.loads(rows["source_versions"][0])
         )
         files = pl.DataFrame([f.model_dump() for f in manifest.files])
         return dg.MaterializeResult(
             metadata={
-                "dagster/uri": dg.MetadataValue.path(out_dir),
+                "dagster/uri": dg.MetadataValue.path(out.root),
                 "dagster/partition_row_count": manifest.rows,
                 "files": dg.MetadataValue.md(markdown_table(files)),
                 "manifest": dg.MetadataValue.json(manifest.model_dump()),

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import polars as pl
+
+from claw_pipelines.exporters.destination import Destination
 
 _STEP_FIELDS = ["step_index", "turn_id", "prompt_token_ids", "response_token_ids",
                 "response_logprobs", "reward", "policy_version"]  # fmt: skip
@@ -24,15 +24,13 @@ def trajectories(rows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def write_jsonl(algorithm: str, rows: pl.DataFrame, out_dir: Path) -> list[tuple[str, str, int]]:
-    target = out_dir / "jsonl"
-    target.mkdir(parents=True, exist_ok=True)
+def write_jsonl(algorithm: str, rows: pl.DataFrame, out: Destination) -> list[tuple[str, str, int]]:
     if algorithm == "dpo":
-        rows.write_ndjson(target / "pairs.jsonl")
+        out.ndjson(rows, "jsonl/pairs.jsonl")
         return [("jsonl/pairs.jsonl", "one preference pair per line", rows.height)]
-    rows.write_ndjson(target / "steps.jsonl")
+    out.ndjson(rows, "jsonl/steps.jsonl")
     per_trajectory = trajectories(rows)
-    per_trajectory.write_ndjson(target / "trajectories.jsonl")
+    out.ndjson(per_trajectory, "jsonl/trajectories.jsonl")
     return [
         ("jsonl/steps.jsonl", "one batch row (step) per line", rows.height),
         (

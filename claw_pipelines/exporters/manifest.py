@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import polars as pl
 from pydantic import BaseModel
 
+from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.exporters.jsonl import write_jsonl
 from claw_pipelines.exporters.trl import write_trl
 from claw_pipelines.exporters.verl import write_verl
@@ -32,13 +31,13 @@ class Manifest(BaseModel):
 def export_batch(
     recipe: Recipe,
     rows: pl.DataFrame,
-    out_dir: str | Path,
+    out: Destination,
     *,
     source_versions: dict[str, int] | None = None,
     pad_token_id: int = 0,
 ) -> Manifest:
-    """Write ``rows`` (one batch) for each of ``recipe.exports`` under ``out_dir``; return and
-    write ``manifest.json``.
+    """Write ``rows`` (one batch) for each of ``recipe.exports`` under ``out``; return and write
+    ``manifest.json``.
 
     Rows are put in (group, trajectory, step) order first, so exporting the same batch twice
     writes the same files. verl needs per-step token rows and is skipped for dpo pairs.
@@ -46,8 +45,6 @@ def export_batch(
     batch_ids = rows["batch_id"].unique().to_list()
     if len(batch_ids) != 1:
         raise ValueError(f"export_batch takes the rows of exactly one batch, got {batch_ids}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     dpo = recipe.algorithm == "dpo"
     rows = rows.sort(
         *(["group_id", "turn_id"] if dpo else ["group_id", "trajectory_id", "step_index"])
@@ -74,5 +71,5 @@ def export_batch(
         source_versions=source_versions or {},
         files=files,
     )
-    (out / "manifest.json").write_text(manifest.model_dump_json(indent=2))
+    out.text(manifest.model_dump_json(indent=2), "manifest.json")
     return manifest

@@ -11,11 +11,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import polars as pl
 
 from claw_pipelines.exporters.chat import messages, reply
+from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.transforms.messages import claw_field
 
 
@@ -84,11 +83,9 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
     }
 
 
-def write_trl(algorithm: str, rows: pl.DataFrame, out_dir: Path) -> list[tuple[str, str, int]]:
-    target = out_dir / "trl"
-    target.mkdir(parents=True, exist_ok=True)
+def write_trl(algorithm: str, rows: pl.DataFrame, out: Destination) -> list[tuple[str, str, int]]:
     written = []
     for name, (frame, description) in trl_frames(algorithm, rows).items():
-        frame.write_parquet(target / name)
+        out.parquet(frame, f"trl/{name}")
         written.append((f"trl/{name}", description, frame.height))
     return written

@@ -1,6 +1,8 @@
 """verl DataProto layout: one row per step, as Claw-R1's VerlBackend builds it.
 
-Tensors (``batch.npz``): ``prompts`` [B, P] left-padded, ``responses`` [B, R] right-padded,
+Tensors (``batch.parquet``: one fixed-width array column per tensor, so
+``pl.read_parquet(path)[name].to_numpy()`` is the [B, width] array): ``prompts`` [B, P]
+left-padded, ``responses`` [B, R] right-padded,
 ``input_ids`` = cat(prompts, responses), ``attention_mask`` (1 on real tokens),
 ``position_ids`` (cumsum of the attention mask - 1, 0 on padding), ``response_mask`` (1 on
 response tokens: every token of a step's response is an action), ``rollout_log_probs`` [B, R]
@@ -15,11 +17,10 @@ non_tensors=...)``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import polars as pl
 
+from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.exporters.padding import left_mask, lengths, pad, right_mask
 from claw_pipelines.transforms.messages import claw_field
 
@@ -68,14 +69,13 @@ def verl_non_tensors(rows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def write_verl(rows: pl.DataFrame, out_dir: Path, *, pad_token_id: int) -> list[tuple[str, str]]:
-    """Write ``verl/batch.npz`` and ``verl/non_tensor.parquet``; return (path, description)."""
-    target = out_dir / "verl"
-    target.mkdir(parents=True, exist_ok=True)
+def write_verl(rows: pl.DataFrame, out: Destination, *, pad_token_id: int) -> list[tuple[str, str]]:
+    """Write ``verl/batch.parquet`` and ``verl/non_tensor.parquet``; return (path, description)."""
     tensors = verl_tensors(rows, pad_token_id=pad_token_id)
-    np.savez_compressed(target / "batch.npz", **tensors)
-    verl_non_tensors(rows).write_parquet(target / "non_tensor.parquet")
+    out.parquet(pl.DataFrame([pl.Series(name, array) for name, array in tensors.items()]),
+                "verl/batch.parquet")  # fmt: skip
+    out.parquet(verl_non_tensors(rows), "verl/non_tensor.parquet")
     return [
-        ("verl/batch.npz", f"DataProto tensors: {', '.join(sorted(tensors))}"),
+        ("verl/batch.parquet", f"DataProto tensors: {', '.join(sorted(tensors))}"),
         ("verl/non_tensor.parquet", "DataProto non_tensor_batch (uid = group_id), row-aligned"),
     ]

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 from transform_rows import SYSTEM, at, event, events, rewards, turn, turns
 
-from claw_pipelines.exporters import export_batch
+from claw_pipelines.exporters import Destination, export_batch
 from claw_pipelines.exporters.verl import verl_tensors
 from claw_pipelines.recipes import Recipe, plan_batch
 from claw_pipelines.reward_rules import RewardConfig
@@ -69,7 +69,9 @@ def test_verl_tensors_pad_mask_and_place_the_reward():
 
 def test_export_writes_every_format_and_a_manifest(tmp_path):
     recipe, plan = _grpo_plan()
-    manifest = export_batch(recipe, plan.rows, tmp_path, source_versions={"curated_steps": 5})
+    manifest = export_batch(
+        recipe, plan.rows, Destination(str(tmp_path)), source_versions={"curated_steps": 5}
+    )
     written = json.loads((tmp_path / "manifest.json").read_text())
     assert written == manifest.model_dump()
     assert (manifest.batch_id, manifest.rows, manifest.source_versions) == (
@@ -78,7 +80,7 @@ def test_export_writes_every_format_and_a_manifest(tmp_path):
         {"curated_steps": 5},
     )
     assert {f.path for f in manifest.files} == {
-        "verl/batch.npz", "verl/non_tensor.parquet", "trl/prompts.parquet",
+        "verl/batch.parquet", "verl/non_tensor.parquet", "trl/prompts.parquet",
         "trl/rollouts.parquet", "jsonl/steps.jsonl", "jsonl/trajectories.jsonl",
     }  # fmt: skip
     for f in manifest.files:
@@ -86,7 +88,11 @@ def test_export_writes_every_format_and_a_manifest(tmp_path):
     non_tensor = pl.read_parquet(tmp_path / "verl/non_tensor.parquet")
     assert non_tensor["uid"].to_list() == ["g", "g", "g"]
     assert non_tensor["ground_truth"].to_list() == ["4"] * 3
-    assert np.load(tmp_path / "verl/batch.npz")["input_ids"].shape[0] == 3
+    tensors = pl.read_parquet(tmp_path / "verl/batch.parquet")
+    expected = verl_tensors(plan.rows.sort("group_id", "trajectory_id", "step_index"))
+    assert set(tensors.columns) == set(expected)
+    for name, array in expected.items():
+        assert np.array_equal(tensors[name].to_numpy(), array), name
     prompts = pl.read_parquet(tmp_path / "trl/prompts.parquet")
     assert prompts.height == 1
     assert prompts["prompt"][0].to_list()[1]["content"] == "2+2?"
@@ -111,7 +117,7 @@ def test_sft_and_dpo_exports(tmp_path):
                  request_messages=parts)]  # fmt: skip
     sft = Recipe(name="sft", algorithm="sft", group_size=1, groups_per_batch=1, exports=["trl"])
     plan = _plan(sft, rows, {"s": 1.0})
-    export_batch(sft, plan.rows, tmp_path / "sft")
+    export_batch(sft, plan.rows, Destination(str(tmp_path / "sft")))
     tokens = pl.read_parquet(tmp_path / "sft/trl/sft_tokens.parquet")
     assert tokens["input_ids"][0].to_list() == [*SYSTEM, 1, 5, 6]
     assert tokens["completion_mask"][0].to_list() == [0] * 21 + [1, 1]
@@ -126,7 +132,7 @@ def test_sft_and_dpo_exports(tmp_path):
     ]
     dpo = Recipe(name="dpo", algorithm="dpo", groups_per_batch=1, min_reward_gap=0.5)
     plan = _plan(dpo, pair_rows, {"t1": 1.0, "t2": 0.0})
-    manifest = export_batch(dpo, plan.rows, tmp_path / "dpo")
+    manifest = export_batch(dpo, plan.rows, Destination(str(tmp_path / "dpo")))
     assert {f.path for f in manifest.files} == {"trl/preference.parquet", "jsonl/pairs.jsonl"}
     preference = pl.read_parquet(tmp_path / "dpo/trl/preference.parquet")
     assert preference["chosen"][0].to_list()[0]["content"] == "a-good"
