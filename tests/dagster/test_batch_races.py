@@ -4,6 +4,8 @@ reservations, and the run or tick that lost goes on (a retried step, the next ti
 
 from __future__ import annotations
 
+import threading
+
 import dagster as dg
 import polars as pl
 import pytest
@@ -153,3 +155,78 @@ def test_a_batch_id_reserved_between_naming_and_planning_is_not_reserved_twice(
         ("grpo-000001", 16),
         ("grpo-000002", 16),
     ]
+
+
+class ExportTicks:
+    """Evaluates the export's automation condition tick after tick (cursor kept)."""
+
+    def __init__(self, bound, instance) -> None:
+        self.bound, self.instance, self.cursor = bound, instance, None
+        self.requested: set[str] = set()
+
+    def tick(self) -> set[str]:
+        result = dg.evaluate_automation_conditions(
+            defs=self.bound.defs,
+            instance=self.instance,
+            asset_selection=dg.AssetSelection.assets("export_grpo"),
+            cursor=self.cursor,
+        )
+        self.cursor = result.cursor
+        requested = result.get_requested_partitions(dg.AssetKey("export_grpo"))
+        self.requested |= requested
+        return requested
+
+
+def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monkeypatch) -> None:
+    """The planner launches several batches at once; the first waits (for the pool slot, say)
+    while the second finishes. Each batch's blocking checks gate its own export: with checks
+    kept per asset rather than per partition, the first batch's export waited forever."""
+    driver = Driver(bound, instance)
+    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
+    driver.refresh()
+    first, second = [r.partition_key for r in driver.tick("batch_grpo_planner").run_requests]
+    exports = ExportTicks(bound, instance)
+    exports.tick()
+    writing, release = threading.Event(), threading.Event()
+    written_alone = batches._write_batch
+
+    def first_waits(lake, recipe, plan):
+        if plan.batch_id == first:
+            writing.set()
+            assert release.wait(60)
+        return written_alone(lake, recipe, plan)
+
+    monkeypatch.setattr(batches, "_write_batch", first_waits)
+    slow = threading.Thread(target=driver.materialize, args=(["batch_grpo"], first))
+    slow.start()
+    assert writing.wait(60)
+    driver.materialize(["batch_grpo"], partition_key=second)
+    assert exports.tick() == {second}
+    release.set()
+    slow.join(60)
+    for _ in range(2):
+        exports.tick()
+    assert exports.requested == {first, second}
+
+
+def test_a_batch_whose_blocking_check_failed_is_not_exported(bound, instance, monkeypatch) -> None:
+    driver = Driver(bound, instance)
+    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
+    driver.refresh()
+    good, bad = [r.partition_key for r in driver.tick("batch_grpo_planner").run_requests]
+    exports = ExportTicks(bound, instance)
+    exports.tick()
+    checked_alone = batches._group_check
+
+    def fails_for_bad(recipe, rows):
+        result = checked_alone(recipe, rows)
+        if rows.get_column("batch_id")[0] == bad:
+            return dg.AssetCheckResult(check_name=result.check_name, passed=False)
+        return result
+
+    monkeypatch.setattr(batches, "_group_check", fails_for_bad)
+    driver.materialize(["batch_grpo"], partition_key=good)
+    assert not driver.attempt(["batch_grpo"], partition_key=bad).success
+    for _ in range(2):
+        exports.tick()
+    assert exports.requested == {good}
