@@ -259,14 +259,20 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
 
 
 def build_planner_sensor(
-    recipe: Recipe, batch_asset: dg.AssetsDefinition, interval_s: int
+    recipe: Recipe,
+    batch_asset: dg.AssetsDefinition,
+    export_asset: dg.AssetsDefinition,
+    interval_s: int,
 ) -> dg.SensorDefinition:
+    """The sensor launches each batch and its export in one run (the export step runs once the
+    batch's blocking checks pass): half the runs of leaving the export to automation, which
+    still exports batches launched from the UI."""
     name = recipe.name
     parts = partitions(name)
 
     @dg.sensor(
         name=f"batch_{name}_planner",
-        asset_selection=[batch_asset],
+        asset_selection=[batch_asset, export_asset],
         minimum_interval_seconds=interval_s,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Reserves and launches the next `{name}` batch once enough data is ready.",
@@ -303,7 +309,9 @@ def build_planner_sensor(
             return dg.SkipReason(f"not enough ready data for a `{name}` batch")
         return dg.SensorResult(
             run_requests=[
-                dg.RunRequest(partition_key=k, asset_selection=[batch_asset.key], run_key=k)
+                dg.RunRequest(
+                    partition_key=k, asset_selection=[batch_asset.key, export_asset.key], run_key=k
+                )
                 for k in reserved
             ],
             dynamic_partitions_requests=[parts.build_add_request(reserved)],
@@ -318,6 +326,7 @@ def build_recipe_definitions(interval_s: int) -> dg.Definitions:
     assets, sensors = [], []
     for recipe in recipes().values():
         batch_asset = build_batch_asset(recipe)
-        assets += [batch_asset, build_export_asset(recipe, batch_asset)]
-        sensors.append(build_planner_sensor(recipe, batch_asset, interval_s))
+        export_asset = build_export_asset(recipe, batch_asset)
+        assets += [batch_asset, export_asset]
+        sensors.append(build_planner_sensor(recipe, batch_asset, export_asset, interval_s))
     return dg.Definitions(assets=assets, sensors=sensors)

@@ -77,7 +77,9 @@ def test_landing_to_exported_grpo_batch_incrementally(
     (request,) = planned.run_requests  # 5 complete groups: one batch of 4, one group left
     batch_id = request.partition_key
     assert batch_id == "grpo-000001"
-    result = driver.materialize(["batch_grpo", "export_grpo"], partition_key=batch_id)
+    launched = [key.to_user_string() for key in request.asset_selection]
+    assert launched == ["batch_grpo", "export_grpo"]  # the batch and its export in one run
+    result = driver.materialize(launched, partition_key=batch_id)
     batch_meta = driver.metadata(result, "batch_grpo")
     assert batch_meta["groups"] == 4
     assert batch_meta["pinned_versions"]["curated_steps"] == bound.lake.version("curated_steps")
