@@ -19,6 +19,7 @@ from deltalake import write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from assets import ledger
+from assets.automation import after_its_batch
 from assets.checks import repeated_ids
 from assets.configs import recipes
 from assets.incremental import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
@@ -224,8 +225,7 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
         owners=OWNERS,
         deps=[batch_asset],
         partitions_def=partitions(name),
-        automation_condition=dg.AutomationCondition.eager()
-        & dg.AutomationCondition.all_deps_blocking_checks_passed(),
+        automation_condition=after_its_batch(),
         description=(
             f"`{name}` batches in the trainers' formats ({', '.join(recipe.exports)}) under "
             f"`exports/{name}/<batch_id>/` with a manifest.json."

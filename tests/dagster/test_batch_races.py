@@ -230,3 +230,20 @@ def test_a_batch_whose_blocking_check_failed_is_not_exported(bound, instance, mo
     for _ in range(2):
         exports.tick()
     assert exports.requested == {good}
+
+
+def test_a_batch_launched_with_its_export_is_not_exported_again(bound, instance) -> None:
+    """The planner adds the partitions and launches each batch with its export; automation
+    exports only a batch materialized alone (as from the UI)."""
+    driver = Driver(bound, instance)
+    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
+    driver.refresh()
+    together, alone = driver.tick("batch_grpo_planner").run_requests
+    exports = ExportTicks(bound, instance)
+    exports.tick()
+    launched = [key.to_user_string() for key in together.asset_selection]
+    driver.materialize(launched, partition_key=together.partition_key)
+    driver.materialize(["batch_grpo"], partition_key=alone.partition_key)
+    for _ in range(3):
+        exports.tick()
+    assert exports.requested == {alone.partition_key}
