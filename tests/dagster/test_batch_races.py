@@ -18,6 +18,32 @@ from assets.configs import recipes
 from claw_pipelines.schemas import utc_now
 
 
+def _eight_ready_groups(bound, instance) -> Driver:
+    """Eight complete GRPO groups curated: two batches of the shipped recipe."""
+    driver = Driver(bound, instance)
+    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
+    driver.refresh()
+    return driver
+
+
+def _tick_after_one_lost_to_the_ui(driver, monkeypatch, name: str, stand_in) -> dg.RunRequest:
+    """The planner's tick with ``ledger.<name>`` replaced by ``stand_in`` (where the UI reserves
+    a batch at that moment) launches nothing; the next one, without it, launches one batch."""
+    original = getattr(ledger, name)
+    monkeypatch.setattr(ledger, name, stand_in)
+    assert isinstance(driver.tick("batch_grpo_planner"), dg.SkipReason)
+    monkeypatch.setattr(ledger, name, original)
+    (request,) = driver.tick("batch_grpo_planner").run_requests
+    return request
+
+
+def _reserved(bound) -> list[tuple[str, int]]:
+    """(batch_id, steps) per batch in the ledger; no step in two."""
+    consumed = bound.lake.scan("batch_ledger/grpo").collect()
+    assert consumed.height == consumed.get_column("turn_id").n_unique()
+    return consumed.group_by("batch_id").len().sort("batch_id").rows()
+
+
 @pytest.mark.parametrize("earlier_batches", [0, 1], ids=["first-batches", "later-batches"])
 def test_two_batches_reserved_at_once_take_different_groups(
     bound, instance, monkeypatch, earlier_batches: int
@@ -60,9 +86,7 @@ def test_a_batch_rewrite_that_a_compaction_got_ahead_of_is_retried(
     """Another batch's compaction of `batches/grpo` merges this batch's file while the batch is
     re-materialized: the rewrite is rejected (the rows it replaces moved) and the step retried
     from the batch's pins, which writes the same rows."""
-    driver = Driver(bound, instance)
-    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
-    driver.refresh()
+    driver = _eight_ready_groups(bound, instance)
     names = ["grpo-000001", "grpo-000002"]
     instance.add_dynamic_partitions("batches_grpo", names)
     for name in names:
@@ -92,9 +116,7 @@ def test_a_planner_tick_that_a_ui_launch_reserved_ahead_of_launches_the_rest_lat
     """A partition materialized from the UI reserves its batch while the planner sensor plans
     the same groups: the tick launches nothing instead of failing, and the next one plans the
     groups left over."""
-    driver = Driver(bound, instance)
-    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
-    driver.refresh()
+    driver = _eight_ready_groups(bound, instance)
     planned_alone = ledger.plan_from_pins
 
     def planned_while_the_ui_reserves(lake, recipe, batch_id, pins):
@@ -103,31 +125,22 @@ def test_a_planner_tick_that_a_ui_launch_reserved_ahead_of_launches_the_rest_lat
             assert ledger.reserve(lake, recipe, "from-the-ui", utc_now()) is not None
         return plan
 
-    monkeypatch.setattr(ledger, "plan_from_pins", planned_while_the_ui_reserves)
-    assert isinstance(driver.tick("batch_grpo_planner"), dg.SkipReason)
-    monkeypatch.setattr(ledger, "plan_from_pins", planned_alone)
-    (request,) = driver.tick("batch_grpo_planner").run_requests
+    request = _tick_after_one_lost_to_the_ui(
+        driver, monkeypatch, "plan_from_pins", planned_while_the_ui_reserves
+    )
     assert request.partition_key == "grpo-000002"
-    consumed = bound.lake.scan("batch_ledger/grpo").collect()
-    assert consumed.height == consumed.get_column("turn_id").n_unique() == 32
+    assert _reserved(bound) == [("from-the-ui", 16), ("grpo-000002", 16)]
 
 
 def test_the_planner_skips_a_batch_id_a_ui_partition_already_reserved(bound, instance) -> None:
     """A user added and materialized ``grpo-000002`` before the planner got there: the planner's
     next batch is ``grpo-000003``, not a second reservation under the same id."""
-    driver = Driver(bound, instance)
-    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
-    driver.refresh()
+    driver = _eight_ready_groups(bound, instance)
     instance.add_dynamic_partitions("batches_grpo", ["grpo-000002"])
     driver.materialize(["batch_grpo"], partition_key="grpo-000002")
     (request,) = driver.tick("batch_grpo_planner").run_requests
     assert request.partition_key == "grpo-000003"
-    consumed = bound.lake.scan("batch_ledger/grpo").collect()
-    assert consumed.height == consumed.get_column("turn_id").n_unique() == 32
-    assert consumed.group_by("batch_id").len().sort("batch_id").rows() == [
-        ("grpo-000002", 16),
-        ("grpo-000003", 16),
-    ]
+    assert _reserved(bound) == [("grpo-000002", 16), ("grpo-000003", 16)]
 
 
 def test_a_batch_id_reserved_between_naming_and_planning_is_not_reserved_twice(
@@ -135,9 +148,7 @@ def test_a_batch_id_reserved_between_naming_and_planning_is_not_reserved_twice(
 ) -> None:
     """The UI reserves the very id the planner just picked, before the planner plans it: the
     planner's reservation is refused (no second set of steps under one id) and it moves on."""
-    driver = Driver(bound, instance)
-    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
-    driver.refresh()
+    driver = _eight_ready_groups(bound, instance)
     named_alone = ledger.next_batch_id
 
     def named_then_taken(lake, recipe):
@@ -145,16 +156,9 @@ def test_a_batch_id_reserved_between_naming_and_planning_is_not_reserved_twice(
         assert ledger.reserve(lake, recipes()[recipe], batch_id, utc_now()) is not None
         return batch_id
 
-    monkeypatch.setattr(ledger, "next_batch_id", named_then_taken)
-    assert isinstance(driver.tick("batch_grpo_planner"), dg.SkipReason)
-    monkeypatch.setattr(ledger, "next_batch_id", named_alone)
-    (request,) = driver.tick("batch_grpo_planner").run_requests
+    request = _tick_after_one_lost_to_the_ui(driver, monkeypatch, "next_batch_id", named_then_taken)
     assert request.partition_key == "grpo-000002"
-    consumed = bound.lake.scan("batch_ledger/grpo").collect()
-    assert consumed.group_by("batch_id").len().sort("batch_id").rows() == [
-        ("grpo-000001", 16),
-        ("grpo-000002", 16),
-    ]
+    assert _reserved(bound) == [("grpo-000001", 16), ("grpo-000002", 16)]
 
 
 class ExportTicks:
@@ -181,9 +185,7 @@ def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monk
     """The planner launches several batches at once; the first waits (for the pool slot, say)
     while the second finishes. Each batch's blocking checks gate its own export: with checks
     kept per asset rather than per partition, the first batch's export waited forever."""
-    driver = Driver(bound, instance)
-    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
-    driver.refresh()
+    driver = _eight_ready_groups(bound, instance)
     first, second = [r.partition_key for r in driver.tick("batch_grpo_planner").run_requests]
     exports = ExportTicks(bound, instance)
     exports.tick()
@@ -210,9 +212,7 @@ def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monk
 
 
 def test_a_batch_whose_blocking_check_failed_is_not_exported(bound, instance, monkeypatch) -> None:
-    driver = Driver(bound, instance)
-    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
-    driver.refresh()
+    driver = _eight_ready_groups(bound, instance)
     good, bad = [r.partition_key for r in driver.tick("batch_grpo_planner").run_requests]
     exports = ExportTicks(bound, instance)
     exports.tick()
@@ -235,9 +235,7 @@ def test_a_batch_whose_blocking_check_failed_is_not_exported(bound, instance, mo
 def test_a_batch_launched_with_its_export_is_not_exported_again(bound, instance) -> None:
     """The planner adds the partitions and launches each batch with its export; automation
     exports only a batch materialized alone (as from the UI)."""
-    driver = Driver(bound, instance)
-    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
-    driver.refresh()
+    driver = _eight_ready_groups(bound, instance)
     together, alone = driver.tick("batch_grpo_planner").run_requests
     exports = ExportTicks(bound, instance)
     exports.tick()
