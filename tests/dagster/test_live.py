@@ -1,7 +1,10 @@
-"""A real ``dagster dev`` (webserver + daemon): turns land, a batch appears with no one clicking,
-and a materialization launched over GraphQL succeeds."""
+"""A real ``dagster dev`` (webserver + daemon): turns land, a batch and its export appear with no
+one clicking, and a materialization launched over GraphQL succeeds."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
@@ -14,6 +17,9 @@ def test_new_turns_become_a_batch_without_clicking(dagster_dev, first_batch) -> 
     assert rows.height == 32 and rows.get_column("group_id").n_unique() == 4
     ledger = dagster_dev.lake.scan("batch_ledger/grpo").collect()
     assert ledger.get_column("turn_id").n_unique() == ledger.height == 32
+    manifest = Path(dagster_dev.lake.uri("exports/grpo/grpo-000001")) / "manifest.json"
+    dagster_dev.wait_for(manifest.exists, "the first batch's export")
+    assert json.loads(manifest.read_text())["rows"] == 32
 
 
 def test_launch_over_graphql_reproduces_a_batch(dagster_dev, first_batch) -> None:
