@@ -144,6 +144,9 @@ class Increment:
     inputs: dict[str, DeltaTable | None] = field(default_factory=dict)
     """Each input opened once, at the version pinned in ``upto``: every read of the run uses it."""
     rows_read: dict[str, int] = field(default_factory=dict)
+    states_read: dict[str, int] = field(default_factory=dict)
+    """The version of each state table this run read (``state_as_of``): the run's vacuum keeps
+    it, as a run started before this one committed may be reading it still."""
     attempt: int = field(init=False)
     """This run's attempt id, carried by each of its commits (see ``ATTEMPT_RANDOM_BITS``)."""
     _chunks_written: int = 0
@@ -356,25 +359,34 @@ class Increment:
         latest = self.lake.open(state_table)
         if latest is None:
             raise RuntimeError(f"{state_table} is missing but {self.output} has a watermark")
+        version = self._state_version(state_table, latest)
+        self.states_read[state_table] = version
+        return (
+            pl.scan_delta(latest)
+            if version == latest.version()
+            else self.lake.scan(state_table, version)
+        )
+
+    def _state_version(self, state_table: str, latest: DeltaTable) -> int:
         attempt = self.committed_attempt
         if attempt is None:
-            return self._legacy_state(state_table, latest)
+            return self._legacy_state_version(state_table, latest)
         if _attempt_of(latest, self.asset) == attempt:
-            return pl.scan_delta(latest)
+            return latest.version()
         for commit in latest.history(STATE_LOOKBACK):
             if commit.get("claw.attempt") == str(attempt):
-                return self.lake.scan(state_table, commit["version"])
+                return commit["version"]
         raise RuntimeError(
             f"no version of {state_table} was written by the last commit of {self.output}"
         )
 
-    def _legacy_state(self, state_table: str, latest: DeltaTable) -> pl.LazyFrame:
+    def _legacy_state_version(self, state_table: str, latest: DeltaTable) -> int:
         """``state_as_of`` for an output from before attempt ids: matched by run number."""
         run, version = self.run - 1, latest.version()
         for candidate in range(version, max(version - LEGACY_STATE_LOOKBACK, -1), -1):
             table = latest if candidate == version else self.lake.open(state_table, candidate)
             if _runs(table, self.asset) == run:
-                return self.lake.scan(state_table, candidate)
+                return candidate
         raise RuntimeError(f"no version of {state_table} was written by run {run}")
 
     def ranges(self) -> dict[str, list[int | None]]:

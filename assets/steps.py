@@ -110,7 +110,9 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
         )
     if state_version is not None:
         tails.expire(now, timedelta(seconds=config.reopen_window_s))
-        increment.lake.drop_removed_files("steps_open", keep_versions=[state_version])
+        read = increment.states_read.get("steps_open")
+        kept = [v for v in (state_version, read) if v is not None]
+        increment.lake.drop_removed_files("steps_open", keep_versions=kept)
     open_count = extraction.open_turns.height
     new_steps = pl.concat(written) if written else None
     rows = 0 if new_steps is None else new_steps.height

@@ -145,3 +145,36 @@ def test_backlog_runs_racing_chunk_by_chunk_write_each_step_once(
 
     Driver(bound, instance).materialize(["steps"])
     _assert_every_turn_emitted_once(bound.lake, landed)
+
+
+def test_a_run_still_reading_the_state_a_winner_replaced_is_retried(
+    bound, instance, monkeypatch
+) -> None:
+    """``loser`` has opened the state of open trajectories and is about to read it when
+    ``winner`` commits, writes the next state and vacuums: the version ``loser`` reads must
+    survive that vacuum, so ``loser`` fails only at its commit, and is retried."""
+    import assets.steps
+
+    landed = land_rollouts(bound.lake, groups=1, group_size=2, steps=2, complete=False)
+    Driver(bound, instance).materialize(["steps"])
+    _complete(bound.lake, landed)
+    reading, release = threading.Event(), threading.Event()
+    extracted_alone = assets.steps.extract_steps
+
+    def held_before_reading(*args, **kwargs):
+        if threading.current_thread().name == "loser" and not release.is_set():
+            reading.set()
+            assert release.wait(WAIT_S)
+        return extracted_alone(*args, **kwargs)
+
+    monkeypatch.setattr(assets.steps, "extract_steps", held_before_reading)
+    results: dict[str, Outcome] = {}
+    loser = _run_steps(bound, "loser", results)
+    assert reading.wait(WAIT_S)
+    Driver(bound, instance).materialize(["steps"])
+    release.set()
+    loser.join(WAIT_S)
+    assert results["loser"].succeeded
+    (why,) = results["loser"].retried_because
+    assert "another run of steps committed to steps" in why
+    _assert_every_turn_emitted_once(bound.lake, landed)
