@@ -92,7 +92,8 @@ def test_export_writes_every_format_and_a_manifest(tmp_path):
     expected = verl_tensors(plan.rows.sort("group_id", "trajectory_id", "step_index"))
     assert set(tensors.columns) == set(expected)
     for name, array in expected.items():
-        assert np.array_equal(tensors[name].to_numpy(), array), name
+        loaded = tensors[name].to_numpy()  # what a trainer hands to torch.from_numpy
+        assert loaded.dtype == array.dtype and np.array_equal(loaded, array), name
     prompts = pl.read_parquet(tmp_path / "trl/prompts.parquet")
     assert prompts.height == 1
     assert prompts["prompt"][0].to_list()[1]["content"] == "2+2?"
