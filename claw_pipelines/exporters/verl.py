@@ -72,8 +72,8 @@ def verl_non_tensors(rows: pl.DataFrame) -> pl.DataFrame:
 def write_verl(rows: pl.DataFrame, out: Destination, *, pad_token_id: int) -> list[tuple[str, str]]:
     """Write ``verl/batch.parquet`` and ``verl/non_tensor.parquet``; return (path, description)."""
     tensors = verl_tensors(rows, pad_token_id=pad_token_id)
-    out.parquet(pl.DataFrame([pl.Series(name, array) for name, array in tensors.items()]),
-                "verl/batch.parquet")  # fmt: skip
+    columns = [pl.Series(name, array) for name, array in tensors.items()]
+    out.parquet(pl.DataFrame(columns), "verl/batch.parquet")
     out.parquet(verl_non_tensors(rows), "verl/non_tensor.parquet")
     return [
         ("verl/batch.parquet", f"DataProto tensors: {', '.join(sorted(tensors))}"),
