@@ -19,7 +19,10 @@ from claw_pipelines.schemas import Label, new_id, utc_now
 
 
 class LabelRequest(BaseModel):
-    """A curator's decision and what it applies to."""
+    """A curator's decision and what it applies to.
+
+    A label sets the fields it carries and keeps the earlier ones (``tags: []`` clears the tags).
+    """
 
     target_kind: Literal["step", "trajectory", "filter"]
     target_ids: list[str] = Field(default_factory=list, max_length=10_000)
@@ -35,7 +38,7 @@ class LabelRequest(BaseModel):
         if (
             self.quality_label is None
             and self.trainable is None
-            and not self.tags
+            and self.tags is None
             and not self.note
         ):
             raise ValueError("a label sets at least one of quality_label, trainable, tags, note")
@@ -72,14 +75,13 @@ def resolve_targets(request: LabelRequest, state: LakeState) -> tuple[str, pl.Se
 def label_rows(request: LabelRequest, kind: str, ids: pl.Series) -> pa.Table:
     """One `labels` row per target, all stamped with the same author and time."""
     prefix = new_id()
-    tags = pl.lit(request.tags, dtype=pl.List(pl.String)) if request.tags else pl.lit(None)
     frame = pl.DataFrame({"target_id": ids}).select(
         pl.format("{}-{}", pl.lit(prefix), pl.int_range(pl.len())).alias("label_id"),
         pl.lit(kind).alias("target_kind"),
         "target_id",
         pl.lit(request.quality_label, dtype=pl.String).alias("quality_label"),
         pl.lit(request.trainable, dtype=pl.Boolean).alias("trainable"),
-        tags.cast(pl.List(pl.String)).alias("tags"),
+        pl.lit(request.tags, dtype=pl.List(pl.String)).alias("tags"),
         pl.lit(request.note, dtype=pl.String).alias("note"),
         pl.lit(request.author).alias("author"),
         pl.lit(utc_now()).dt.cast_time_unit("us").alias("created_at"),

@@ -36,6 +36,15 @@ class Page(BaseModel):
     size: int = Field(default=50, ge=1, le=500)
 
 
+def _labelled() -> pl.Expr:
+    """A label on the trajectory (any field set, a note or tags included) or on one of its steps."""
+    return (
+        pl.any_horizontal(pl.col("label", "trainable", "label_note").is_not_null())
+        | (pl.col("tags").list.len() > 0)
+        | (pl.col("labelled_steps") > 0)
+    ).fill_null(False)
+
+
 def predicate(f: TrajectoryFilter) -> pl.Expr:
     """The filter as one boolean expression over the summary frame."""
     terms: list[pl.Expr] = [pl.lit(True)]
@@ -54,9 +63,9 @@ def predicate(f: TrajectoryFilter) -> pl.Expr:
     if f.quality_max is not None:
         terms.append(pl.col("quality") <= f.quality_max)
     if f.label == "unlabelled":
-        terms.append(pl.col("label").is_null() & pl.col("trainable").is_null())
+        terms.append(~_labelled())
     elif f.label == "labelled":
-        terms.append(pl.col("label").is_not_null() | pl.col("trainable").is_not_null())
+        terms.append(_labelled())
     elif f.label == "untrainable":
         terms.append((pl.col("trainable") == False) | (pl.col("untrainable_steps") > 0))  # noqa: E712
     elif f.label == "trainable":

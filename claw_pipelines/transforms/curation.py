@@ -11,16 +11,23 @@ _FIELDS = {"quality_label": "quality_label", "trainable": "trainable", "tags": "
 
 
 def labels_in_force(labels: pl.LazyFrame | pl.DataFrame, kind: str) -> pl.LazyFrame:
-    """The label row in force per target of ``kind``: latest created_at, ties by label_id.
+    """The labels in force per target of ``kind``: each field from the latest label that set it.
 
-    The one rule for "latest wins": batches (via ``curate_steps``) and the inspector both use it,
-    so the label a curator sees is the label a batch honours.
+    A label sets the fields it carries and leaves the others as they were, so a later note or
+    tag never undoes an earlier ``trainable = false``; ``author`` and ``created_at`` are the
+    latest label's. Latest is by created_at, ties by label_id. The one rule for "latest wins":
+    batches (via ``curate_steps``) and the inspector both use it, so the label a curator sees is
+    the label a batch honours.
     """
     return (
         labels.lazy()
         .filter(pl.col("target_kind") == kind)
         .sort("created_at", "label_id")
-        .unique(subset="target_id", keep="last", maintain_order=True)
+        .group_by("target_id", maintain_order=True)
+        .agg(
+            *(pl.col(field).drop_nulls().last() for field in _FIELDS),
+            pl.col("author", "created_at", "label_id").last(),
+        )
     )
 
 
@@ -37,8 +44,8 @@ def curate_steps(
 ) -> pl.LazyFrame:
     """``CURATED_STEPS`` rows: quality_label, trainable (default true), tags, label_note.
 
-    Per target the latest label wins (created_at, then label_id); a step label overrides its
-    trajectory's label field by field (fields the step label leaves null fall back).
+    Per target and field the latest label that set it wins (``labels_in_force``); a step label
+    overrides its trajectory's label field by field (fields no step label set fall back).
     """
     frame = scored.lazy()
     if labels is None:

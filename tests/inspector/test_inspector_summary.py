@@ -144,7 +144,10 @@ def test_filters_combine_and_free_text_is_case_insensitive():
             {"trajectory_id": t, "event": "completed", "reward": r, "created_at": T0}
             for t, r in [("t1", 1.0), ("t2", 0.0)]
         ],
-        labels=[LABEL | {"target_id": "t2", "quality_label": "Bad", "tags": ["loop"]}],
+        labels=[
+            LABEL | {"target_id": "t2", "quality_label": "Bad", "tags": ["loop"]},
+            LABEL | {"label_id": "n", "target_id": "t3", "trainable": None, "note": "seen"},
+        ],
     )
 
     def ids(**kwargs) -> list[str]:
@@ -157,7 +160,8 @@ def test_filters_combine_and_free_text_is_case_insensitive():
     assert ids(has_reward=False) == ["t3"]
     assert ids(policy_version=2) == ["t2", "t3"]
     assert ids(label="untrainable") == ["t2"]
-    assert ids(label="unlabelled") == ["t1", "t3"]
+    assert ids(label="unlabelled") == ["t1"]
+    assert ids(label="labelled") == ["t2", "t3"]
     assert ids(text="LOOP") == ["t2"]
     assert ids(text="the answer is 5", channel="eval") == ["t2"]
     assert ids(group_id="g2") == ["t3"]

@@ -127,3 +127,18 @@ def test_labels_latest_wins_and_step_overrides_trajectory():
         None,
     )
     assert curate_steps(scored, None).collect()["trainable"].all()
+
+
+def test_a_later_note_or_tag_keeps_the_fields_earlier_labels_set():
+    steps = extract_steps(turns(*chain("A", 2)), None, events(event("A")), now=at(50)).steps
+    scored = score_steps(reward_steps(steps, None, None, RewardConfig()), steps, QualityConfig())
+    landed = labels(
+        {"target_kind": "trajectory", "target_id": "A", "trainable": False, "tags": ["loop"],
+         "created_at": at(10)},
+        {"target_kind": "trajectory", "target_id": "A", "note": "reviewed", "created_at": at(20)},
+        {"target_kind": "trajectory", "target_id": "A", "tags": [], "created_at": at(30)},
+    )  # fmt: skip
+    curated = curate_steps(scored, landed).collect()
+    assert curated.select("trainable", "tags", "label_note").unique().rows() == [
+        (False, [], "reviewed")
+    ]
