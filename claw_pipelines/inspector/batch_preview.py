@@ -3,8 +3,11 @@
 The preview runs ``plan_batch`` over `scored_steps` with the latest labels applied by
 ``curate_steps`` (so a label shows up here before Dagster refreshes `curated_steps`), against the
 recipe's consumption ledger and the retirements that still stand, so its work grows with the
-steps still in play, like the batch asset's. Plans are cached per input versions: they are
-recomputed only when `scored_steps`, `labels` or the ledger changed.
+steps still in play, like the batch asset's. Staleness is measured against the newest policy
+version among the scored steps, as the planner does over the curated ones (not among all turns:
+an open trajectory of a newer policy does not age the others until it is scored). Plans are
+cached per input versions: they are recomputed when `scored_steps`, `labels` or the ledger
+changed, or when a plan waiting for a straggler timeout is a few seconds old.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from claw_pipelines.inspector.tables import LakeState
-from claw_pipelines.lake import Lake, changes, watermark_app
+from claw_pipelines.lake import Lake, changes, column_bound, watermark_app
 from claw_pipelines.recipes import BatchPlan, Recipe, load_recipes, plan_batch
 from claw_pipelines.retired import (
     current_through,
@@ -190,7 +193,6 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
             "(run `claw up`, or `dagster dev -w workspace.yaml`)",
         )
     labels = state["labels"].drop("_commit_version")
-    policy_versions = state["turns"]["policy_version"].drop_nulls()
     ledger = f"batch_ledger/{recipe.name}"
     retired, open_from = standing_retirements(lake, state, recipe)
     plan = plan_batch(
@@ -204,7 +206,9 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
         datetime.now(UTC),
         retired=retired,
         open_from=open_from,
-        latest_policy_version=policy_versions.max() if policy_versions.len() else None,
+        latest_policy_version=column_bound(
+            lake.open("scored_steps", state.versions["scored_steps"]), "policy_version", "max"
+        ),
     )
     dropped = plan.dropped
     if retired is not None:  # dropped by earlier plans for good: listed, not planned again
@@ -224,9 +228,14 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
 
 
 class PreviewCache:
-    """Plans keyed by the versions they were computed from."""
+    """Plans keyed by the versions they were computed from.
+
+    A plan with groups waiting for stragglers also depends on the clock (the straggler timeout
+    emits or drops them), so it is replanned once it is ``WAITING_REPLAN_S`` old.
+    """
 
     INPUTS = ("scored_steps", "labels")
+    WAITING_REPLAN_S = 5.0
 
     def __init__(self, lake: Lake) -> None:
         self.lake = lake
@@ -241,11 +250,20 @@ class PreviewCache:
         )
         with self._lock:
             cached = self._plans.get(recipe.name)
-            if cached is not None and cached[0] == key:
+            if cached is not None and cached[0] == key and not self._timed(cached[1]):
                 return cached[1]
             result = preview(self.lake, state, recipe)
             self._plans[recipe.name] = (key, result)
             return result
+
+    def _timed(self, preview: Preview) -> bool:
+        """Whether the plan waits for a straggler timeout and is older than the replan period."""
+        waiting = (
+            preview.plan is not None
+            and (preview.plan.dropped.get_column("reason") == "waiting_for_group").any()
+        )
+        age = (datetime.now(UTC) - preview.planned_at).total_seconds()
+        return waiting and age >= self.WAITING_REPLAN_S
 
     def cached(self, recipe: str) -> Preview | None:
         entry = self._plans.get(recipe)

@@ -30,6 +30,7 @@ def land_rollouts(
     complete: bool = True,
     flat: bool = False,
     trajectory_prefix: str = "t",
+    policy_version: int = 1,
 ) -> Rollouts:
     """Land ``groups`` GRPO groups of multi-step trajectories, then their completion events.
 
@@ -58,7 +59,7 @@ def land_rollouts(
                     trajectory_id=trajectory_id,
                     group_id=group_id,
                     agent="synthetic",
-                    policy_version=1,
+                    policy_version=policy_version,
                     model="policy",
                     finish_reason="stop",
                     token_source="engine",
