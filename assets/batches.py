@@ -177,14 +177,22 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
             if plan is None:
                 raise dg.Failure(f"not enough ready curated steps for a full `{name}` batch yet")
             pins = ledger.pins_of(the_lake, name, batch_id)
+            planned_under = recipe
         else:
-            plan = ledger.plan_from_pins(the_lake, recipe, batch_id, pins)
+            planned_under = ledger.pinned_recipe(recipe, pins)
+            if planned_under != recipe:
+                context.log.info(
+                    "%s is re-planned under the recipe it was planned with; the edits to "
+                    "assets/batches.yaml apply to new batches",
+                    batch_id,
+                )
+            plan = ledger.plan_from_pins(the_lake, planned_under, batch_id, pins)
         planned_at = datetime.fromisoformat(pins["planned_at"])
         planned = plan.ledger_rows(name, planned_at).get_column("turn_id").sort().to_list()
         if planned != ledger.consumed_turns(the_lake, name, batch_id):
             raise dg.Failure(f"re-planning {batch_id} from its pins did not reproduce its ledger")
         rows = plan.planned
-        _write_batch(the_lake, recipe, plan)
+        _write_batch(the_lake, planned_under, plan)
         table = the_lake.open(ledger.batches_table(name))
         message = "chosen_message" if recipe.algorithm == "dpo" else "response_message"
         sample = _decoded(rows, message).select(
@@ -207,7 +215,7 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
                 "retired_before": _retired_before(the_lake, name, pins),
             },
             check_results=[
-                _group_check(recipe, rows),
+                _group_check(planned_under, rows),
                 _consumed_once_check(the_lake, name, pl.Series(planned, dtype=pl.String)),
             ],
         )

@@ -84,6 +84,15 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
     )
 
 
+def pinned_recipe(recipe: Recipe, pins: dict) -> Recipe:
+    """The recipe as it was when the batch was planned, with today's exports: re-planning under
+    an edited recipe would silently change a batch that may have been trained on already.
+    Batches reserved before recipes were pinned re-plan under ``recipe``."""
+    if "recipe" not in pins:
+        return recipe
+    return Recipe.model_validate({**pins["recipe"], "exports": recipe.exports})
+
+
 def _recorded_pins(ledger: pl.LazyFrame | None, batch_id: str) -> dict | None:
     if ledger is None:
         return None
@@ -119,6 +128,7 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
         "batch_retired": retirements.version,
         "open_from": retirements.open_from,
         "planned_at": now.isoformat(),
+        "recipe": recipe.model_dump(mode="json", exclude={"exports"}),
     }
     plan = plan_from_pins(lake, recipe, batch_id, pins)
     if not plan.ready:

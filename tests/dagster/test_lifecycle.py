@@ -15,12 +15,15 @@ from dagster_harness import CHAIN, Driver, KilledOnCall
 from dagster_rollouts import Rollouts, land_rollouts, late_turn
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+from assets.batches import build_batch_asset
 from assets.checks import unique_step_ids
 from assets.closed_tails import ClosedTails
+from assets.configs import recipes
 from assets.incremental import ConcurrentRun, Increment
 from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform, empty, fit
 from claw_pipelines.lake import Lake, column_bound, compact, keyed
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
+from claw_pipelines.transforms.credit import CreditAssignment
 
 
 @pytest.fixture
@@ -110,6 +113,17 @@ def test_landing_to_exported_grpo_batch_incrementally(
     driver.materialize(["batch_grpo"], partition_key=batch_id)
     reproduced = _batch_rows(bound.lake, batch_id)
     assert reproduced.select("turn_id", "reward").equals(rows.select("turn_id", "reward"))
+    # So does re-materializing it once the recipe was edited: the batch keeps the recipe it was
+    # planned under (here its credit assignment), new batches get the edit.
+    edited = recipes()["grpo"].model_copy(update={"credit_assignment": CreditAssignment()})
+    dg.materialize(
+        [build_batch_asset(edited)],
+        instance=driver.instance,
+        resources={"lake": bound.resource},
+        partition_key=batch_id,
+    )
+    under_edit = _batch_rows(bound.lake, batch_id)
+    assert under_edit.select("turn_id", "reward").equals(rows.select("turn_id", "reward"))
 
     # The 4 groups left over make the second batch, with none of the first batch's steps.
     (second,) = driver.tick("batch_grpo_planner").run_requests
