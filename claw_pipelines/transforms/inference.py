@@ -11,8 +11,16 @@ offers (p, prefix hash at p) for every position p, and the join yields the turns
 could extend it. Candidates are then checked token by token. (A first-tokens key does not work:
 agents share long system prompts, which would put every turn in one bucket.)
 
-Each turn's predecessor is the longest matching sequence; a predecessor keeps only its earliest
-successor (a second continuation of the same turn, e.g. a retry, starts its own trajectory).
+A turn's candidate predecessors are the earlier turns (by started_at, then turn_id) whose
+sequence its prompt extends with the greatest length. Those are token-identical: one key, a
+bucket that other turns can share, e.g. when several agents run the same task and their first
+turns are identical (GRPO rollouts). Within a bucket each predecessor takes at most one
+successor: successors, in start order, each take the earliest predecessor still free among those
+that started before them, so N identical turns continued N times become N trajectories. A
+successor that finds none free starts its own trajectory (a second continuation of the same
+turn, e.g. a retry, does so unless an identical turn is still free). The last turns of known
+inferred trajectories are predecessors like the new turns. The agent column is not used: it
+names the agent program, which the rollouts of a task share.
 Chains are resolved by pointer jumping (log of chain length joins, not a loop over rows).
 Sequences shorter than ``min_tokens`` are never continued (too short to be evidence).
 """
@@ -25,6 +33,8 @@ from claw_pipelines.transforms.prefixes import extends, full_sequence
 
 _MAX_JUMPS = 64
 _SEED = 0x5EED
+_BUCKET = ["end", "prefix_hash"]
+"""The key of a full sequence: predecessors with the same key are interchangeable."""
 
 
 def _before(at: pl.Expr, key: pl.Expr, other_at: pl.Expr, other_key: pl.Expr) -> pl.Expr:
@@ -77,12 +87,14 @@ def infer_trajectories(
         .rename(
             {"turn_id": "pred", "trajectory_id": "pred_trajectory", "started_at": "pred_started"}
         )
+        .sort("pred_started", "pred")
+        .with_columns(pl.int_range(1, pl.len() + 1).over(_BUCKET).alias("pred_rank"))
     )
     successors = new.select("turn_id", "started_at", "prompt_token_ids")
     offers = hashes.filter(
         (pl.col("end") <= pl.col("_prompt_len")) & (pl.col("end") >= min_tokens)
     ).join(successors.select("turn_id"), on="turn_id")
-    links = (
+    matches = (
         offers.select("turn_id", "end", "prefix_hash")
         .join(keys, on=["end", "prefix_hash"])
         .join(successors, on="turn_id")
@@ -93,11 +105,26 @@ def infer_trajectories(
             )
             & extends(pl.col("prompt_token_ids"), pl.col("_full"))
         )
-        .sort(["turn_id", "end", "pred_started", "pred"], descending=[False, True, True, True])
-        .unique("turn_id", keep="first", maintain_order=True)
-        .sort(["pred", "started_at", "turn_id"])
-        .unique("pred", keep="first", maintain_order=True)
-        .select("turn_id", "pred", "pred_trajectory")
+        .filter(pl.col("end") == pl.col("end").max().over("turn_id"))
+    )
+    # Successors of a bucket in start order each take the earliest free predecessor among the
+    # n_k started before them (n_k grows with k), so after k of them c_k = min(c_(k-1) + 1, n_k)
+    # are taken, i.e. c_k = k + min(0, min over j <= k of n_j - j). The k-th took predecessor
+    # c_k (in start order) if c_k grew; else none was free.
+    taken = (
+        matches.group_by("turn_id", "started_at", *_BUCKET)
+        .agg(pl.len().alias("_before"))
+        .sort("started_at", "turn_id")
+        .with_columns(pl.int_range(1, pl.len() + 1).over(_BUCKET).alias("_k"))
+        .with_columns(
+            (pl.col("_k") + (pl.col("_before") - pl.col("_k")).cum_min().clip(upper_bound=0))
+            .over(_BUCKET)
+            .alias("pred_rank")
+        )
+        .filter(pl.col("pred_rank") > pl.col("pred_rank").shift(1, fill_value=0).over(_BUCKET))
+    )
+    links = matches.join(taken.select("turn_id", "pred_rank"), on=["turn_id", "pred_rank"]).select(
+        "turn_id", "pred", "pred_trajectory"
     )
     chain = (
         new.select("turn_id")

@@ -182,6 +182,43 @@ def test_late_identity_less_turn_continues_a_closed_inferred_trajectory():
     )
 
 
+def _rollout(name, responses, *, start):
+    """An identity-less agent answering ``responses``, one turn each, 10 s apart. Every agent
+    gets the same prompt and tool output, so agents that answer alike send identical turns."""
+    rows, prompt = [], [*SYSTEM, 1]
+    for i, response in enumerate(responses):
+        rows.append(turn(f"{name}-{i}", prompt, response, start=start + 10 * i))
+        prompt = [*prompt, *response, 7, 8]
+    return rows
+
+
+def _trajectories(*steps):
+    frame = pl.concat(steps).sort("step_index")
+    return dict(frame.group_by("trajectory_id", maintain_order=True).agg("step_id").iter_rows())
+
+
+def test_identical_turns_of_several_agents_are_continued_once_each():
+    answers = [[[5, 6], [30, 31], [50]], [[5, 6], [30, 31], [51]], [[5, 6], [32], [52]],
+               [[5, 6], [33], [53]]]  # fmt: skip
+    rows = [row for i, a in enumerate(answers) for row in _rollout(f"r{i}", a, start=i)]
+    steps = _run(turns(*rows), now=5000).steps
+    assert _trajectories(steps) == {
+        f"inferred-r{i}-0": [f"r{i}-0", f"r{i}-1", f"r{i}-2"] for i in range(len(answers))
+    }
+    assert steps["prefix_consistent"].all()
+
+
+@pytest.mark.parametrize("tail", ["open", "closed"])
+def test_a_known_tail_and_an_identical_new_turn_are_continued_once_each(tail):
+    r0, r1 = _rollout("r0", [[5, 6], [30]], start=0), _rollout("r1", [[5, 6], [31]], start=1)
+    first = _run(turns(r0[0]), now=30 if tail == "open" else 5000)
+    second = _run(turns(r1[0], r0[1], r1[1]), first.open_state, now=5010, emitted=first.steps)
+    assert _trajectories(first.steps, second.steps) == {
+        "inferred-r0-0": ["r0-0", "r0-1"],
+        "inferred-r1-0": ["r1-0", "r1-1"],
+    }
+
+
 def test_empty_inputs_give_empty_outputs():
     result = _run(None)
     assert result.steps.height == 0 and result.open_state.height == 0
