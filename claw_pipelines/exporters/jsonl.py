@@ -11,15 +11,16 @@ _STEP_FIELDS = ["step_index", "turn_id", "prompt_token_ids", "response_token_ids
 
 
 def trajectories(rows: pl.DataFrame) -> pl.DataFrame:
-    """One row per trajectory: its steps in order, total and outcome reward."""
+    """One row per trajectory: its steps in order (each with its credited reward) and
+    ``reward``, the trajectory's outcome. Not the sum of the credited rewards: broadcast or
+    discounted credit counts the outcome once per step, so a sum would grow with the steps."""
     return (
         rows.sort("trajectory_id", "step_index")
         .group_by("trajectory_id", maintain_order=True)
         .agg(
             pl.col("group_id").first(),
             pl.struct(_STEP_FIELDS).alias("steps"),
-            pl.col("reward").sum().alias("reward"),
-            pl.col("outcome_reward").first(),
+            pl.col("outcome_reward").first().alias("reward"),
         )
     )
 

@@ -5,8 +5,10 @@
   group was sampled from) and ``trl/rollouts.parquet`` (the ``rollout_func`` payload:
   ``prompt_ids``, ``completion_ids``, ``logprobs``, ``reward`` per step).
 - dpo: ``trl/preference.parquet`` with ``prompt``, ``chosen``, ``rejected`` (message lists).
-- sft: ``trl/sft_messages.parquet`` (``messages`` = prompt + response) and
-  ``trl/sft_tokens.parquet`` (pre-tokenized ``input_ids`` + ``completion_mask``).
+- sft: ``trl/sft_messages.parquet`` (one row per trajectory: ``messages`` = its last step's
+  request + reply, the whole conversation, so SFTTrainer trains each assistant turn once rather
+  than once per later step whose history repeats it) and ``trl/sft_tokens.parquet``
+  (pre-tokenized, one row per step: ``input_ids`` + ``completion_mask`` on that step's response).
 """
 
 from __future__ import annotations
@@ -35,12 +37,17 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
         )
         return {"preference.parquet": (preference, "DPOTrainer: prompt, chosen, rejected")}
     if algorithm == "sft":
-        chat = rows.select(
-            pl.concat_list(messages("request_messages"), reply("response_message")).alias(
-                "messages"
-            ),
-            "trajectory_id",
-            "step_index",
+        chat = (
+            rows.sort("trajectory_id", "step_index")
+            .group_by("trajectory_id", maintain_order=True)
+            .last()
+            .select(
+                pl.concat_list(messages("request_messages"), reply("response_message")).alias(
+                    "messages"
+                ),
+                "trajectory_id",
+                pl.col("step_index").alias("last_step_index"),
+            )
         )
         tokens = rows.select(
             pl.concat_list("prompt_token_ids", "response_token_ids").alias("input_ids"),
@@ -50,7 +57,7 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
             "step_index",
         )  # fmt: skip
         return {
-            "sft_messages.parquet": (chat, "SFTTrainer conversational: messages"),
+            "sft_messages.parquet": (chat, "SFTTrainer conversational: messages per trajectory"),
             "sft_tokens.parquet": (tokens, "SFTTrainer pre-tokenized: input_ids, completion_mask"),
         }
     prompts = (

@@ -138,3 +138,25 @@ def test_sft_and_dpo_exports(tmp_path):
     preference = pl.read_parquet(tmp_path / "dpo/trl/preference.parquet")
     assert preference["chosen"][0].to_list()[0]["content"] == "a-good"
     assert preference["rejected"][0].to_list()[0]["content"] == "a-bad"
+
+
+def test_a_multi_step_trajectory_is_one_conversation_and_keeps_its_outcome(tmp_path):
+    first = [{"role": "user", "content": "2+2?"}]
+    second = [*first, {"role": "assistant", "content": "a-s0"}, {"role": "tool", "content": "4"}]
+    rows = [
+        turn("s0", [*SYSTEM, 1], [7, 8], trajectory_id="s", request_messages=json.dumps(first)),
+        turn("s1", [*SYSTEM, 1, 7, 8, 3], [4], trajectory_id="s", start=2,
+             request_messages=json.dumps(second)),
+    ]  # fmt: skip
+    sft = Recipe(name="sft", algorithm="sft", group_size=1, groups_per_batch=1,
+                 credit_assignment={"method": "broadcast"}, exports=["trl", "jsonl"])  # fmt: skip
+    plan = _plan(sft, rows, {"s": 1.0})
+    export_batch(sft, plan.rows, Destination(str(tmp_path)))
+    chats = pl.read_parquet(tmp_path / "trl/sft_messages.parquet")
+    assert chats.height == 1
+    assert [m["content"] for m in chats["messages"][0].to_list()] == ["2+2?", "a-s0", "4", "a-s1"]
+    assert pl.read_parquet(tmp_path / "trl/sft_tokens.parquet").height == 2
+    (line,) = (tmp_path / "jsonl/trajectories.jsonl").read_text().splitlines()
+    trajectory = json.loads(line)
+    assert [s["reward"] for s in trajectory["steps"]] == [1.0, 1.0]  # broadcast
+    assert trajectory["reward"] == 1.0
