@@ -251,7 +251,11 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
             raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
         out = Destination(the_lake.uri(f"exports/{name}/{batch_id}"), the_lake.storage_options)
         manifest = export_batch(
-            recipe, rows, out, source_versions=json.loads(rows["source_versions"][0])
+            recipe,
+            rows,
+            out,
+            source_versions=json.loads(rows["source_versions"][0]),
+            planned_with=ledger.pins_of(the_lake, name, batch_id),
         )
         files = pl.DataFrame([f.model_dump() for f in manifest.files])
         return dg.MaterializeResult(

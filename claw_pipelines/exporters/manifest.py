@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 from pydantic import BaseModel
 
@@ -25,6 +27,9 @@ class Manifest(BaseModel):
     batch_id: str
     rows: int
     source_versions: dict[str, int]
+    planned_with: dict[str, Any] | None = None
+    """The batch's reservation record (every input version, read start, plan time and recipe):
+    with the lake at hand, enough to plan the batch again."""
     files: list[ExportedFile]
 
 
@@ -34,6 +39,7 @@ def export_batch(
     out: Destination,
     *,
     source_versions: dict[str, int] | None = None,
+    planned_with: dict[str, Any] | None = None,
     pad_token_id: int = 0,
 ) -> Manifest:
     """Write ``rows`` (one batch) for each of ``recipe.exports`` under ``out``; return and write
@@ -69,6 +75,7 @@ def export_batch(
         batch_id=batch_ids[0],
         rows=rows.height,
         source_versions=source_versions or {},
+        planned_with=planned_with,
         files=files,
     )
     out.text(manifest.model_dump_json(indent=2), "manifest.json")

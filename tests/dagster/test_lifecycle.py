@@ -146,6 +146,7 @@ def test_landing_to_exported_grpo_batch_incrementally(
         assert driver.metadata(result, f"batch_{recipe}")["dagster/partition_row_count"] > 0
         manifest = driver.metadata(result, f"export_{recipe}")["manifest"]
         assert manifest["algorithm"] == recipe and manifest["files"]
+        assert manifest["planned_with"]["recipe"]["name"] == recipe
     if compact_after_files == 1:
         for table in (*CHAIN, "steps_tails", "batch_ledger/grpo", "batches/grpo"):
             history = bound.lake.open(table).history()
