@@ -7,7 +7,8 @@ frame, of a turn that was never answered. ``SpoolFlusher`` seals segments and co
 Delta, each commit tagged with a Delta app transaction ``(writer_id, segment_seq)``; a segment
 is deleted only after its commit, and a commit that landed before a crash is recognised by its
 transaction version and never applied twice. Directories whose owner died are adopted and
-committed by any live process.
+committed by any live process. Frames that cannot be decoded are moved to a quarantine file
+under the spool root (never silently dropped) so they cannot block the rest of the spool.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
 SEGMENT_SUFFIX = ".spool"
+QUARANTINE_DIR = "quarantine"
 
 
 def new_writer_id() -> str:
@@ -163,9 +166,22 @@ class SpoolWriter:
         os.close(self._lock_fd)
 
 
-def read_segment(path: Path, table: str) -> pa.Table:
-    """The rows of a segment, ignoring a torn (never answered) last frame."""
-    return spool_codec.decode(path.read_bytes(), table)
+def quarantine_frames(root: Path, writer_id: str, segment: Path, frames: list[bytes]) -> Path:
+    """Write undecodable frames to ``<root>/quarantine/<writer>-<segment>.quarantined``.
+
+    The file is in spool format and written atomically under a fixed name, so quarantining the
+    same segment again (a retry after a failed commit) rewrites identical content.
+    """
+    directory = root / QUARANTINE_DIR
+    directory.mkdir(exist_ok=True)
+    target = directory / f"{writer_id}-{segment.stem}.quarantined"
+    partial = target.with_name(target.name + ".partial")
+    with partial.open("wb") as file:
+        file.write(b"".join(frames))
+        file.flush()
+        os.fsync(file.fileno())
+    partial.replace(target)
+    return target
 
 
 def dedupe_on_key(data: pa.Table, key: str) -> pa.Table:
@@ -175,6 +191,10 @@ def dedupe_on_key(data: pa.Table, key: str) -> pa.Table:
     indices = pa.table({key: data.column(key), "_i": pa.array(range(data.num_rows))})
     first = indices.group_by(key, use_threads=False).aggregate([("_i", "min")]).column("_i_min")
     return data.take(pc.take(first, pc.sort_indices(first)))
+
+
+class SpoolCommitError(RuntimeError):
+    """Some tables of a spool directory could not be committed; their segments stay on disk."""
 
 
 @dataclass
@@ -208,7 +228,13 @@ class SpoolFlusher:
             self._wake.set()
 
     def _run(self) -> None:
-        last_flush = last_adopt = time.monotonic()
+        """Flush every interval (or when nudged) and adopt orphans every ``adopt_every_s``.
+
+        Each keeps its own schedule whether or not its last attempt failed: a failing flush
+        never skips adoption, and is retried once per interval rather than on every tick.
+        """
+        next_flush = time.monotonic() + self.interval_s
+        next_adopt = time.monotonic() + self.adopt_every_s
         tick = self.fsync_interval_s or self.interval_s
         while not self._stop.is_set():
             self._wake.wait(timeout=min(tick, self.interval_s))
@@ -217,15 +243,12 @@ class SpoolFlusher:
             if self.fsync_interval_s is not None:
                 self.writer.sync()
             now = time.monotonic()
-            try:
-                if woken or now - last_flush >= self.interval_s:
-                    self.flush()
-                    last_flush = now
-                if now - last_adopt >= self.adopt_every_s:
-                    self.adopt_orphans()
-                    last_adopt = now
-            except Exception:
-                log.exception("spool flush failed; segments stay on disk and will be retried")
+            if woken or now >= next_flush:
+                next_flush = now + self.interval_s
+                _logging_failure(self.flush, "spool flush")
+            if now >= next_adopt:
+                next_adopt = now + self.adopt_every_s
+                _logging_failure(self.adopt_orphans, "orphan adoption")
 
     def flush(self) -> int:
         """Seal the active segments and commit every sealed segment of this writer."""
@@ -233,7 +256,10 @@ class SpoolFlusher:
         return self.commit_directory(self.writer.directory, self.writer.writer_id)
 
     def commit_directory(self, directory: Path, writer_id: str) -> int:
-        """Commit the sealed segments in ``directory`` per table, oldest first, then delete them."""
+        """Commit the sealed segments in ``directory`` per table, oldest first, then delete them.
+
+        A table that fails does not stop the others; ``SpoolCommitError`` is raised afterwards.
+        """
         own = directory == self.writer.directory
         by_table: dict[str, list[tuple[int, Path]]] = {}
         for path in directory.iterdir():
@@ -245,10 +271,19 @@ class SpoolFlusher:
                 continue
             by_table.setdefault(table, []).append((seq, path))
         committed = 0
+        failures: dict[str, Exception] = {}
         with self._commit_lock:
             for table, segments in by_table.items():
-                committed += self._commit_segments(table, sorted(segments), writer_id)
+                try:
+                    committed += self._commit_segments(table, sorted(segments), writer_id)
+                except Exception as error:
+                    failures[table] = error
         self.committed_rows += committed
+        if failures:
+            first = next(iter(failures.values()))
+            raise SpoolCommitError(
+                f"could not commit {', '.join(failures)} from {directory}"
+            ) from first
         return committed
 
     def _table(self, table: str) -> TableWriter:
@@ -272,7 +307,7 @@ class SpoolFlusher:
         if not pending:
             return 0
         model = LANDING_MODELS[table]
-        parts = [read_segment(path, table) for _, path in pending]
+        parts = [self._decodable_rows(path, table, writer_id) for _, path in pending]
         data = dedupe_on_key(pa.concat_tables(parts), model.key)
         if data.num_rows:
             self._table(table).append(
@@ -286,8 +321,26 @@ class SpoolFlusher:
             path.unlink(missing_ok=True)
         return data.num_rows
 
+    def _decodable_rows(self, path: Path, table: str, writer_id: str) -> pa.Table:
+        """The segment's rows; frames that cannot be decoded are quarantined, with an ERROR."""
+        rows, undecodable = spool_codec.decode_salvaging(path.read_bytes(), table)
+        if undecodable:
+            target = quarantine_frames(self.writer.root, writer_id, path, undecodable)
+            log.error(
+                "%d undecodable %s row(s) of spool segment %s moved to %s",
+                len(undecodable),
+                table,
+                path,
+                target,
+            )
+        return rows
+
     def adopt_orphans(self) -> int:
-        """Commit and remove the spool directories of processes that are gone."""
+        """Commit and remove the spool directories of processes that are gone.
+
+        A directory that fails is logged and left for the next round; it never stops the others,
+        nor the proxy from starting.
+        """
         adopted = 0
         root = self.writer.root
         for directory in sorted(p for p in root.iterdir() if p.is_dir()):
@@ -306,6 +359,8 @@ class SpoolFlusher:
             try:
                 adopted += self.commit_directory(directory, directory.name)
                 shutil.rmtree(directory, ignore_errors=True)
+            except Exception:
+                log.exception("adopting %s failed; it stays spooled and is retried", directory)
             finally:
                 os.close(fd)
         if adopted:
@@ -318,4 +373,12 @@ class SpoolFlusher:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        self.flush()
+        _logging_failure(self.flush, "final spool flush")
+
+
+def _logging_failure(action: Callable[[], object], what: str) -> None:
+    """Run a background step; a failure is logged and its rows stay spooled for a later try."""
+    try:
+        action()
+    except Exception:
+        log.exception("%s failed; spooled rows stay on disk and are retried", what)

@@ -9,9 +9,11 @@ a bad checksum) ends the segment: its turn was never answered.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import zlib
 from array import array
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -55,9 +57,18 @@ def encode(row: LandingRow) -> bytes:
     return HEADER.pack(MAGIC, len(scalars), len(lists), checksum) + scalars + lists
 
 
-def _frames(data: bytes) -> tuple[list[memoryview], list[memoryview]]:
-    """Split a segment into (scalar JSON, list buffers) per complete, intact frame."""
-    scalars, lists = [], []
+@dataclass(frozen=True)
+class Frame:
+    """One intact record: its bytes as written, and its scalar JSON and list buffers."""
+
+    raw: memoryview
+    scalars: memoryview
+    lists: memoryview
+
+
+def _frames(data: bytes) -> list[Frame]:
+    """The complete, intact frames of a segment, up to the first torn or corrupt one."""
+    frames = []
     offset = 0
     view = memoryview(data)
     while offset + HEADER.size <= len(data):
@@ -69,10 +80,9 @@ def _frames(data: bytes) -> tuple[list[memoryview], list[memoryview]]:
         scalar, packed = view[start : start + scalar_len], view[start + scalar_len : end]
         if zlib.crc32(packed, zlib.crc32(scalar)) != checksum:
             break
-        scalars.append(scalar)
-        lists.append(packed)
+        frames.append(Frame(view[offset:end], scalar, packed))
         offset = end
-    return scalars, lists
+    return frames
 
 
 def _list_columns(lists: list[memoryview], packed: dict[str, pa.DataType]) -> dict[str, pa.Array]:
@@ -105,15 +115,38 @@ def _list_columns(lists: list[memoryview], packed: dict[str, pa.DataType]) -> di
     return columns
 
 
-def decode(data: bytes, table: str) -> pa.Table:
-    """The rows of a segment's bytes, up to the first torn or corrupt frame."""
+def _decode_frames(frames: list[Frame], table: str) -> pa.Table:
     schema = LANDING_MODELS[table].arrow_schema()
-    scalars, lists = _frames(data)
-    if not scalars:
+    if not frames:
         return schema.empty_table()
     options = pa_json.ParseOptions(explicit_schema=scalar_schema(table))
-    rows = pa_json.read_json(pa.py_buffer(b"\n".join(scalars)), parse_options=options)
+    scalars = b"\n".join(frame.scalars for frame in frames)
+    rows = pa_json.read_json(pa.py_buffer(scalars), parse_options=options)
     packed = packed_fields(table)
-    for name, column in _list_columns(lists, packed).items():
+    for name, column in _list_columns([frame.lists for frame in frames], packed).items():
         rows = rows.append_column(schema.field(name), column)
     return rows.select(schema.names).cast(schema)
+
+
+def decode(data: bytes, table: str) -> pa.Table:
+    """The rows of a segment's bytes, up to the first torn or corrupt frame."""
+    return _decode_frames(_frames(data), table)
+
+
+def decode_salvaging(data: bytes, table: str) -> tuple[pa.Table, list[bytes]]:
+    """The decodable rows of a segment, and the raw frames that cannot be decoded.
+
+    One bad row (say a null in a required column) must not cost the segment's other rows, so
+    when the whole segment does not decode, its frames are decoded one by one.
+    """
+    frames = _frames(data)
+    with contextlib.suppress(Exception):
+        return _decode_frames(frames, table), []
+    decoded, undecodable = [], []
+    for frame in frames:
+        try:
+            decoded.append(_decode_frames([frame], table))
+        except Exception:
+            undecodable.append(bytes(frame.raw))
+    rows = pa.concat_tables(decoded) if decoded else _decode_frames([], table)
+    return rows, undecodable

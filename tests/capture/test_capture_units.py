@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,9 @@ from claw_pipelines.capture.identity import (
 from claw_pipelines.capture.launcher import ProxyStartError, resolve_master_key
 from claw_pipelines.capture.redact import REDACTED, Redactor
 from claw_pipelines.capture.restream import sse_from_completion
-from claw_pipelines.capture.spool import SpoolFlusher, SpoolWriter, read_segment
+from claw_pipelines.capture.spool import QUARANTINE_DIR, SpoolFlusher, SpoolWriter
 from claw_pipelines.lake import Lake
-from claw_pipelines.schemas import Turn, utc_now
+from claw_pipelines.schemas import Reward, Turn, utc_now
 from claw_pipelines.settings import LOCAL_MASTER_KEY
 
 
@@ -121,7 +122,7 @@ def test_torn_last_frame_is_ignored(tmp_path: Path) -> None:
     writer.seal()
     segment = next(writer.directory.glob("turns-*"))
     segment.write_bytes(segment.read_bytes()[:-20])
-    assert read_segment(segment, "turns").column("turn_id").to_pylist() == ["a"]
+    assert spool_codec.decode(segment.read_bytes(), "turns").column("turn_id").to_pylist() == ["a"]
 
 
 def test_commit_is_never_applied_twice(tmp_path: Path) -> None:
@@ -174,3 +175,52 @@ def test_spool_codec_round_trips_null_empty_and_long_lists() -> None:
         assert row["response_token_ids"] == turn.response_token_ids
         assert row["response_logprobs"] == turn.response_logprobs
         assert row["started_at"] == turn.started_at
+
+
+def _nan_reward() -> Reward:
+    """A row the boundary now refuses, as an older proxy could still have spooled it."""
+    return Reward.model_construct(reward_id="bad", trajectory_id="t", value=float("nan"))
+
+
+def test_undecodable_rows_are_quarantined_and_block_nothing(tmp_path: Path) -> None:
+    lake = Lake(str(tmp_path / "lake"))
+    dead = SpoolWriter(tmp_path / "spool")
+    dead.append(Reward(reward_id="orphan-ok", trajectory_id="t", value=1.0))
+    dead.append(_nan_reward())
+    dead.close()
+    writer = SpoolWriter(tmp_path / "spool")
+    writer.append(Reward(reward_id="ok", trajectory_id="t", value=0.5))
+    writer.append(_nan_reward())
+    writer.append(_turn("turn-after"))
+    flusher = SpoolFlusher(writer, lake)
+    flusher.start()
+    flusher.stop()
+    rewards = lake.scan("rewards").collect()["reward_id"].to_list()
+    assert sorted(rewards) == ["ok", "orphan-ok"]
+    assert lake.scan("turns").collect()["turn_id"].to_list() == ["turn-after"]
+    assert not any(writer.directory.glob("*.spool")) and not dead.directory.exists()
+    quarantined = sorted((tmp_path / "spool" / QUARANTINE_DIR).iterdir())
+    assert len(quarantined) == 2
+    for path in quarantined:
+        assert len(spool_codec._frames(path.read_bytes())) == 1
+
+
+def test_a_failing_flush_backs_off_and_never_stops_startup(tmp_path: Path) -> None:
+    dead = SpoolWriter(tmp_path / "spool")
+    dead.append(_turn("orphan"))
+    dead.close()
+    flusher = SpoolFlusher(
+        SpoolWriter(tmp_path / "spool"), Lake(str(tmp_path / "lake")), interval_s=0.5
+    )
+    attempts = []
+
+    def failing_commit(directory: Path, writer_id: str) -> int:
+        attempts.append(directory)
+        raise OSError("lake unreachable")
+
+    flusher.commit_directory = failing_commit  # type: ignore[method-assign]
+    flusher.start()
+    time.sleep(1.2)
+    flusher.stop()
+    own = [d for d in attempts if d == flusher.writer.directory]
+    assert 2 <= len(own) <= 4, f"{len(own)} flush attempts in 1.2 s at a 0.5 s interval"
