@@ -17,7 +17,7 @@ from functools import cache
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_validator
 
 
 class ArrowType:
@@ -165,7 +165,7 @@ class Reward(LandingRow):
     turn_id: str | None = None
     trajectory_id: str | None = None
     group_id: str | None = None
-    value: float
+    value: FiniteFloat
     name: str = "reward"
     source: RewardSource = "env"
     created_at: UtcTimestamp = Field(default_factory=utc_now)
@@ -189,7 +189,7 @@ class TrajectoryEventRow(LandingRow):
     trajectory_id: str
     group_id: str | None = None
     event: TrajectoryEvent = "completed"
-    reward: float | None = None
+    reward: FiniteFloat | None = None
     created_at: UtcTimestamp = Field(default_factory=utc_now)
     metadata: JsonText | None = None
 

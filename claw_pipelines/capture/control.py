@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from fastapi import FastAPI, HTTPException, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
 from claw_pipelines.capture.identity import IdentityValue
 from claw_pipelines.capture.runtime import CaptureRuntime
@@ -21,12 +21,13 @@ from claw_pipelines.schemas import Reward, RewardSource, TrajectoryEventRow, Tur
 
 MAX_TOKENS_PER_LIST = 1_000_000
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+Logprob = Annotated[FiniteFloat, Field(le=0)]
 
 
 class CompleteTrajectory(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    reward: float | None = None
+    reward: FiniteFloat | None = None
     status: Literal["completed", "aborted"] = "completed"
     group_id: IdentityValue | None = None
     metadata: dict[str, Any] | None = None
@@ -38,7 +39,7 @@ class RewardIn(BaseModel):
     turn_id: IdentityValue | None = None
     trajectory_id: IdentityValue | None = None
     group_id: IdentityValue | None = None
-    value: float
+    value: FiniteFloat
     name: str = Field(default="reward", min_length=1, max_length=128)
     source: RewardSource = "env"
     metadata: dict[str, Any] | None = None
@@ -51,7 +52,7 @@ class StepIn(BaseModel):
 
     prompt_token_ids: Annotated[list[TokenId], Field(max_length=MAX_TOKENS_PER_LIST)]
     response_token_ids: Annotated[list[TokenId], Field(max_length=MAX_TOKENS_PER_LIST)]
-    response_logprobs: Annotated[list[float], Field(max_length=MAX_TOKENS_PER_LIST)] | None = None
+    response_logprobs: Annotated[list[Logprob], Field(max_length=MAX_TOKENS_PER_LIST)] | None = None
     trajectory_id: IdentityValue | None = None
     group_id: IdentityValue | None = None
     channel: IdentityValue | None = None

@@ -310,3 +310,29 @@ def test_text_completion_turns_land(capture_stack: CaptureStack) -> None:
     assert row["call_type"] == "completion"
     assert json.loads(row["request_messages"]) == [{"role": "user", "content": QUESTION}]
     assert row["response_text"] == raw.parse().choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/claw/v1/rewards", b'{"trajectory_id": "t-nan", "value": NaN}', "value"),
+        ("/claw/v1/rewards", b'{"trajectory_id": "t-big", "value": 1e999}', "value"),
+        ("/claw/v1/trajectories/t-inf/complete", b'{"reward": Infinity}', "reward"),
+        (
+            "/claw/v1/steps",
+            b'{"prompt_token_ids": [1], "response_token_ids": [2], "response_logprobs": [NaN]}',
+            "response_logprobs",
+        ),
+        (
+            "/claw/v1/steps",
+            b'{"prompt_token_ids": [1], "response_token_ids": [2], "response_logprobs": [0.5]}',
+            "response_logprobs",
+        ),
+    ],
+)
+def test_non_finite_numbers_are_refused_naming_the_field(
+    capture_stack: CaptureStack, path: str, body: bytes, field: str
+) -> None:
+    response = post(capture_stack, path, body)
+    assert response.status_code == 400, response.text
+    assert field in response.text
