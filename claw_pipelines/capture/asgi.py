@@ -1,5 +1,7 @@
 """The proxy's ASGI entry: LiteLLM's app wrapped with what capture needs at the HTTP edge.
 
+- A client's ``x-litellm-call-id`` header is dropped: LiteLLM would adopt it as the call id, which
+  is the turn id, so every call gets its own id (returned in the response's ``x-litellm-call-id``).
 - ``/t/<trajectory>/<group>/...`` is rewritten to ``/...`` with ``x-claw-*`` identity headers, so a
   black-box agent only changes its ``base_url``.
 - Request bodies are checked before LiteLLM sees them: size limit (413), UTF-8 and JSON (400).
@@ -30,6 +32,7 @@ Scope = dict[str, Any]
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 PUBLIC_PATHS = frozenset({"/health/liveliness", "/health/readiness"})
 KEY_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-litellm-api-key")
+CALL_ID_HEADER = b"x-litellm-call-id"
 
 
 def _has_master_key(scope: Scope) -> bool:
@@ -45,6 +48,12 @@ def _has_master_key(scope: Scope) -> bool:
             if master and hmac.compare_digest(token, master):
                 return True
     return False
+
+
+def _without_client_call_id(scope: Scope) -> Scope:
+    """Clients reusing one call id would otherwise share, and corrupt, one turn row."""
+    headers = [(name, value) for name, value in scope["headers"] if name != CALL_ID_HEADER]
+    return {**scope, "headers": headers}
 
 
 async def _send_json(send, status: int, payload: dict[str, Any]) -> None:
@@ -81,7 +90,7 @@ class CaptureApp:
         if scope["type"] != "http":
             await self.inner(scope, receive, send)
             return
-        scope = self._apply_identity_prefix(scope)
+        scope = self._apply_identity_prefix(_without_client_call_id(scope))
         if scope["path"] not in PUBLIC_PATHS and not _has_master_key(scope):
             await _send_json(
                 send, 401, _error("missing or invalid proxy key", "authentication_error")

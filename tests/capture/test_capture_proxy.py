@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 
@@ -336,3 +337,30 @@ def test_non_finite_numbers_are_refused_naming_the_field(
     response = post(capture_stack, path, body)
     assert response.status_code == 400, response.text
     assert field in response.text
+
+
+def test_a_client_call_id_header_never_becomes_the_turn_id(capture_stack: CaptureStack) -> None:
+    """Calls sharing an ``x-litellm-call-id`` still land one row each, with their own content."""
+    questions = [f"What is {i} + {i}?" for i in range(6)]
+
+    async def ask(client: httpx.AsyncClient, question: str) -> str:
+        response = await client.post(
+            capture_stack.proxy_url + "/v1/chat/completions",
+            json={"model": "policy", "messages": [{"role": "user", "content": question}]},
+            headers={"authorization": f"Bearer {capture_stack.key}", "x-litellm-call-id": "same"},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+        return response.headers["x-litellm-call-id"]
+
+    async def ask_all() -> list[str]:
+        async with httpx.AsyncClient() as client:
+            return await asyncio.gather(*(ask(client, q) for q in questions))
+
+    turn_ids = asyncio.run(ask_all())
+    assert len(set(turn_ids)) == len(questions) and "same" not in turn_ids
+    rows = landed(capture_stack, turn_ids)
+    assert rows.height == len(questions)
+    for turn_id, question in zip(turn_ids, questions, strict=True):
+        row = rows.filter(pl.col("turn_id") == turn_id).row(0, named=True)
+        assert json.loads(row["request_messages"]) == [{"role": "user", "content": question}]
