@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
-from claw_pipelines.capture.identity import IdentityValue
+from claw_pipelines.capture.identity import IdentityValue, NotSecret
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.schemas import Reward, RewardSource, TrajectoryEventRow, Turn, new_id, utc_now
 
@@ -40,7 +40,7 @@ class RewardIn(BaseModel):
     trajectory_id: IdentityValue | None = None
     group_id: IdentityValue | None = None
     value: FiniteFloat
-    name: str = Field(default="reward", min_length=1, max_length=128)
+    name: Annotated[str, Field(min_length=1, max_length=128), NotSecret] = "reward"
     source: RewardSource = "env"
     metadata: dict[str, Any] | None = None
 
@@ -58,7 +58,7 @@ class StepIn(BaseModel):
     channel: IdentityValue | None = None
     agent: IdentityValue | None = None
     policy_version: int | None = Field(default=None, ge=0)
-    model: str = Field(default="white-box", min_length=1, max_length=256)
+    model: Annotated[str, Field(min_length=1, max_length=256), NotSecret] = "white-box"
     messages: list[dict[str, Any]] | None = None
     response_text: str | None = None
     finish_reason: str | None = None

@@ -3,7 +3,8 @@
 An agent can say it three ways and none is required: the ``/t/<trajectory>/<group>/v1`` base-URL
 prefix (zero code change; the proxy turns it into headers), ``x-claw-*`` headers, or
 ``metadata: {"claw": {...}}`` in the body. Headers win over body metadata. Values are validated
-here so a bad one is a clear 400, never a silently wrong row.
+here so a bad one is a clear 400, never a silently wrong row. A value shaped like a secret is
+refused rather than scrubbed: ids are join keys, and a rewritten one would join wrongly.
 """
 
 from __future__ import annotations
@@ -12,10 +13,30 @@ from collections.abc import Mapping
 from typing import Annotated
 from urllib.parse import unquote
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
 
+from claw_pipelines.capture.redact import looks_like_secret
+
+
+def _refuse_secret(value: str) -> str:
+    if looks_like_secret(value):
+        raise ValueError("looks like a secret (sk-… key or bearer token); it would be stored as is")
+    return value
+
+
+NotSecret = AfterValidator(_refuse_secret)
+"""For strings stored verbatim (ids, names), which the redactor must not rewrite."""
 IdentityValue = Annotated[
-    str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
+    str,
+    StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$"),
+    NotSecret,
 ]
 
 HEADER_FIELDS = {

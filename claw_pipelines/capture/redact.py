@@ -24,6 +24,11 @@ SECRET_VALUE_PATTERN = re.compile(
 )
 
 
+def looks_like_secret(value: str) -> bool:
+    """Whether ``value`` contains something shaped like a credential (``sk-…``, bearer, AWS key)."""
+    return SECRET_VALUE_PATTERN.search(value) is not None
+
+
 class Redactor:
     """Scrubs known secrets and credential-shaped values from nested JSON-like data."""
 

@@ -92,13 +92,13 @@ def pending_call(
     return PendingCall(
         call_id=call_id,
         identity=identity,
-        model=str(data.get("model", "")),
+        model=redactor.text(str(data.get("model", ""))),
         call_type="completion" if "prompt" in data and "messages" not in data else "chat",
         stream=client_stream,
         started_at=utc_now(),
         request_messages=_json(redactor.data(messages)),
         request_tools=_json(redactor.data(data.get("tools"))),
-        sampling_params=_json(sampling or None),
+        sampling_params=_json(redactor.data(sampling) if sampling else None),
         metadata=_json(redactor.data(metadata) if metadata else None),
     )
 

@@ -7,10 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from claw_pipelines.capture import spool_codec
+from claw_pipelines.capture.control import RewardIn, StepIn
 from claw_pipelines.capture.identity import (
     IdentityError,
+    TurnIdentity,
     identity_from_request,
     split_identity_prefix,
 )
@@ -18,6 +21,7 @@ from claw_pipelines.capture.launcher import ProxyStartError, resolve_master_key
 from claw_pipelines.capture.redact import REDACTED, Redactor
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.spool import QUARANTINE_DIR, SpoolFlusher, SpoolWriter
+from claw_pipelines.capture.turns import pending_call
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Reward, Turn, utc_now
 from claw_pipelines.settings import LOCAL_MASTER_KEY
@@ -57,11 +61,32 @@ def test_identity_headers_win_over_metadata() -> None:
         ({"x-claw-trajectroy": "t"}, None, "unknown identity header"),
         ({}, {"trajectory_id": "a" * 300}, "trajectory_id"),
         ({}, "not-an-object", "metadata.claw"),
+        ({"x-claw-agent": "sk-agent-secret-123"}, None, "agent: .*secret"),
     ],
 )
 def test_identity_rejects_bad_values(headers: dict, metadata: object, message: str) -> None:
     with pytest.raises(IdentityError, match=message):
         identity_from_request(headers, metadata)  # type: ignore[arg-type]
+
+
+def test_sampling_params_are_scrubbed() -> None:
+    secret = "sk-sampling-secret-123"
+    request = {
+        "model": "m",
+        "messages": [],
+        "stop": [secret],
+        "temperature": f"hot {secret}",
+        "response_format": {"type": "json_schema", "json_schema": {"description": secret}},
+    }
+    pending = pending_call("c", request, TurnIdentity(), None, False, Redactor())
+    assert pending.sampling_params and secret not in pending.sampling_params
+
+
+def test_stored_names_that_look_like_secrets_are_refused() -> None:
+    with pytest.raises(ValidationError, match="name"):
+        RewardIn(trajectory_id="t", value=1.0, name="sk-reward-name-123")
+    with pytest.raises(ValidationError, match="model"):
+        StepIn(prompt_token_ids=[1], response_token_ids=[2], model="sk-model-name-123")
 
 
 def test_identity_prefix_is_split_and_decoded() -> None:
