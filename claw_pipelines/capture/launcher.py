@@ -67,8 +67,11 @@ def render_config(
     """Write the config the proxy runs with: ``--backend`` replaces the default model's server.
 
     Without capture the callback is removed, leaving the plain LiteLLM proxy (for comparisons).
+    Router cooldowns are off unless the config says otherwise: with one deployment per model, a
+    single failing call would otherwise answer every agent 429 for seconds.
     """
     config = yaml.safe_load(source.read_text())
+    config["router_settings"] = {"disable_cooldowns": True, **(config.get("router_settings") or {})}
     if not capture:
         (config.get("litellm_settings") or {}).pop("callbacks", None)
     if backend:

@@ -364,3 +364,12 @@ def test_a_client_call_id_header_never_becomes_the_turn_id(capture_stack: Captur
     for turn_id, question in zip(turn_ids, questions, strict=True):
         row = rows.filter(pl.col("turn_id") == turn_id).row(0, named=True)
         assert json.loads(row["request_messages"]) == [{"role": "user", "content": question}]
+
+
+def test_a_call_the_engine_rejects_does_not_bench_the_deployment(
+    capture_stack: CaptureStack,
+) -> None:
+    """The embedded engine has no /v1/responses: its 404 must not put `policy` in cooldown."""
+    rejected = post(capture_stack, "/v1/responses", b'{"model": "policy", "input": "hi"}')
+    assert rejected.status_code == 404, rejected.text
+    chat(client_for(capture_stack))

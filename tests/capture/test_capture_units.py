@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from claw_pipelines.capture import spool_codec
@@ -17,7 +18,12 @@ from claw_pipelines.capture.identity import (
     identity_from_request,
     split_identity_prefix,
 )
-from claw_pipelines.capture.launcher import ProxyStartError, resolve_master_key
+from claw_pipelines.capture.launcher import (
+    DEFAULT_CONFIG,
+    ProxyStartError,
+    render_config,
+    resolve_master_key,
+)
 from claw_pipelines.capture.redact import REDACTED, Redactor
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.spool import QUARANTINE_DIR, SpoolFlusher, SpoolWriter
@@ -249,3 +255,11 @@ def test_a_failing_flush_backs_off_and_never_stops_startup(tmp_path: Path) -> No
     flusher.stop()
     own = [d for d in attempts if d == flusher.writer.directory]
     assert 2 <= len(own) <= 4, f"{len(own)} flush attempts in 1.2 s at a 0.5 s interval"
+
+
+def test_rendered_proxy_config_disables_router_cooldowns(tmp_path: Path) -> None:
+    source = tmp_path / "custom.yaml"
+    source.write_text("model_list: []\n")
+    for config in (DEFAULT_CONFIG, source):
+        rendered = render_config(config, "http://127.0.0.1:9/v1", tmp_path, port=1)
+        assert yaml.safe_load(rendered.read_text())["router_settings"]["disable_cooldowns"]
