@@ -5,8 +5,9 @@
 - ``/t/<trajectory>/<group>/...`` is rewritten to ``/...`` with ``x-claw-*`` identity headers, so a
   black-box agent only changes its ``base_url``.
 - Request bodies are checked before LiteLLM sees them: size limit (413), UTF-8 and JSON (400).
-- Streamed chat requests to exact-capture models are served from a non-streaming upstream call and
-  re-streamed in vLLM's chunk shape (LiteLLM drops ``prompt_token_ids`` from streams).
+- Streamed chat and text completion requests to exact-capture models are served from a
+  non-streaming upstream call and re-streamed in vLLM's chunk shape (LiteLLM drops token IDs from
+  streams).
 - ``/claw/v1/...`` goes to the lifecycle/reward/step endpoints.
 - On lifespan shutdown (SIGTERM/SIGINT) the spool is committed before the process exits.
 """
@@ -17,6 +18,7 @@ import asyncio
 import hmac
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from litellm.proxy.proxy_server import app as litellm_app
@@ -24,12 +26,18 @@ from litellm.proxy.proxy_server import app as litellm_app
 from claw_pipelines.capture.control import build_control_app
 from claw_pipelines.capture.identity import split_identity_prefix
 from claw_pipelines.capture.request_context import context_from_body, current_request
-from claw_pipelines.capture.restream import sse_from_completion
+from claw_pipelines.capture.restream import sse_from_completion, sse_from_text_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.settings import get_settings
 
 Scope = dict[str, Any]
-CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+Restreamer = Callable[[dict[str, Any], bool], bytes]
+RESTREAMERS = {
+    "/v1/chat/completions": sse_from_completion,
+    "/chat/completions": sse_from_completion,
+    "/v1/completions": sse_from_text_completion,
+    "/completions": sse_from_text_completion,
+}
 PUBLIC_PATHS = frozenset({"/health/liveliness", "/health/readiness"})
 KEY_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-litellm-api-key")
 CALL_ID_HEADER = b"x-litellm-call-id"
@@ -106,10 +114,11 @@ class CaptureApp:
         if read is None:
             return
         body, request = read
-        buffer_stream = scope["path"] in CHAT_PATHS and self._should_buffer_stream(request)
+        restream = RESTREAMERS.get(scope["path"])
+        buffer_stream = restream is not None and self._should_buffer_stream(request)
         current_request.set(context_from_body(request, client_stream=buffer_stream))
         if buffer_stream:
-            await self._buffered_stream(scope, request, send)
+            await self._buffered_stream(scope, request, send, restream)
             return
         await self.inner(scope, _replay(body), send)
 
@@ -183,7 +192,9 @@ class CaptureApp:
         options = CaptureRuntime.current().options_for(str(request.get("model", "")))
         return options.stream_mode == "buffered"
 
-    async def _buffered_stream(self, scope: Scope, request: dict[str, Any], send) -> None:
+    async def _buffered_stream(
+        self, scope: Scope, request: dict[str, Any], send, restream: Restreamer
+    ) -> None:
         include_usage = bool((request.pop("stream_options", None) or {}).get("include_usage"))
         request["stream"] = False
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
@@ -194,7 +205,7 @@ class CaptureApp:
         if captured.status != 200:
             await captured.forward(send)
             return
-        stream = sse_from_completion(json.loads(captured.body), include_usage)
+        stream = restream(json.loads(captured.body), include_usage)
         response_headers = [
             (k, v)
             for k, v in captured.headers

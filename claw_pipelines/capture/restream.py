@@ -1,9 +1,11 @@
-"""Turn a complete chat completion back into a vLLM-shaped SSE stream.
+"""Turn a complete chat or text completion back into a vLLM-shaped SSE stream.
 
 Used for streamed requests to exact-capture models: the upstream call is non-streaming (so the
 engine's prompt and response token IDs survive LiteLLM intact) and the client still receives a
-stream: first chunk with the role and ``prompt_token_ids``, then the content, tool calls,
-``token_ids`` and logprobs, then the finish reason, optional usage, and ``[DONE]``.
+stream. Chat: first chunk with the role and ``prompt_token_ids``, then the content, tool calls,
+``token_ids`` and logprobs, then the finish reason. Text completion: per choice one chunk with
+the text, ``prompt_token_ids``, ``token_ids`` and logprobs, then the finish reason. Both end with
+the optional usage chunk and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+CHAT_CHUNK = "chat.completion.chunk"
+TEXT_CHUNK = "text_completion"
 
-def _chunk(completion: dict[str, Any], choices: list[dict[str, Any]], **extra: Any) -> bytes:
+
+def _chunk(
+    completion: dict[str, Any], choices: list[dict[str, Any]], kind: str = CHAT_CHUNK, **extra: Any
+) -> bytes:
     payload = {
         "id": completion.get("id"),
-        "object": "chat.completion.chunk",
+        "object": kind,
         "created": completion.get("created"),
         "model": completion.get("model"),
         **extra,
@@ -75,7 +82,33 @@ def sse_from_completion(completion: dict[str, Any], include_usage: bool) -> byte
             "stop_reason": stop_reason,
         }
         events.append(_chunk(completion, [final]))
-    if include_usage and completion.get("usage") is not None:
-        events.append(_chunk(completion, [], usage=completion["usage"]))
-    events.append(b"data: [DONE]\n\n")
-    return b"".join(events)
+    return b"".join([*events, *_ending(completion, include_usage, CHAT_CHUNK)])
+
+
+def sse_from_text_completion(completion: dict[str, Any], include_usage: bool) -> bytes:
+    events = []
+    for i, choice in enumerate(completion.get("choices") or []):
+        index = choice.get("index", i)
+        body = {
+            "index": index,
+            "text": choice.get("text") or "",
+            "logprobs": choice.get("logprobs"),
+            "finish_reason": None,
+            "prompt_token_ids": choice.get("prompt_token_ids"),
+            "token_ids": _token_ids(choice),
+        }
+        final = {
+            "index": index,
+            "text": "",
+            "logprobs": None,
+            "finish_reason": choice.get("finish_reason"),
+            "stop_reason": choice.get("stop_reason"),
+        }
+        events += [_chunk(completion, [body], TEXT_CHUNK), _chunk(completion, [final], TEXT_CHUNK)]
+    return b"".join([*events, *_ending(completion, include_usage, TEXT_CHUNK)])
+
+
+def _ending(completion: dict[str, Any], include_usage: bool, kind: str) -> list[bytes]:
+    usage = completion.get("usage")
+    events = [_chunk(completion, [], kind, usage=usage)] if include_usage and usage else []
+    return [*events, b"data: [DONE]\n\n"]

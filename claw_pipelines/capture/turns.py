@@ -112,10 +112,18 @@ def _backend(hidden_params: dict[str, Any] | None) -> str | None:
 
 
 def _logprob_values(logprobs: object) -> list[float] | None:
-    content = _field(logprobs, "content") if logprobs is not None else None
-    if content is None:
+    """Per-token logprobs, from the chat format (``content[].logprob``) or the text-completion
+    one (``token_logprobs``); None when any is missing, as a partial list would misalign."""
+    if logprobs is None:
         return None
-    return [float(_field(entry, "logprob")) for entry in content]
+    content = _field(logprobs, "content")
+    if content is not None:
+        values = [_field(entry, "logprob") for entry in content]
+    else:
+        values = _field(logprobs, "token_logprobs")
+    if values is None or any(value is None for value in values):
+        return None
+    return [float(value) for value in values]
 
 
 def _token_source(prompt_ids: list[int] | None, response_ids: list[int] | None) -> str:
@@ -143,14 +151,18 @@ def _base_turn(pending: PendingCall, turn_id: str, **values: Any) -> Turn:
 def turns_from_response(
     pending: PendingCall, response: object, redactor: Redactor, writer_id: str
 ) -> list[Turn]:
-    """One turn per choice of a complete (non-streamed upstream) response."""
-    prompt_ids = _field(response, "prompt_token_ids")
+    """One turn per choice of a complete (non-streamed upstream) response.
+
+    Chat responses carry ``prompt_token_ids`` once; text completions carry them per choice.
+    """
+    response_prompt_ids = _field(response, "prompt_token_ids")
     usage = _field(response, "usage")
     hidden = getattr(response, "_hidden_params", None)
     turns = []
     for index, choice in enumerate(_field(response, "choices") or []):
         provider_fields = _field(choice, "provider_specific_fields") or {}
         response_ids = provider_fields.get("token_ids", _field(choice, "token_ids"))
+        prompt_ids = _field(choice, "prompt_token_ids") or response_prompt_ids
         message = _dump(_field(choice, "message")) or {}
         if not message and _field(choice, "text") is not None:
             message = {"role": "assistant", "content": _field(choice, "text")}
@@ -222,7 +234,7 @@ class StreamAccumulator:
         for choice in _field(chunk, "choices") or []:
             state = self.choices.setdefault(_field(choice, "index") or 0, _StreamedChoice())
             delta = _field(choice, "delta")
-            content = _field(delta, "content") if delta is not None else None
+            content = _field(delta, "content") if delta is not None else _field(choice, "text")
             if content:
                 state.content.append(content)
                 self.first_token_at = self.first_token_at or utc_now()

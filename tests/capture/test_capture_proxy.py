@@ -301,16 +301,30 @@ def test_lifecycle_reward_and_step_endpoints(capture_stack: CaptureStack) -> Non
     assert rewards.row(0, named=True)["source"] == "model"
 
 
-def test_text_completion_turns_land(capture_stack: CaptureStack) -> None:
+def test_text_completion_turns_land_with_the_engines_exact_ids(
+    capture_stack: CaptureStack,
+) -> None:
     client = client_for(capture_stack)
     raw = client.completions.with_raw_response.create(
         model="policy", prompt=QUESTION, max_tokens=16
     )
-    turn_id = raw.headers["x-litellm-call-id"]
-    row = landed(capture_stack, [turn_id]).row(0, named=True)
+    streamed = client.completions.with_raw_response.create(
+        model="policy", prompt=QUESTION, max_tokens=16, stream=True
+    )
+    chunks = list(streamed.parse())
+    turn_ids = [raw.headers["x-litellm-call-id"], streamed.headers["x-litellm-call-id"]]
+    rows = {r["turn_id"]: r for r in landed(capture_stack, turn_ids).iter_rows(named=True)}
+    completion = raw.parse()
+    row = rows[turn_ids[0]]
     assert row["call_type"] == "completion"
     assert json.loads(row["request_messages"]) == [{"role": "user", "content": QUESTION}]
-    assert row["response_text"] == raw.parse().choices[0].text
+    assert row["response_text"] == completion.choices[0].text
+    assert row["prompt_token_ids"] == completion.choices[0].model_extra["prompt_token_ids"]
+    assert_matches_engine(capture_stack, row, completion.id)
+    row = rows[turn_ids[1]]
+    assert row["stream"] is True
+    assert row["response_text"] == "".join(c.choices[0].text for c in chunks if c.choices)
+    assert_matches_engine(capture_stack, row, chunks[0].id)
 
 
 @pytest.mark.parametrize(

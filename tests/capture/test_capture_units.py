@@ -27,7 +27,7 @@ from claw_pipelines.capture.launcher import (
 from claw_pipelines.capture.redact import REDACTED, Redactor
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.spool import QUARANTINE_DIR, SpoolFlusher, SpoolWriter
-from claw_pipelines.capture.turns import pending_call
+from claw_pipelines.capture.turns import StreamAccumulator, pending_call
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Reward, Turn, utc_now
 from claw_pipelines.settings import LOCAL_MASTER_KEY
@@ -139,6 +139,17 @@ def test_restream_carries_prompt_and_response_ids() -> None:
     assert chunks[2]["choices"][0]["finish_reason"] == "stop"
     assert chunks[3]["usage"]["total_tokens"] == 3
     assert events[-2] == "data: [DONE]"
+
+
+def test_passthrough_text_completion_stream_keeps_its_text() -> None:
+    accumulator = StreamAccumulator()
+    for text in ("4", "2"):
+        accumulator.add({"model": "m", "choices": [{"index": 0, "text": text}]})
+    pending = pending_call(
+        "c", {"model": "m", "prompt": "q"}, TurnIdentity(), None, True, Redactor()
+    )
+    (turn,) = accumulator.turns(pending, Redactor(), "w")
+    assert turn.response_text == "42"
 
 
 def _turn(turn_id: str) -> Turn:
