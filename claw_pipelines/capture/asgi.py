@@ -20,6 +20,7 @@ import json
 import os
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 from litellm.proxy.proxy_server import app as litellm_app
 
@@ -133,7 +134,8 @@ class CaptureApp:
 
     @staticmethod
     def _apply_identity_prefix(scope: Scope) -> Scope:
-        split = split_identity_prefix(scope["path"])
+        raw_path = scope.get("raw_path")
+        split = split_identity_prefix(raw_path.decode("latin-1") if raw_path else scope["path"])
         if split is None:
             return scope
         trajectory, group, rest = split
@@ -141,7 +143,12 @@ class CaptureApp:
             (k, v) for k, v in scope["headers"] if k not in (b"x-claw-trajectory", b"x-claw-group")
         ]
         headers += [(b"x-claw-trajectory", trajectory.encode()), (b"x-claw-group", group.encode())]
-        return {**scope, "path": rest, "raw_path": rest.encode(), "headers": headers}
+        return {
+            **scope,
+            "path": unquote(rest),
+            "raw_path": rest.encode("latin-1"),
+            "headers": headers,
+        }
 
     async def _read_body(self, receive, send) -> tuple[bytes, object] | None:
         """The whole body and its parsed JSON, or None after answering 413/400 for an oversize,

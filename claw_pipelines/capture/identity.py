@@ -93,11 +93,15 @@ def identity_from_request(
         raise IdentityError(f"invalid claw identity: {problems}") from error
 
 
-def split_identity_prefix(path: str) -> tuple[str, str, str] | None:
-    """``/t/<trajectory>/<group>/v1/x`` -> (trajectory, group, "/v1/x"); None if no prefix."""
-    if not path.startswith("/t/"):
+def split_identity_prefix(raw_path: str) -> tuple[str, str, str] | None:
+    """``/t/<trajectory>/<group>/v1/x`` -> (trajectory, group, "/v1/x"); None if no prefix.
+
+    Takes the raw (still percent-encoded) path, so an id may contain an encoded ``/`` and is
+    decoded exactly once; the rest of the path is returned still encoded.
+    """
+    if not raw_path.startswith("/t/"):
         return None
-    parts = path.split("/", 4)
+    parts = raw_path.split("/", 4)
     if len(parts) < 5 or not parts[2] or not parts[3]:
         return None
     return unquote(parts[2]), unquote(parts[3]), "/" + parts[4]

@@ -101,6 +101,7 @@ def test_identity_prefix_is_split_and_decoded() -> None:
         "g1",
         "/v1/chat/completions",
     )
+    assert split_identity_prefix("/t/a%2Fb%2541/g/v1/x%20y") == ("a/b%41", "g", "/v1/x%20y")
     assert split_identity_prefix("/v1/chat/completions") is None
     assert split_identity_prefix("/t//g/v1") is None
 
