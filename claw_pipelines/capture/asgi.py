@@ -150,9 +150,9 @@ class CaptureApp:
             "headers": headers,
         }
 
-    async def _read_body(self, receive, send) -> tuple[bytes, object] | None:
-        """The whole body and its parsed JSON, or None after answering 413/400 for an oversize,
-        non-UTF-8 or malformed body."""
+    async def _read_body(self, receive, send) -> tuple[bytes, dict[str, Any] | None] | None:
+        """The whole body and its parsed JSON object (None if empty), or None after answering
+        413/400 for an oversize, non-UTF-8, malformed or non-object body."""
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -190,11 +190,16 @@ class CaptureApp:
                 _error(f"request body is not valid JSON: {error}", "invalid_request_error"),
             )
             return None
+        if not isinstance(request, dict):
+            await _send_json(
+                send, 400, _error("request body must be a JSON object", "invalid_request_error")
+            )
+            return None
         return body, request
 
     @staticmethod
-    def _should_buffer_stream(request: object) -> bool:
-        if not isinstance(request, dict) or request.get("stream") is not True:
+    def _should_buffer_stream(request: dict[str, Any] | None) -> bool:
+        if request is None or request.get("stream") is not True:
             return False
         options = CaptureRuntime.current().options_for(str(request.get("model", "")))
         return options.stream_mode == "buffered"

@@ -229,6 +229,8 @@ def test_bad_input_gets_a_clear_error_and_loses_nothing(capture_stack: CaptureSt
             post(capture_stack, "/v1/chat/completions", body, **{"x-claw-policy-version": "v1"}),
             400,
         ),
+        "json array": (post(capture_stack, "/v1/chat/completions", b"[1, 2, 3]"), 400),
+        "json string": (post(capture_stack, "/v1/chat/completions", b'"hello"'), 400),
         "no key": (httpx.post(capture_stack.proxy_url + "/v1/chat/completions", content=body), 401),
     }
     for name, (response, status) in cases.items():
