@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
-from claw_pipelines.capture.identity import IdentityValue, NotSecret
+from claw_pipelines.capture.identity import IdentityValue, NotSecret, PolicyVersion
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.schemas import Reward, RewardSource, TrajectoryEventRow, Turn, new_id, utc_now
 
@@ -57,7 +57,7 @@ class StepIn(BaseModel):
     group_id: IdentityValue | None = None
     channel: IdentityValue | None = None
     agent: IdentityValue | None = None
-    policy_version: int | None = Field(default=None, ge=0)
+    policy_version: PolicyVersion | None = None
     model: Annotated[str, Field(min_length=1, max_length=256), NotSecret] = "white-box"
     messages: list[dict[str, Any]] | None = None
     response_text: str | None = None
@@ -78,7 +78,11 @@ def build_control_app() -> FastAPI:
         return JSONResponse({"error": "invalid request", "problems": problems}, status_code=400)
 
     @control.post("/claw/v1/trajectories/{trajectory_id}/complete")
-    async def complete(trajectory_id: IdentityValue, body: CompleteTrajectory) -> dict[str, str]:
+    async def complete(
+        trajectory_id: IdentityValue, body: CompleteTrajectory | None = None
+    ) -> dict[str, str]:
+        """Every field is optional, so no body at all is a plain completion."""
+        body = body or CompleteTrajectory()
         runtime = CaptureRuntime.current()
         row = TrajectoryEventRow(
             trajectory_id=trajectory_id,

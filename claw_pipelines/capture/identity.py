@@ -31,6 +31,8 @@ def _refuse_secret(value: str) -> str:
     return value
 
 
+PolicyVersion = Annotated[int, Field(ge=0, strict=True)]
+"""Strict: ``1.0`` or ``true`` is not a version (pydantic would otherwise coerce them to 1)."""
 NotSecret = AfterValidator(_refuse_secret)
 """For strings stored verbatim (ids, names), which the redactor must not rewrite."""
 IdentityValue = Annotated[
@@ -60,7 +62,7 @@ class TurnIdentity(BaseModel):
     group_id: IdentityValue | None = None
     channel: IdentityValue | None = None
     agent: IdentityValue | None = None
-    policy_version: int | None = Field(default=None, ge=0)
+    policy_version: PolicyVersion | None = None
 
 
 def identity_from_request(
@@ -82,7 +84,9 @@ def identity_from_request(
         if claw_metadata and claw_metadata.get(name) is not None
     }
     values |= {
-        field: headers[header] for header, field in HEADER_FIELDS.items() if header in headers
+        field: _header_value(field, headers[header])
+        for header, field in HEADER_FIELDS.items()
+        if header in headers
     }
     try:
         return TurnIdentity.model_validate(values)
@@ -91,6 +95,13 @@ def identity_from_request(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
         )
         raise IdentityError(f"invalid claw identity: {problems}") from error
+
+
+def _header_value(field: str, text: str) -> object:
+    """Header values are text: a policy version written as plain digits is that integer."""
+    if field == "policy_version" and text.isascii() and text.isdigit():
+        return int(text)
+    return text
 
 
 def split_identity_prefix(raw_path: str) -> tuple[str, str, str] | None:

@@ -229,6 +229,10 @@ def test_bad_input_gets_a_clear_error_and_loses_nothing(capture_stack: CaptureSt
             post(capture_stack, "/v1/chat/completions", body, **{"x-claw-policy-version": "v1"}),
             400,
         ),
+        "float policy version": (
+            post(capture_stack, "/v1/chat/completions", body, **{"x-claw-policy-version": "1.0"}),
+            400,
+        ),
         "json array": (post(capture_stack, "/v1/chat/completions", b"[1, 2, 3]"), 400),
         "json string": (post(capture_stack, "/v1/chat/completions", b'"hello"'), 400),
         "no key": (httpx.post(capture_stack.proxy_url + "/v1/chat/completions", content=body), 401),
@@ -267,6 +271,8 @@ def test_lifecycle_reward_and_step_endpoints(capture_stack: CaptureStack) -> Non
         json.dumps({"reward": 1.0, "group_id": "group-life"}).encode(),
     )
     assert complete.status_code == 200, complete.text
+    no_body = post(capture_stack, "/claw/v1/trajectories/traj-no-body/complete", b"")
+    assert no_body.status_code == 200, no_body.text
     reward = post(
         capture_stack,
         "/claw/v1/rewards",

@@ -64,6 +64,8 @@ def test_identity_headers_win_over_metadata() -> None:
     ("headers", "metadata", "message"),
     [
         ({"x-claw-policy-version": "v2"}, None, "policy_version"),
+        ({"x-claw-policy-version": "1.0"}, None, "policy_version"),
+        ({}, {"policy_version": True}, "policy_version"),
         ({"x-claw-trajectroy": "t"}, None, "unknown identity header"),
         ({}, {"trajectory_id": "a" * 300}, "trajectory_id"),
         ({}, "not-an-object", "metadata.claw"),
