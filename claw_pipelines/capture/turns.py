@@ -126,6 +126,13 @@ def _logprob_values(logprobs: object) -> list[float] | None:
     return [float(value) for value in values]
 
 
+def _completion_tokens(response_ids: list[int] | None, usage: object) -> int | None:
+    """A choice's own length when its IDs are known: with n > 1, usage counts every choice."""
+    if response_ids is not None:
+        return len(response_ids)
+    return _field(usage, "completion_tokens") if usage else None
+
+
 def _token_source(prompt_ids: list[int] | None, response_ids: list[int] | None) -> str:
     return "engine" if prompt_ids is not None and response_ids is not None else "none"
 
@@ -182,7 +189,7 @@ def turns_from_response(
                 response_message=_json(redactor.data(message)),
                 response_text=redactor.text(message.get("content") or "") or None,
                 prompt_tokens=_field(usage, "prompt_tokens") if usage else None,
-                completion_tokens=_field(usage, "completion_tokens") if usage else None,
+                completion_tokens=_completion_tokens(response_ids, usage),
                 writer_id=writer_id,
             )
         )
@@ -287,9 +294,7 @@ class StreamAccumulator:
                     response_text=redactor.text(message["content"]) or None,
                     first_token_at=self.first_token_at,
                     prompt_tokens=_field(self.usage, "prompt_tokens") if self.usage else None,
-                    completion_tokens=_field(self.usage, "completion_tokens")
-                    if self.usage
-                    else None,
+                    completion_tokens=_completion_tokens(response_ids, self.usage),
                     writer_id=writer_id,
                 )
             )

@@ -27,7 +27,7 @@ from claw_pipelines.capture.launcher import (
 from claw_pipelines.capture.redact import REDACTED, Redactor
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.spool import QUARANTINE_DIR, SpoolFlusher, SpoolWriter
-from claw_pipelines.capture.turns import StreamAccumulator, pending_call
+from claw_pipelines.capture.turns import StreamAccumulator, pending_call, turns_from_response
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Reward, Turn, utc_now
 from claw_pipelines.settings import LOCAL_MASTER_KEY
@@ -153,6 +153,22 @@ def test_passthrough_text_completion_stream_keeps_its_text() -> None:
     )
     (turn,) = accumulator.turns(pending, Redactor(), "w")
     assert turn.response_text == "42"
+
+
+def test_each_choice_counts_its_own_completion_tokens() -> None:
+    response = {
+        "model": "m",
+        "prompt_token_ids": [1, 2],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 5},
+        "choices": [
+            {"message": {"content": "a"}, "token_ids": [3, 4]},
+            {"message": {"content": "b"}, "token_ids": [5, 6, 7]},
+        ],
+    }
+    pending = pending_call("c", {"model": "m", "n": 2}, TurnIdentity(), None, False, Redactor())
+    turns = turns_from_response(pending, response, Redactor(), "w")
+    assert [t.completion_tokens for t in turns] == [2, 3]
+    assert [t.prompt_tokens for t in turns] == [2, 2]
 
 
 def _turn(turn_id: str) -> Turn:
