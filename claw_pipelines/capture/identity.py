@@ -97,8 +97,17 @@ def identity_from_request(
         raise IdentityError(f"invalid claw identity: {problems}") from error
 
 
-def _header_value(field: str, text: str) -> object:
-    """Header values are text: a policy version written as plain digits is that integer."""
+def _header_value(field: str, raw: str) -> object:
+    """A header value as the id or version it carries.
+
+    The server decodes header bytes as latin-1 (HTTP's default); an id sent as UTF-8, as the
+    base-URL prefix turns ``/t/r%C3%A9/...`` into, is decoded back. A policy version written as
+    plain digits is that integer.
+    """
+    try:
+        text = raw.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        text = raw
     if field == "policy_version" and text.isascii() and text.isdigit():
         return int(text)
     return text

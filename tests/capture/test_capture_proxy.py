@@ -133,10 +133,11 @@ def test_tool_calling_trajectory_by_path_prefix(capture_stack: CaptureStack) -> 
 
 
 def test_path_prefix_ids_are_percent_decoded_once(capture_stack: CaptureStack) -> None:
-    """``%2F`` is a slash inside the id (not a path separator) and ``%2541`` stays ``%41``."""
-    turn_id, _ = chat(client_for(capture_stack, "/t/pd-a%2Fb%2541/g%20x/v1"))
+    """``%2F`` is a slash inside the id (not a path separator), ``%2541`` stays ``%41`` and
+    UTF-8 (``%C3%A9``) is text."""
+    turn_id, _ = chat(client_for(capture_stack, "/t/pd-a%2Fb%2541/g%20x%C3%A9/v1"))
     row = landed(capture_stack, [turn_id]).row(0, named=True)
-    assert (row["trajectory_id"], row["group_id"]) == ("pd-a/b%41", "g x")
+    assert (row["trajectory_id"], row["group_id"]) == ("pd-a/b%41", "g xé")
 
 
 def test_identity_from_headers_and_metadata(capture_stack: CaptureStack) -> None:

@@ -60,6 +60,12 @@ def test_identity_headers_win_over_metadata() -> None:
     assert identity.policy_version == 3
 
 
+def test_identity_headers_sent_as_utf8_keep_their_text() -> None:
+    as_received = "rollout-é/ü".encode().decode("latin-1")  # how the server decodes header bytes
+    identity = identity_from_request({"x-claw-trajectory": as_received}, None)
+    assert identity.trajectory_id == "rollout-é/ü"
+
+
 @pytest.mark.parametrize(
     ("headers", "metadata", "message"),
     [
