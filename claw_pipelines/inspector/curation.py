@@ -13,6 +13,7 @@ import pyarrow as pa
 from pydantic import BaseModel, Field, model_validator
 
 from claw_pipelines.inspector.filters import TrajectoryFilter, apply
+from claw_pipelines.inspector.summary import PROVISIONAL
 from claw_pipelines.inspector.tables import LakeState
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Label, new_id, utc_now
@@ -93,5 +94,19 @@ def write_labels(lake: Lake, request: LabelRequest, state: LakeState) -> LabelRe
     kind, ids = resolve_targets(request, state)
     if ids.is_empty():
         return LabelResult(written=0, target_kind=kind, labels_version=state.versions.get("labels"))
-    version = lake.append(Label.table_name, label_rows(request, kind, ids))
+    version = lake.append(Label.table_name, _label_table(request, kind, ids))
     return LabelResult(written=ids.len(), target_kind=kind, labels_version=version)
+
+
+def _label_table(request: LabelRequest, kind: str, ids: pl.Series) -> pa.Table:
+    """The label rows; a trajectory still shown under its provisional id (a turn without
+    identity, ``turn:<id>``) is labelled through its only step. The pipeline names that
+    trajectory only once it infers it, so a label on the provisional id would match nothing,
+    while a step label follows the turn into whatever trajectory it joins."""
+    if kind == "step":
+        return label_rows(request, kind, ids)
+    provisional = ids.str.starts_with(PROVISIONAL)
+    turn_ids = ids.filter(provisional).str.strip_prefix(PROVISIONAL)
+    return pa.concat_tables(
+        [label_rows(request, kind, ids.filter(~provisional)), label_rows(request, "step", turn_ids)]
+    )

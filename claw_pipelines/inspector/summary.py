@@ -49,16 +49,22 @@ def task_text(messages: pl.Expr) -> pl.Expr:
     )
 
 
+PROVISIONAL = "turn:"
+"""Prefix of the provisional trajectory id (``turn:<turn_id>``) a turn without identity is shown
+under until step extraction infers its trajectory."""
+
+
 def turn_index_rows(raw: pl.DataFrame) -> pl.DataFrame:
     """Light per-turn rows from newly landed `turns` rows.
 
-    Turns without identity get a trajectory of their own (`turn:<id>`) until step extraction infers
-    one. Only the earliest turn of each trajectory in the chunk has its messages parsed (task text).
+    Turns without identity get a trajectory of their own (``PROVISIONAL``) until step extraction
+    infers one. Only the earliest turn of each trajectory in the chunk has its messages parsed
+    (task text).
     """
     return (
         raw.lazy()
         .with_columns(
-            pl.coalesce("trajectory_id", pl.lit("turn:") + pl.col("turn_id")).alias(
+            pl.coalesce("trajectory_id", pl.lit(PROVISIONAL) + pl.col("turn_id")).alias(
                 "trajectory_id"
             ),
             _snippet(pl.col("response_text")).alias("response_snippet"),

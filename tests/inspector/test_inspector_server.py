@@ -108,6 +108,29 @@ def test_labels_for_a_step_and_a_filter_result_land_in_the_labels_table(client, 
     assert empty.status_code == 422
 
 
+def test_a_label_on_a_turn_without_identity_follows_its_step(client, lake):
+    (turn, _) = rollout_turns(
+        "x", "g", 1, 2, 3, start=datetime.now(UTC), policy_version=1, channel="c", agent="a",
+        seed=0,
+    )  # fmt: skip
+    anonymous = turn.model_copy(update={"trajectory_id": None, "group_id": None})
+    lake.append("turns", rows_to_arrow(Turn, [anonymous.model_dump()]))
+    refresh(client)
+    provisional = f"turn:{turn.turn_id}"
+    written = client.post(
+        "/api/labels",
+        json={"target_kind": "trajectory", "target_ids": [provisional], "trainable": False,
+              "author": "ann"},
+    )  # fmt: skip
+    assert written.json()["written"] == 1
+    label = lake.scan("labels").collect().row(0, named=True)
+    assert (label["target_kind"], label["target_id"], label["trainable"]) == (
+        "step",
+        turn.turn_id,
+        False,
+    )
+
+
 def test_user_content_is_escaped_on_every_page(client, lake):
     rollouts = land_rollouts(lake, groups=1, rollouts=1)
     refresh(client)
