@@ -7,7 +7,8 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, Field
 
-Status = Literal["", "open", "completed", "aborted"]
+Status = Literal["", "open", "completed", "aborted", "timed_out"]
+"""``timed_out``: closed by the pipeline after its idle timeout, with no completion event."""
 LabelFilter = Literal["", "unlabelled", "labelled", "untrainable", "trainable"]
 
 

@@ -37,6 +37,7 @@ class Overview(BaseModel):
     trajectories_open: int
     trajectories_completed: int
     trajectories_aborted: int
+    trajectories_timed_out: int
     reward_coverage: float | None
     """Share of closed trajectories that have a reward."""
     steps_scored: int
@@ -114,6 +115,7 @@ def compute(state: LakeState, now: datetime, recipes: list[RecipeStatus]) -> Ove
         trajectories_open=status.get("open", 0),
         trajectories_completed=status.get("completed", 0),
         trajectories_aborted=status.get("aborted", 0),
+        trajectories_timed_out=status.get("timed_out", 0),
         reward_coverage=(
             closed["reward"].is_not_null().mean() if closed.height else None  # type: ignore[arg-type]
         ),

@@ -148,6 +148,7 @@ def summarize(
     derived = trajectories.lazy().select(
         "trajectory_id",
         pl.col("complete").alias("derived_complete"),
+        pl.col("outcome").alias("derived_outcome"),
         pl.col("outcome_reward").alias("derived_reward"),
     )
     traj_rewards = (
@@ -228,6 +229,8 @@ def summarize(
             .then(pl.lit("aborted"))
             .when((pl.col("event") == "completed") | pl.col("derived_complete").fill_null(False))
             .then(pl.lit("completed"))
+            .when(pl.col("derived_outcome") == "timeout")
+            .then(pl.lit("timed_out"))
             .otherwise(pl.lit("open"))
             .alias("status"),
             pl.coalesce(

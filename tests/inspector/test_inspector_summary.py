@@ -149,6 +149,14 @@ def test_filters_combine_and_free_text_is_case_insensitive():
             LABEL | {"label_id": "n", "target_id": "t3", "trainable": None, "note": "seen"},
         ],
     )
+    timed_out = _summary(
+        turns, trajectories=[{"trajectory_id": "t3", "complete": False, "outcome": "timeout"}]
+    )
+    assert dict(timed_out.select("trajectory_id", "status").iter_rows()) == {
+        "t1": "open",
+        "t2": "open",
+        "t3": "timed_out",
+    }
 
     def ids(**kwargs) -> list[str]:
         return sorted(apply(summary, TrajectoryFilter(**kwargs))["trajectory_id"].to_list())
