@@ -35,6 +35,7 @@ class TrajectoryRow(BaseModel):
     label_note: str | None
     labelled_steps: int
     untrainable_steps: int
+    step_quality_labels: list[str]
     task: str | None
     last_response: str | None
 

@@ -24,7 +24,9 @@ class TrajectoryFilter(BaseModel):
     quality_min: float | None = Field(default=None, ge=0, le=1)
     quality_max: float | None = Field(default=None, ge=0, le=1)
     label: LabelFilter = ""
-    quality_label: str = ""
+    quality_label: str = Field(
+        default="", description="The trajectory's quality label or one of its steps'."
+    )
     policy_version: int | None = None
     group_id: str = ""
     text: str = Field(
@@ -72,7 +74,10 @@ def predicate(f: TrajectoryFilter) -> pl.Expr:
     elif f.label == "trainable":
         terms.append(pl.col("trainable").fill_null(True) & (pl.col("untrainable_steps") == 0))
     if f.quality_label:
-        terms.append(pl.col("label") == f.quality_label)
+        terms.append(
+            (pl.col("label") == f.quality_label).fill_null(False)
+            | pl.col("step_quality_labels").list.contains(f.quality_label)
+        )
     if f.policy_version is not None:
         terms.append(pl.col("policy_versions").list.contains(f.policy_version))
     if f.text.strip():
@@ -94,7 +99,13 @@ def facets(summary: pl.DataFrame) -> dict[str, list]:
     return {
         "channel": summary["channel"].drop_nulls().unique().sort().to_list(),
         "agent": summary["agent"].drop_nulls().unique().sort().to_list(),
-        "quality_label": summary["label"].drop_nulls().unique().sort().to_list(),
+        "quality_label": pl.concat(
+            [summary["label"], summary["step_quality_labels"].explode(empty_as_null=True)]
+        )
+        .drop_nulls()
+        .unique()
+        .sort()
+        .to_list(),
         "policy_version": summary["policy_versions"]
         .explode(empty_as_null=True)
         .drop_nulls()

@@ -213,6 +213,7 @@ def summarize(
         .agg(
             pl.len().alias("labelled_steps"),
             (pl.col("trainable") == False).sum().alias("untrainable_steps"),  # noqa: E712
+            pl.col("quality_label").drop_nulls().unique().sort().alias("step_quality_labels"),
         )
     )
     summary = (
@@ -259,6 +260,7 @@ def summarize(
             .alias("reward_sources"),
             pl.col("labelled_steps").fill_null(0),
             pl.col("untrainable_steps").fill_null(0),
+            pl.col("step_quality_labels").fill_null(pl.lit([], dtype=pl.List(pl.String))),
         )
         .with_columns(
             pl.concat_str(
@@ -273,6 +275,7 @@ def summarize(
                     "label",
                     "label_note",
                     pl.col("tags").list.join(" "),
+                    pl.col("step_quality_labels").list.join(" "),
                 ],
                 separator="\n",
                 ignore_nulls=True,
@@ -312,6 +315,7 @@ SUMMARY_COLUMNS = [
     "label_note",
     "labelled_steps",
     "untrainable_steps",
+    "step_quality_labels",
     "task",
     "last_response",
     "search_text",

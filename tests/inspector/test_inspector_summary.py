@@ -138,6 +138,7 @@ def test_summary_status_reward_quality_and_labels():
 
 def test_filters_combine_and_free_text_is_case_insensitive():
     turns = _turns(("t1", "g1", 1, "train"), ("t2", "g1", 2, "eval"), ("t3", "g2", 2, "train"))
+    t1_step = turns.filter(pl.col("trajectory_id") == "t1")["turn_id"][0]
     summary = _summary(
         turns,
         events=[
@@ -147,8 +148,10 @@ def test_filters_combine_and_free_text_is_case_insensitive():
         labels=[
             LABEL | {"target_id": "t2", "quality_label": "Bad", "tags": ["loop"]},
             LABEL | {"label_id": "n", "target_id": "t3", "trainable": None, "note": "seen"},
+            LABEL | {"label_id": "s", "target_kind": "step", "target_id": t1_step,
+                     "trainable": None, "quality_label": "StepBad"},
         ],
-    )
+    )  # fmt: skip
     timed_out = _summary(
         turns, trajectories=[{"trajectory_id": "t3", "complete": False, "outcome": "timeout"}]
     )
@@ -168,12 +171,14 @@ def test_filters_combine_and_free_text_is_case_insensitive():
     assert ids(has_reward=False) == ["t3"]
     assert ids(policy_version=2) == ["t2", "t3"]
     assert ids(label="untrainable") == ["t2"]
-    assert ids(label="unlabelled") == ["t1"]
-    assert ids(label="labelled") == ["t2", "t3"]
+    assert ids(label="unlabelled") == []
+    assert ids(label="labelled") == ["t1", "t2", "t3"]
+    assert ids(quality_label="StepBad") == ids(text="stepbad") == ["t1"]
     assert ids(text="LOOP") == ["t2"]
     assert ids(text="the answer is 5", channel="eval") == ["t2"]
     assert ids(group_id="g2") == ["t3"]
     assert facets(summary)["policy_version"] == [1, 2]
+    assert facets(summary)["quality_label"] == ["Bad", "StepBad"]
 
 
 def test_upsert_replaces_affected_rows_only():
