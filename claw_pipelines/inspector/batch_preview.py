@@ -120,19 +120,28 @@ class Preview:
     planned_at: datetime
 
 
-def outcomes(rows: pl.DataFrame) -> pl.DataFrame:
+def outcomes(rows: pl.DataFrame, consumed: pl.DataFrame) -> pl.DataFrame:
     """(group_id, trajectory_id, steps, r): one row per planned trajectory with its outcome.
 
-    A DPO plan has one row per preference pair: its chosen and rejected rewards both count
-    toward the group's spread, and the pair is listed under its chosen trajectory.
+    A DPO plan has one row per preference pair: its chosen and its rejected side each count as
+    a one-step rollout of the pair's group (the rejected trajectory from ``consumed``, the
+    plan's (turn_id, trajectory_id) of every step it uses).
     """
     if "chosen_reward" in rows.columns:
+        rejected_trajectory = consumed.select(
+            pl.col("turn_id").alias("rejected_turn_id"),
+            pl.col("trajectory_id").alias("rejected_trajectory_id"),
+        )
+        pairs = rows.join(rejected_trajectory, on="rejected_turn_id", how="left")
         return pl.concat(
             [
-                rows.select("group_id", "trajectory_id", pl.lit(1).alias("steps"), r=kind)
-                for kind in ("chosen_reward", "rejected_reward")
+                pairs.select("group_id", trajectory, steps=pl.lit(1, pl.UInt32), r=reward)
+                for trajectory, reward in (
+                    ("trajectory_id", "chosen_reward"),
+                    (pl.col("rejected_trajectory_id").alias("trajectory_id"), "rejected_reward"),
+                )
             ]
-        ).with_columns(pl.col("steps").cast(pl.UInt32))
+        )
     outcome = pl.col("reward")
     if "outcome_reward" in rows.columns:
         outcome = pl.coalesce("outcome_reward", "reward")
@@ -141,10 +150,10 @@ def outcomes(rows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def group_table(rows: pl.DataFrame) -> pl.DataFrame:
+def group_table(rows: pl.DataFrame, consumed: pl.DataFrame) -> pl.DataFrame:
     """Per group in the plan: rollouts, steps and the spread of trajectory rewards."""
     return (
-        outcomes(rows)
+        outcomes(rows, consumed)
         .group_by("group_id")
         .agg(
             pl.col("trajectory_id").n_unique().alias("rollouts"),
@@ -220,7 +229,7 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
         recipe,
         dagster_asset_url(recipe.name),
         plan,
-        group_table(plan.rows) if plan.rows.height else pl.DataFrame(),
+        group_table(plan.rows, plan.consumed) if plan.rows.height else pl.DataFrame(),
         dropped_table(dropped) if dropped.height else pl.DataFrame(),
         why,
         datetime.now(UTC),

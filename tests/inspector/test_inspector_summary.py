@@ -248,18 +248,28 @@ def test_batch_preview_tables_for_grouped_and_pair_plans():
             "outcome_reward": [1.0, 1.0, 0.0],
         }
     )
-    row = group_table(grpo).row(0, named=True)
+    row = group_table(grpo, grpo).row(0, named=True)
     assert (row["rollouts"], row["steps"], row["reward_min"], row["reward_max"]) == (2, 3, 0.0, 1.0)
     assert row["reward_std"] == pytest.approx(0.5)
     dpo = pl.DataFrame(
         {
             "group_id": ["g"],
             "trajectory_id": ["a"],
+            "turn_id": ["a0"],
+            "rejected_turn_id": ["b0"],
             "chosen_reward": [1.0],
             "rejected_reward": [0.0],
         }
     )
-    assert group_table(dpo).select("reward_min", "reward_max").row(0) == (0.0, 1.0)
+    consumed = pl.DataFrame({"turn_id": ["a0", "b0"], "trajectory_id": ["a", "b"]})
+    pair = group_table(dpo, consumed).row(0, named=True)
+    assert (pair["rollouts"], pair["steps"], pair["reward_min"], pair["reward_max"]) == (
+        2,
+        2,
+        0.0,
+        1.0,
+    )
+    assert pair["trajectory_id"] == ["a", "b"]
     dropped = pl.DataFrame(
         {
             "turn_id": ["1", "2", "3"],
