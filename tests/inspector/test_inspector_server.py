@@ -192,3 +192,21 @@ def test_labels_need_a_json_body_and_a_loopback_server_checks_the_host(lake):
         assert client.get("/api/health").status_code == 200
         rebound = client.get("/api/health", headers={"host": "evil.example:8120"})
         assert rebound.status_code == 400
+
+
+def test_a_trajectory_note_shows_on_its_page_in_the_list_and_on_its_group(client, lake):
+    rollouts = land_rollouts(lake, groups=1, rollouts=2)
+    refresh(client)
+    trajectory_id = rollouts.trajectories[0]
+    client.post(
+        "/api/labels",
+        json={
+            "target_kind": "trajectory",
+            "target_ids": [trajectory_id],
+            "note": "answers before calling the tool",
+            "author": "ann",
+        },
+    )
+    group_page = f"/groups/{rollouts.groups[0]}"
+    for path in [f"/trajectories/{trajectory_id}", "/trajectories", group_page]:
+        assert "note: answers before calling the tool" in client.get(path).text, path
