@@ -11,6 +11,7 @@ import json
 import math
 from functools import lru_cache
 from typing import Any
+from urllib.parse import quote
 
 import polars as pl
 
@@ -65,6 +66,12 @@ def token_colour(prob: float | None) -> str:
     if prob is None or math.isnan(prob):
         return "transparent"
     return f"hsl({round(120 * max(0.0, min(1.0, prob)))}, 75%, 82%)"
+
+
+def url_segment(value: str) -> str:
+    """``value`` escaped as one URL path segment, "/" included: trajectory and group ids may
+    contain "/" (they come from headers or the %2F-encoded base-URL prefix)."""
+    return quote(value, safe="")
 
 
 def parse_json(text: str | None) -> Any:

@@ -194,6 +194,7 @@ def create_app(
         undefined=jinja2.StrictUndefined,
     )
     env.globals["token_colour"] = render.token_colour
+    env.filters["url_segment"] = render.url_segment
     templates = Jinja2Templates(env=env)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
@@ -268,16 +269,18 @@ def create_app(
             rows=[TrajectoryRow(**r) for r in rows.drop("search_text").to_dicts()],
         )
 
-    @app.get("/api/trajectories/{trajectory_id}")
-    def trajectory_json(trajectory_id: str) -> TrajectoryDetail:
-        return detail_or_404(trajectory_id)
-
-    @app.get("/api/trajectories/{trajectory_id}/summary")
+    # Ids may contain "/", hence the `:path` converters; a suffix route must come before the
+    # route it extends, or the id would swallow the suffix.
+    @app.get("/api/trajectories/{trajectory_id:path}/summary")
     def trajectory_summary_json(trajectory_id: str) -> TrajectoryRow:
         rows = inspector.index.state.summary.filter(pl.col("trajectory_id") == trajectory_id)
         if rows.is_empty():
             raise HTTPException(404, f"no trajectory {trajectory_id!r}")
         return TrajectoryRow(**rows.drop("search_text").row(0, named=True))
+
+    @app.get("/api/trajectories/{trajectory_id:path}")
+    def trajectory_json(trajectory_id: str) -> TrajectoryDetail:
+        return detail_or_404(trajectory_id)
 
     @app.get("/api/steps/{turn_id}/prompt_tokens")
     def prompt_tokens_json(turn_id: str) -> PromptTokens:
@@ -286,7 +289,7 @@ def create_app(
             raise HTTPException(404, f"no turn {turn_id!r}")
         return result
 
-    @app.get("/api/groups/{group_id}")
+    @app.get("/api/groups/{group_id:path}")
     def group_json(group_id: str) -> GroupOut:
         return group_or_404(group_id)
 
@@ -329,11 +332,11 @@ def create_app(
             turns_missing=not state.has("turns"),
         )
 
-    @app.get("/trajectories/{trajectory_id}", response_class=HTMLResponse)
+    @app.get("/trajectories/{trajectory_id:path}", response_class=HTMLResponse)
     def trajectory_page(request: Request, trajectory_id: str) -> HTMLResponse:
         return page(request, "trajectory.html", detail=detail_or_404(trajectory_id))
 
-    @app.get("/groups/{group_id}", response_class=HTMLResponse)
+    @app.get("/groups/{group_id:path}", response_class=HTMLResponse)
     def group_page(request: Request, group_id: str) -> HTMLResponse:
         return page(request, "group.html", group=group_or_404(group_id))
 

@@ -210,3 +210,33 @@ def test_a_trajectory_note_shows_on_its_page_in_the_list_and_on_its_group(client
     group_page = f"/groups/{rollouts.groups[0]}"
     for path in [f"/trajectories/{trajectory_id}", "/trajectories", group_page]:
         assert "note: answers before calling the tool" in client.get(path).text, path
+
+
+def test_ids_with_a_slash_open_from_the_list_and_through_the_api(client, lake):
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    turns = rollout_turns(
+        "team/a/run-1",
+        "grp/1",
+        1,
+        2,
+        3,
+        start=start,
+        policy_version=1,
+        channel="c",
+        agent="a",
+        seed=0,
+    )
+    lake.append("turns", rows_to_arrow(Turn, [t.model_dump() for t in turns]))
+    refresh(client)
+    listing = client.get("/trajectories").text
+    assert 'href="/trajectories/team%2Fa%2Frun-1"' in listing
+    assert 'href="/groups/grp%2F1"' in listing
+    assert (
+        "Trajectory <code>team/a/run-1</code>" in client.get("/trajectories/team%2Fa%2Frun-1").text
+    )
+    assert "Group <code>grp/1</code>" in client.get("/groups/grp%2F1").text
+    detail = client.get("/api/trajectories/team%2Fa%2Frun-1").json()
+    assert len(detail["steps"]) == 2
+    summary = client.get("/api/trajectories/team%2Fa%2Frun-1/summary").json()
+    assert summary["trajectory_id"] == "team/a/run-1"
+    assert client.get("/api/groups/grp%2F1").json()["group_id"] == "grp/1"
