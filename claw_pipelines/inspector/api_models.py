@@ -80,6 +80,8 @@ class StepOut(BaseModel):
     prompt_tokens: int | None
     completion_tokens: int | None
     messages: list[dict[str, Any]]
+    earlier_messages: int
+    """Leading messages that repeat the previous step's messages + reply (the page folds them)."""
     response: dict[str, Any]
     response_token_ids: list[int] | None
     response_tokens: list[Token] | None

@@ -101,17 +101,18 @@ def messages(request_messages: str | None) -> list[dict]:
     parsed = parse_json(request_messages)
     if not isinstance(parsed, list):
         return []
-    return [
-        {
-            "role": m.get("role", "?"),
-            "content": content_text(m.get("content")),
-            "tool_calls": tool_calls(m.get("tool_calls")),
-            "tool_call_id": m.get("tool_call_id"),
-            "name": m.get("name"),
-        }
-        for m in parsed
-        if isinstance(m, dict)
-    ]
+    return [message(m) for m in parsed if isinstance(m, dict)]
+
+
+def message(raw: dict) -> dict:
+    """One chat message as the page shows it (text content, parsed tool calls)."""
+    return {
+        "role": raw.get("role", "?"),
+        "content": content_text(raw.get("content")),
+        "tool_calls": tool_calls(raw.get("tool_calls")),
+        "tool_call_id": raw.get("tool_call_id"),
+        "name": raw.get("name"),
+    }
 
 
 def tool_calls(calls: Any) -> list[dict]:

@@ -229,21 +229,38 @@ def _rewards(items: list[dict] | None, target: str = "step") -> list[RewardOut]:
     return [RewardOut(**{"target": target, **r}) for r in items or []]
 
 
+def repeated_messages(messages: list[dict], earlier: list[dict]) -> int:
+    """How many leading ``messages`` equal ``earlier`` (the previous step's messages + reply).
+
+    The page folds these away; counting by content rather than by length keeps an edited system
+    prompt or an injected message visible when a step breaks the prefix.
+    """
+    count = 0
+    for message, before in zip(messages, earlier, strict=False):
+        if message != before:
+            break
+        count += 1
+    return count
+
+
 def to_steps(frame: pl.DataFrame) -> list[StepOut]:
     """The page's step models (one trajectory's worth of rows, so a short loop)."""
     tokens = render.tokens_by_step(frame, "response_token_ids", "response_logprobs")
     steps = []
+    earlier: list[dict] = []
     for row in frame.to_dicts():
         decoded = tokens.get(row["turn_id"])
         response = render.parse_json(row["response_message"])
         response = response if isinstance(response, dict) else {}
+        content = render.content_text(response.get("content")) or (row["response_text"] or "")
+        messages = render.messages(row["request_messages"])
         steps.append(
             StepOut(
                 **{k: row.get(k) for k in STEP_FIELDS},
-                messages=render.messages(row["request_messages"]),
+                messages=messages,
+                earlier_messages=repeated_messages(messages, earlier),
                 response={
-                    "content": render.content_text(response.get("content"))
-                    or (row["response_text"] or ""),
+                    "content": content,
                     "tool_calls": render.tool_calls(response.get("tool_calls")),
                     "reasoning": response.get("reasoning_content"),
                 },
@@ -258,6 +275,8 @@ def to_steps(frame: pl.DataFrame) -> list[StepOut]:
                 sampling_params=render.parse_json(row["sampling_params"]),
             )
         )
+        reply = render.message({"role": "assistant", **response, "content": content})
+        earlier = [*messages, reply]
     return steps
 
 

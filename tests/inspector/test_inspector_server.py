@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -240,3 +242,31 @@ def test_ids_with_a_slash_open_from_the_list_and_through_the_api(client, lake):
     summary = client.get("/api/trajectories/team%2Fa%2Frun-1/summary").json()
     assert summary["trajectory_id"] == "team/a/run-1"
     assert client.get("/api/groups/grp%2F1").json()["group_id"] == "grp/1"
+
+
+def test_a_prefix_break_folds_only_the_messages_the_previous_step_had(client, lake):
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    intact = rollout_turns(
+        "intact", "g", 1, 2, 3, start=start, policy_version=1, channel="c", agent="a", seed=0
+    )
+    turns = rollout_turns(
+        "edited", "g", 1, 2, 3, start=start, policy_version=1, channel="c", agent="a", seed=0
+    )
+    messages = json.loads(turns[1].request_messages)
+    messages[1]["content"] = "What is 1 + 2? Answer like a pirate."
+    edited = turns[1].model_copy(
+        update={
+            "request_messages": json.dumps(messages),
+            "prompt_token_ids": [1, *turns[1].prompt_token_ids],
+        }
+    )
+    rows = [*intact, turns[0], edited]
+    lake.append("turns", rows_to_arrow(Turn, [t.model_dump() for t in rows]))
+    refresh(client)
+    page = client.get("/trajectories/edited").text
+    folded = "".join(re.findall(r"<details><summary>.*?</details>", page, re.DOTALL))
+    assert "Answer like a pirate." in page
+    assert "Answer like a pirate." not in folded
+    for trajectory_id, earlier in [("intact", [0, 3]), ("edited", [0, 1])]:
+        steps = client.get(f"/api/trajectories/{trajectory_id}").json()["steps"]
+        assert [s["earlier_messages"] for s in steps] == earlier
