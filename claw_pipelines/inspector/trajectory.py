@@ -121,6 +121,7 @@ def step_frame(turns: pl.DataFrame, state: LakeState) -> pl.DataFrame:
 
     The pipeline's own step index and prefix verdict win when `steps` has the trajectory;
     otherwise (open trajectories, or before Dagster ran) they are computed here the same way.
+    The first step has no verdict (the pipeline calls it consistent; there is nothing to extend).
     """
     ids = turns["turn_id"].implode()
     steps = (
@@ -160,9 +161,10 @@ def step_frame(turns: pl.DataFrame, state: LakeState) -> pl.DataFrame:
         )
         .pipe(prefix_check)
         .with_columns(
-            pl.coalesce("prefix_consistent", "prefix_consistent_computed").alias(
-                "prefix_consistent"
-            ),
+            pl.when(pl.col("step_index") == 0)
+            .then(None)
+            .otherwise(pl.coalesce("prefix_consistent", "prefix_consistent_computed"))
+            .alias("prefix_consistent"),
             pl.when(pl.col("prefix_consistent").is_not_null())
             .then(pl.col("prefix_break_reason"))
             .otherwise(pl.col("prefix_break_reason_computed"))

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 from lake_rows import land_rollouts, rollout_turns
@@ -270,3 +271,24 @@ def test_a_prefix_break_folds_only_the_messages_the_previous_step_had(client, la
     for trajectory_id, earlier in [("intact", [0, 3]), ("edited", [0, 1])]:
         steps = client.get(f"/api/trajectories/{trajectory_id}").json()["steps"]
         assert [s["earlier_messages"] for s in steps] == earlier
+
+
+def test_the_first_step_is_called_first_step_even_when_the_pipeline_says_consistent(client, lake):
+    rollouts = land_rollouts(lake, groups=1, rollouts=1)
+    trajectory_id = rollouts.trajectories[0]
+    steps = pa.table(
+        {
+            "turn_id": rollouts.turns,
+            "trajectory_id": [trajectory_id] * 2,
+            "step_index": [0, 1],
+            "prefix_consistent": [True, True],
+        }
+    )
+    lake.append("steps", steps)
+    refresh(client)
+    first, second = client.get(f"/trajectories/{trajectory_id}").text.split(
+        '<article class="step"'
+    )[1:]
+    assert "prefix consistent" not in first
+    assert 'prefix: <span class="muted">first step</span>' in first
+    assert "extends the previous prompt + response exactly" in second
