@@ -106,6 +106,15 @@ def test_an_open_trajectory_page_follows_new_turns(page, inspector_service, insp
     lake.append("turns", rows_to_arrow(Turn, [extra.model_dump()]))
     expect(steps).to_have_count(3)
     expect(page.locator(f'article.step[data-turn="{extra.turn_id}"]')).to_be_visible()
+    note = page.locator('form.label-form[data-kind="trajectory"] input[name="note"]')
+    note.fill("half-typed note")
+    later = extra.model_copy(update={"turn_id": f"{extra.turn_id}-later"})
+    lake.append("turns", rows_to_arrow(Turn, [later.model_dump()]))
+    expect(page.locator("#reload-notice")).to_contain_text("new steps arrived")
+    expect(steps).to_have_count(3)
+    expect(note).to_have_value("half-typed note")
+    page.locator("#reload-notice button").click()
+    expect(steps).to_have_count(4)
 
 
 def test_labelling_a_whole_filter_result(page, inspector_service, inspector_lake):

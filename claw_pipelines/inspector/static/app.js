@@ -73,12 +73,38 @@ async function pollOverview() {
   }
 }
 
+function formState(form) { return JSON.stringify([...new FormData(form)]); }
+
+// A label form is in use when it holds typed input or the focus: reloading would lose the input.
+function labelFormInUse() {
+  return [...document.querySelectorAll("form.label-form")].some(
+    (f) => formState(f) !== f.dataset.pristine || f.contains(document.activeElement));
+}
+
+function offerReload(message) {
+  let notice = document.getElementById("reload-notice");
+  if (!notice) {
+    notice = document.createElement("p");
+    notice.id = "reload-notice";
+    notice.setAttribute("role", "status");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.textContent = "reload";
+    button.addEventListener("click", () => location.reload());
+    notice.append(document.createElement("span"), " — ", button);
+    document.body.appendChild(notice);
+  }
+  text(notice.querySelector("span"), message);
+}
+
 async function pollTrajectory(id, steps) {
   try {
     const res = await fetch(`/api/trajectories/${encodeURIComponent(id)}/summary`, { cache: "no-store" });
     if (res.ok) {
       const s = await res.json();
-      if (s.num_steps !== steps || s.status !== "open") { location.reload(); return; }
+      const changed = s.num_steps !== steps || s.status !== "open";
+      if (changed && !labelFormInUse()) { location.reload(); return; }
+      if (changed) offerReload(s.num_steps !== steps ? "new steps arrived" : "the trajectory was closed");
     }
   } catch (e) { /* the server restarts: keep polling */ }
   setTimeout(() => pollTrajectory(id, steps), POLL_MS);
@@ -141,6 +167,7 @@ document.addEventListener("DOMContentLoaded", () => {
   document.querySelectorAll("form.label-form").forEach((f) => {
     f.addEventListener("submit", submitLabel);
     if (author) f.elements.author.value = author;
+    f.dataset.pristine = formState(f);
   });
   document.querySelectorAll("button.prompt-ids").forEach((b) => b.addEventListener("click", showPromptTokens));
 });
