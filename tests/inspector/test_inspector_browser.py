@@ -61,6 +61,12 @@ def test_labelling_a_trajectory_untrainable_writes_a_labels_row(
     trajectory_id = rollouts.trajectories[1]
     page.goto(f"{inspector_service.url}/trajectories/{trajectory_id}")
     form = page.locator('form.label-form[data-kind="trajectory"]')
+    form.locator('input[name="quality_label"]').fill("x" * 150)
+    form.locator('input[name="author"]').fill("curator-1")
+    form.locator("button[type=submit]").click()
+    expect(form.locator(".label-status")).to_have_text(
+        "not saved: quality_label: String should have at most 100 characters"
+    )
     form.locator('select[name="trainable"]').select_option("false")
     form.locator('input[name="quality_label"]').fill("bad")
     form.locator('input[name="note"]').fill("<b>wrong answer</b> & loops")

@@ -110,6 +110,16 @@ async function pollTrajectory(id, steps) {
   setTimeout(() => pollTrajectory(id, steps), POLL_MS);
 }
 
+// FastAPI reports invalid input as a list of {loc, msg, input}: show "field: message" per problem.
+function errorText(detail) {
+  if (!Array.isArray(detail)) return String(detail);
+  return detail.map((problem) => {
+    const field = problem.loc.filter((part) => part !== "body").join(".");
+    const message = problem.msg.replace(/^Value error, /, "");
+    return field ? `${field}: ${message}` : message;
+  }).join("; ");
+}
+
 async function submitLabel(event) {
   event.preventDefault();
   const form = event.currentTarget;
@@ -132,7 +142,7 @@ async function submitLabel(event) {
   const out = await res.json();
   if (!res.ok) {
     status.classList.add("failed");
-    text(status, `not saved: ${typeof out.detail === "string" ? out.detail : JSON.stringify(out.detail)}`);
+    text(status, `not saved: ${errorText(out.detail)}`);
     return;
   }
   text(status, `saved ${out.written} ${out.target_kind} label(s) (labels v${out.labels_version})`);
