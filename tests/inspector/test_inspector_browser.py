@@ -74,6 +74,12 @@ def test_labelling_a_trajectory_untrainable_writes_a_labels_row(
     form.locator("button[type=submit]").click()
     expect(form.locator(".label-status")).to_contain_text("saved 1 trajectory label")
     expect(page.locator(".meta .badge.untrainable")).to_be_visible()
+    form.locator('input[name="author"]').fill("  ")
+    form.locator('input[name="note"]').fill("no name")
+    form.locator("button[type=submit]").click()
+    expect(form.locator(".label-status")).to_contain_text("not saved: author:")
+    page.reload()
+    expect(form.locator('input[name="author"]')).to_have_value("curator-1")
     labels = lake.scan("labels").filter(pl.col("target_id") == trajectory_id).collect()
     assert labels.height == 1
     row = labels.row(0, named=True)

@@ -127,7 +127,6 @@ async function submitLabel(event) {
   const status = form.querySelector(".label-status");
   const data = new FormData(form);
   const author = data.get("author").trim();
-  localStorage.setItem("claw-author", author);
   const body = { target_kind: form.dataset.kind, author };
   if (form.dataset.ids) body.target_ids = JSON.parse(form.dataset.ids);
   if (form.dataset.filter) body.filter = JSON.parse(form.dataset.filter);
@@ -145,6 +144,7 @@ async function submitLabel(event) {
     text(status, `not saved: ${errorText(out.detail)}`);
     return;
   }
+  localStorage.setItem("claw-author", author);  // only now: a refused name must not replace it
   text(status, `saved ${out.written} ${out.target_kind} label(s) (labels v${out.labels_version})`);
   setTimeout(() => location.reload(), 700);
 }
