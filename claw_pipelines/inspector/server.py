@@ -31,6 +31,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claw_pipelines.inspector import render
 from claw_pipelines.inspector.api_models import (
@@ -355,8 +356,9 @@ def create_app(
         except HTTPException as error:
             return page(request, "batch.html", error.status_code, preview=None, error=error.detail)
 
-    @app.exception_handler(HTTPException)
-    async def html_errors(request: Request, error: HTTPException) -> Any:
+    # Starlette's HTTPException: routing raises it for unknown URLs, and FastAPI's subclasses it.
+    @app.exception_handler(StarletteHTTPException)
+    async def html_errors(request: Request, error: StarletteHTTPException) -> Any:
         if request.url.path.startswith("/api/"):
             return await http_exception_handler(request, error)
         return page(request, "error.html", error.status_code, error=error.detail)

@@ -292,3 +292,10 @@ def test_the_first_step_is_called_first_step_even_when_the_pipeline_says_consist
     assert "prefix consistent" not in first
     assert 'prefix: <span class="muted">first step</span>' in first
     assert "extends the previous prompt + response exactly" in second
+
+
+def test_an_unknown_url_gets_the_error_page_and_an_unknown_api_url_gets_json(client):
+    unknown = client.get("/anything-unknown")
+    assert unknown.status_code == 404
+    assert "<h1>Not available</h1>" in unknown.text
+    assert client.get("/api/anything-unknown").json() == {"detail": "Not Found"}
