@@ -29,6 +29,8 @@ def test_overview_updates_when_new_turns_land(page, inspector_service, inspector
 def test_trajectory_shows_each_steps_state_action_and_reward(
     page, inspector_service, inspector_lake, screenshot
 ):
+    console_errors = []
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
     page.goto(inspector_service.url + "/trajectories?status=completed&reward_min=1")
     rows = page.locator("#trajectory-list tbody tr")
     expect(rows.first.locator("a.tid")).to_be_visible()
@@ -52,6 +54,7 @@ def test_trajectory_shows_each_steps_state_action_and_reward(
     expect(page.locator(".rollout")).to_have_count(4)
     expect(page.locator(".reward-big").first).to_contain_text("reward")
     screenshot("group")
+    assert console_errors == []
 
 
 def test_labelling_a_trajectory_untrainable_writes_a_labels_row(
