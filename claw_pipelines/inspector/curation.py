@@ -10,7 +10,7 @@ from typing import Literal
 
 import polars as pl
 import pyarrow as pa
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from claw_pipelines.inspector.filters import TrajectoryFilter, apply
 from claw_pipelines.inspector.summary import PROVISIONAL
@@ -48,6 +48,14 @@ class LabelRequest(BaseModel):
         if self.target_kind != "filter" and not self.target_ids:
             raise ValueError("target_ids is empty")
         return self
+
+    @field_validator("quality_label")
+    @classmethod
+    def _quality_label_not_blank(cls, value: str | None) -> str | None:
+        """A blank label would set nothing useful and add an empty choice to the list's filter."""
+        if value is not None and not value.strip():
+            raise ValueError("must not be blank (leave it out to keep the current label)")
+        return value
 
 
 class LabelResult(BaseModel):

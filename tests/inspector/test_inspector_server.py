@@ -109,6 +109,9 @@ def test_labels_for_a_step_and_a_filter_result_land_in_the_labels_table(client, 
         "/api/labels", json={"target_kind": "step", "target_ids": ["x"], "author": "a"}
     )
     assert empty.status_code == 422
+    for blank in ["", "  "]:
+        label = {"target_kind": "step", "target_ids": rollouts.turns[:1], "quality_label": blank}
+        assert client.post("/api/labels", json={**label, "author": "a"}).status_code == 422
 
 
 def test_a_label_on_a_turn_without_identity_follows_its_step(client, lake):
