@@ -68,6 +68,16 @@ def token_colour(prob: float | None) -> str:
     return f"hsl({round(120 * max(0.0, min(1.0, prob)))}, 75%, 82%)"
 
 
+LONG_TEXT_CHARS = 2000
+LONG_TEXT_LINES = 30
+
+
+def is_long_text(text: str | None) -> bool:
+    """Whether a message body is clamped on the page (with "show all"): one huge message would
+    otherwise make a trajectory tens of thousands of pixels tall."""
+    return bool(text) and (len(text) > LONG_TEXT_CHARS or text.count("\n") > LONG_TEXT_LINES)
+
+
 def url_segment(value: str) -> str:
     """``value`` escaped as one URL path segment, "/" included: trajectory and group ids may
     contain "/" (they come from headers or the %2F-encoded base-URL prefix)."""

@@ -196,6 +196,7 @@ def create_app(
     )
     env.globals["token_colour"] = render.token_colour
     env.filters["url_segment"] = render.url_segment
+    env.tests["long_text"] = render.is_long_text
     templates = Jinja2Templates(env=env)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 

@@ -302,3 +302,18 @@ def test_an_unknown_url_gets_the_error_page_and_an_unknown_api_url_gets_json(cli
     assert unknown.status_code == 404
     assert "<h1>Not available</h1>" in unknown.text
     assert client.get("/api/anything-unknown").json() == {"detail": "Not Found"}
+
+
+def test_a_very_long_message_is_clamped_with_its_full_text_kept(client, lake):
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    (turn,) = rollout_turns(
+        "long", "g", 1, 2, 3, start=start, policy_version=1, channel="c", agent="a", seed=0, steps=1
+    )
+    messages = json.loads(turn.request_messages)
+    messages[1]["content"] = "word " * 20_000
+    long = turn.model_copy(update={"request_messages": json.dumps(messages)})
+    lake.append("turns", rows_to_arrow(Turn, [long.model_dump()]))
+    refresh(client)
+    page = client.get("/trajectories/long").text
+    assert f'<div class="content clamped">{"word " * 20_000}</div>' in page
+    assert '<button type="button" class="show-all">show all</button>' in page

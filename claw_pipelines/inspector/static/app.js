@@ -149,6 +149,12 @@ async function submitLabel(event) {
   setTimeout(() => location.reload(), 700);
 }
 
+function toggleFullText(event) {
+  const button = event.currentTarget;
+  const clamped = button.previousElementSibling.classList.toggle("clamped");
+  button.textContent = clamped ? "show all" : "show less";
+}
+
 async function showPromptTokens(event) {
   const button = event.currentTarget;
   const box = button.nextElementSibling;
@@ -180,4 +186,5 @@ document.addEventListener("DOMContentLoaded", () => {
     f.dataset.pristine = formState(f);
   });
   document.querySelectorAll("button.prompt-ids").forEach((b) => b.addEventListener("click", showPromptTokens));
+  document.querySelectorAll("button.show-all").forEach((b) => b.addEventListener("click", toggleFullText));
 });
