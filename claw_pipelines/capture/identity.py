@@ -31,8 +31,9 @@ def _refuse_secret(value: str) -> str:
     return value
 
 
-PolicyVersion = Annotated[int, Field(ge=0, strict=True)]
-"""Strict: ``1.0`` or ``true`` is not a version (pydantic would otherwise coerce them to 1)."""
+PolicyVersion = Annotated[int, Field(ge=0, le=2**63 - 1, strict=True)]
+"""Strict: ``1.0`` or ``true`` is not a version (pydantic would otherwise coerce them to 1).
+Bounded by the table's int64 column, so a larger one is a 400, not an unlandable row."""
 NotSecret = AfterValidator(_refuse_secret)
 """For strings stored verbatim (ids, names), which the redactor must not rewrite."""
 IdentityValue = Annotated[

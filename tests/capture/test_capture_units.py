@@ -71,6 +71,7 @@ def test_identity_headers_sent_as_utf8_keep_their_text() -> None:
     [
         ({"x-claw-policy-version": "v2"}, None, "policy_version"),
         ({"x-claw-policy-version": "1.0"}, None, "policy_version"),
+        ({"x-claw-policy-version": str(2**63)}, None, "policy_version"),
         ({}, {"policy_version": True}, "policy_version"),
         ({"x-claw-trajectroy": "t"}, None, "unknown identity header"),
         ({}, {"trajectory_id": "a" * 300}, "trajectory_id"),

@@ -91,7 +91,8 @@ def test_lake_resource_keeps_secrets_out_of_config(monkeypatch) -> None:
 
 def test_dagster_dev_in_the_repository_gives_each_derived_table_one_writer(monkeypatch) -> None:
     """`dagster dev -w workspace.yaml` run here without $DAGSTER_HOME takes the repository's
-    dagster.yaml (Dagster's own lookup, as the CLI does it): one run per pool at a time."""
+    dagster.yaml (Dagster's own lookup, as the CLI does it): one run per pool at a time, and
+    run monitoring, so a run whose process died is failed instead of holding its slot."""
     from dagster._cli.utils import get_possibly_temporary_instance_for_cli
     from dagster._core.run_coordinator import QueuedRunCoordinator
 
@@ -100,3 +101,4 @@ def test_dagster_dev_in_the_repository_gives_each_derived_table_one_writer(monke
     with get_possibly_temporary_instance_for_cli("dagster dev") as instance:
         assert instance.global_op_concurrency_default_limit == 1
         assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
+        assert instance.run_monitoring_enabled  # a run that died frees its pool slot
