@@ -204,20 +204,16 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
     labels = state["labels"].drop("_commit_version")
     ledger = f"batch_ledger/{recipe.name}"
     retired, open_from = standing_retirements(lake, state, recipe)
+    scored = lake.open("scored_steps", state.versions["scored_steps"])
     plan = plan_batch(
         recipe,
-        curate_steps(
-            lake.scan("scored_steps", state.versions["scored_steps"]),
-            labels if labels.height else None,
-        ),
+        curate_steps(pl.scan_delta(scored), labels if labels.height else None),
         lake.scan("steps", state.versions["steps"]),
         lake.scan(ledger, state.versions[ledger]) if state.has(ledger) else None,
         datetime.now(UTC),
         retired=retired,
         open_from=open_from,
-        latest_policy_version=column_bound(
-            lake.open("scored_steps", state.versions["scored_steps"]), "policy_version", "max"
-        ),
+        latest_policy_version=column_bound(scored, "policy_version", "max"),
     )
     dropped = plan.dropped
     if retired is not None:  # dropped by earlier plans for good: listed, not planned again
