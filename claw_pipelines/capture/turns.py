@@ -137,11 +137,29 @@ def _token_source(prompt_ids: list[int] | None, response_ids: list[int] | None) 
     return "engine" if prompt_ids is not None and response_ids is not None else "none"
 
 
-def _base_turn(pending: PendingCall, turn_id: str, **values: Any) -> Turn:
+def _choice_identity(pending: PendingCall, choice: int) -> dict[str, Any]:
+    """The turn id and identity of one choice: with ``n > 1`` each choice is its own rollout.
+
+    Choice 0 keeps the call's id and trajectory, so an agent that goes on with the first choice
+    stays one trajectory; choice ``i`` lands as ``<call id>.<i>`` in trajectory
+    ``<trajectory id>.<i>`` of the same group (single-step GRPO samples a group in one call).
+    A call without a trajectory id leaves its choices to trajectory inference.
+    """
+    identity = pending.identity.model_dump()
+    if choice == 0:
+        return {"turn_id": pending.call_id, **identity}
+    trajectory = identity["trajectory_id"]
+    return {
+        **identity,
+        "turn_id": f"{pending.call_id}.{choice}",
+        "trajectory_id": f"{trajectory}.{choice}" if trajectory is not None else None,
+    }
+
+
+def _base_turn(pending: PendingCall, choice: int, **values: Any) -> Turn:
     ended_at = utc_now()
     return Turn(
-        turn_id=turn_id,
-        **pending.identity.model_dump(),
+        **_choice_identity(pending, choice),
         call_type=pending.call_type,
         stream=pending.stream,
         started_at=pending.started_at,
@@ -177,7 +195,7 @@ def turns_from_response(
         turns.append(
             _base_turn(
                 pending,
-                pending.call_id if index == 0 else f"{pending.call_id}.{index}",
+                index,
                 model=str(_field(response, "model") or pending.model),
                 backend=_backend(hidden),
                 status="success",
@@ -203,7 +221,7 @@ def error_turn(
     message = f"{type(error).__name__}: {error}"
     return _base_turn(
         pending,
-        pending.call_id,
+        0,
         model=pending.model,
         status="error",
         error=redactor.text(message)[:4000],
@@ -282,7 +300,7 @@ class StreamAccumulator:
             turns.append(
                 _base_turn(
                     pending,
-                    pending.call_id if index == 0 else f"{pending.call_id}.{index}",
+                    index,
                     model=str(self.model or pending.model),
                     status="success",
                     finish_reason=state.finish_reason,

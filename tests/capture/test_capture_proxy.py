@@ -132,6 +132,25 @@ def test_tool_calling_trajectory_by_path_prefix(capture_stack: CaptureStack) -> 
     assert after["prompt_token_ids"][: len(previous)] == previous
 
 
+def test_each_choice_of_an_n_call_lands_as_its_own_rollout(capture_stack: CaptureStack) -> None:
+    """``n = 3`` samples three rollouts of one task: trajectories t, t.1, t.2 of one group."""
+    trajectory, group = f"traj-{uuid.uuid4().hex[:8]}", "group-n"
+    client = client_for(capture_stack, f"/t/{trajectory}/{group}/v1")
+    call_id, completion = chat(client, n=3, max_tokens=32)
+    rows = landed(capture_stack, [call_id, f"{call_id}.1", f"{call_id}.2"]).sort("turn_id")
+    assert rows["trajectory_id"].to_list() == [trajectory, f"{trajectory}.1", f"{trajectory}.2"]
+    assert set(rows["group_id"]) == {group}
+    sent = {
+        entry["index"]: entry
+        for line in capture_stack.engine_log.read_text().splitlines()
+        if (entry := json.loads(line))["id"] == completion.id
+    }
+    for index, row in enumerate(rows.iter_rows(named=True)):
+        assert row["prompt_token_ids"] == sent[index]["prompt_token_ids"]
+        assert row["response_token_ids"] == sent[index]["token_ids"]
+        assert row["response_text"] == completion.choices[index].message.content
+
+
 def test_path_prefix_ids_are_percent_decoded_once(capture_stack: CaptureStack) -> None:
     """``%2F`` is a slash inside the id (not a path separator), ``%2541`` stays ``%41`` and
     UTF-8 (``%C3%A9``) is text."""

@@ -178,6 +178,29 @@ def test_each_choice_counts_its_own_completion_tokens() -> None:
     assert [t.prompt_tokens for t in turns] == [2, 2]
 
 
+@pytest.mark.parametrize("trajectory", ["t", None])
+def test_each_choice_is_its_own_rollout_of_the_group(trajectory: str | None) -> None:
+    """n > 1 samples a group in one call: choice i is trajectory ``<t>.<i>``, not a next step."""
+    identity = TurnIdentity(trajectory_id=trajectory, group_id="g")
+    complete = {
+        "model": "m",
+        "prompt_token_ids": [1, 2],
+        "choices": [{"message": {"content": c}, "token_ids": [3]} for c in "abc"],
+    }
+    pending = pending_call("c", {"model": "m", "n": 3}, identity, None, False, Redactor())
+    streamed = StreamAccumulator()
+    for index in range(3):
+        streamed.add({"model": "m", "choices": [{"index": index, "delta": {"content": "x"}}]})
+    for turns in (
+        turns_from_response(pending, complete, Redactor(), "w"),
+        streamed.turns(pending, Redactor(), "w"),
+    ):
+        assert [t.turn_id for t in turns] == ["c", "c.1", "c.2"]
+        expected = [trajectory, f"{trajectory}.1", f"{trajectory}.2"] if trajectory else [None] * 3
+        assert [t.trajectory_id for t in turns] == expected
+        assert {t.group_id for t in turns} == {"g"}
+
+
 def _turn(turn_id: str) -> Turn:
     now = utc_now()
     return Turn(turn_id=turn_id, model="m", started_at=now, ended_at=now, prompt_token_ids=[1])
