@@ -10,7 +10,7 @@ import json
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import dagster as dg
 import polars as pl
@@ -42,6 +42,20 @@ REPLAN_AFTER_S = 60.0
 """Re-plan at least this often with unchanged inputs, so straggler timeouts can fire."""
 
 MAX_BATCHES_PER_TICK = 8
+
+RELAUNCH_EVERY_S = 30
+"""How often the relauncher looks for reserved batches whose run was lost."""
+
+RELAUNCH_AFTER_S = 60.0
+"""A reservation younger than this may still have its run on the way (Dagster creates a
+sensor's runs after its tick), so the relauncher leaves it alone."""
+
+MAX_BATCH_RUNS = 3
+"""Runs of one batch in an instance after which the relauncher gives up on it: a batch that
+fails every time (a planning error, a bug) needs a person, not a loop."""
+
+PARTITION_TAG = "dagster/partition"
+"""The system tag Dagster puts on every run of a partition."""
 
 
 def partitions(recipe: str) -> dg.DynamicPartitionsDefinition:
@@ -333,12 +347,105 @@ def build_planner_sensor(
     return planner
 
 
+def _runs_of(instance: dg.DagsterInstance, key: dg.AssetKey, batch_ids: list[str]) -> pl.DataFrame:
+    """This instance's runs of the batch asset ``key`` for ``batch_ids``: the batch each ran and
+    whether it is still to come (queued, starting, running)."""
+    runs = [
+        run
+        for run in instance.get_runs(filters=dg.RunsFilter(tags={PARTITION_TAG: batch_ids}))
+        if key in (run.asset_selection or ())
+    ]
+    return pl.DataFrame(
+        {
+            "batch_id": [run.tags[PARTITION_TAG] for run in runs],
+            "pending": [not run.is_finished for run in runs],
+        },
+        schema={"batch_id": pl.String, "pending": pl.Boolean},
+    )
+
+
+def build_relaunch_sensor(
+    recipe: Recipe, batch_asset: dg.AssetsDefinition, export_asset: dg.AssetsDefinition
+) -> dg.SensorDefinition:
+    """Launches again the reserved batches that have no rows and no run to come in this
+    instance: their run was lost (a temporary instance starts without the old queue and run
+    keys) or failed (a dead worker, failed by run monitoring). Their steps are consumed in the
+    ledger, so nothing else would ever write them; the run re-plans from the pins, so it writes
+    exactly the reserved steps. A fresh run key per attempt keeps Dagster from deduplicating
+    it; after ``MAX_BATCH_RUNS`` runs in this instance the batch is only logged. A run finishing
+    between the lake read and the run query gets one more run, which rewrites the same rows."""
+    name = recipe.name
+    parts = partitions(name)
+
+    @dg.sensor(
+        name=f"batch_{name}_relauncher",
+        asset_selection=[batch_asset, export_asset],
+        minimum_interval_seconds=RELAUNCH_EVERY_S,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Relaunches reserved `{name}` batches whose run was lost or failed.",
+    )
+    def relauncher(context: dg.SensorEvaluationContext, lake: LakeResource):
+        reserved_before = utc_now() - timedelta(seconds=RELAUNCH_AFTER_S)
+        unwritten = ledger.unwritten_batches(lake.lake(), name, reserved_before)
+        if not unwritten:
+            return dg.SkipReason(f"every reserved `{name}` batch is written or just reserved")
+        runs = _runs_of(context.instance, batch_asset.key, unwritten)
+        idle = (
+            pl.DataFrame({"batch_id": unwritten})
+            .join(runs, on="batch_id", how="left", maintain_order="left")
+            .group_by("batch_id", maintain_order=True)
+            .agg(runs=pl.col("pending").count(), pending=pl.col("pending").any())
+            .filter(~pl.col("pending"))
+        )
+        given_up = idle.filter(pl.col("runs") >= MAX_BATCH_RUNS).get_column("batch_id")
+        if not given_up.is_empty():
+            context.log.warning(
+                "not relaunching %s: reserved, never written, and already run %d times in this "
+                "instance; materialize them from the UI once the cause is fixed",
+                ", ".join(given_up),
+                MAX_BATCH_RUNS,
+            )
+        relaunched = (
+            idle.filter(pl.col("runs") < MAX_BATCH_RUNS)
+            .head(MAX_BATCHES_PER_TICK)
+            .select("batch_id", run_key=pl.format("{}/attempt-{}", "batch_id", pl.col("runs") + 1))
+        )
+        if relaunched.is_empty():
+            return dg.SkipReason(
+                f"unwritten `{name}` batches: {len(unwritten) - idle.height} with a run to come, "
+                f"{given_up.len()} given up after {MAX_BATCH_RUNS} runs"
+            )
+        context.log.info(
+            "relaunching %s: reserved, never written, no run to come in this instance",
+            ", ".join(relaunched.get_column("batch_id")),
+        )
+        return dg.SensorResult(
+            run_requests=[
+                dg.RunRequest(
+                    partition_key=batch_id,
+                    asset_selection=[batch_asset.key, export_asset.key],
+                    run_key=run_key,
+                )
+                for batch_id, run_key in relaunched.iter_rows()
+            ],
+            dynamic_partitions_requests=[
+                parts.build_add_request(relaunched.get_column("batch_id").to_list())
+            ],
+        )
+
+    return relauncher
+
+
 def build_recipe_definitions(interval_s: int) -> dg.Definitions:
-    """Batch and export assets plus the planner sensor for every declared recipe."""
+    """Batch and export assets plus the planner and relauncher sensors for every declared
+    recipe."""
     assets, sensors = [], []
     for recipe in recipes().values():
         batch_asset = build_batch_asset(recipe)
         export_asset = build_export_asset(recipe, batch_asset)
         assets += [batch_asset, export_asset]
-        sensors.append(build_planner_sensor(recipe, batch_asset, export_asset, interval_s))
+        sensors += [
+            build_planner_sensor(recipe, batch_asset, export_asset, interval_s),
+            build_relaunch_sensor(recipe, batch_asset, export_asset),
+        ]
     return dg.Definitions(assets=assets, sensors=sensors)

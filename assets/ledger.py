@@ -105,6 +105,24 @@ def pins_of(lake: Lake, recipe: str, batch_id: str) -> dict | None:
     return _recorded_pins(lake.scan(ledger_table(recipe)), batch_id)
 
 
+def unwritten_batches(lake: Lake, recipe: str, reserved_before: datetime) -> list[str]:
+    """Batches reserved before ``reserved_before`` that have no rows in ``batches/<recipe>``,
+    oldest first: their steps are consumed, so only a run of their partition can still write
+    them. Reads two small columns of the ledger and one of the batches."""
+    reserved = lake.scan(ledger_table(recipe))
+    if reserved is None:
+        return []
+    unwritten = (
+        reserved.filter(pl.col("planned_at") < reserved_before)
+        .select("batch_id", "planned_at")
+        .unique()
+    )
+    written = lake.scan(batches_table(recipe))
+    if written is not None:
+        unwritten = unwritten.join(written.select("batch_id"), on="batch_id", how="anti")
+    return unwritten.sort("planned_at", "batch_id").collect().get_column("batch_id").to_list()
+
+
 def consumed_turns(lake: Lake, recipe: str, batch_id: str) -> list[str]:
     ledger = lake.scan(ledger_table(recipe))
     return (

@@ -1,0 +1,145 @@
+"""Reserved batches whose run was lost: the planner reserved the steps and asked for a run that
+never ran (Dagster stopped with it queued, or restarted on a temporary instance) or failed. The
+relauncher runs them again, once their run is surely not on its way, and not forever."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import dagster as dg
+import polars as pl
+import pytest
+from dagster._core.remote_origin import (
+    RegisteredCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+)
+from dagster_harness import Driver
+from dagster_rollouts import land_rollouts
+
+from assets import batches, ledger
+from assets.configs import recipes
+from claw_pipelines.schemas import utc_now
+
+RELAUNCHER = "batch_grpo_relauncher"
+
+
+def _reserved_and_lost(bound, instance) -> tuple[Driver, dg.RunRequest]:
+    """Four complete GRPO groups; the planner reserves one batch and asks for its run, which is
+    never run."""
+    driver = Driver(bound, instance)
+    land_rollouts(bound.lake, groups=4, group_size=4, steps=1)
+    driver.refresh()
+    (request,) = driver.tick("batch_grpo_planner").run_requests
+    return driver, request
+
+
+def _later(monkeypatch, seconds: float) -> None:
+    """The sensors' clock moves ``seconds`` ahead."""
+    monkeypatch.setattr(batches, "utc_now", lambda: utc_now() + timedelta(seconds=seconds))
+
+
+def _past_the_grace_period(monkeypatch) -> None:
+    _later(monkeypatch, batches.RELAUNCH_AFTER_S + 1)
+
+
+def _selected(request: dg.RunRequest) -> list[str]:
+    return [key.to_user_string() for key in request.asset_selection]
+
+
+def _run_of(driver: Driver, batch_id: str, status: dg.DagsterRunStatus) -> dg.DagsterRun:
+    """A run of the batch and its export for ``batch_id`` in ``status``, as the daemon creates
+    the planner's (with the code location it came from, which a queued run needs)."""
+    keys = {dg.AssetKey("batch_grpo"), dg.AssetKey("export_grpo")}
+    job = driver.bound.defs.resolve_implicit_job_def_def_for_assets(list(keys))
+    location = RegisteredCodeLocationOrigin("claw_pipelines")
+    return driver.instance.create_run_for_job(
+        job,
+        status=status,
+        tags={batches.PARTITION_TAG: batch_id},
+        asset_selection=keys,
+        remote_job_origin=RemoteJobOrigin(
+            RemoteRepositoryOrigin(location, "__repository__"), job.name
+        ),
+    )
+
+
+def test_a_batch_reserved_before_a_restart_on_a_temporary_instance_is_relaunched_as_planned(
+    bound, instance, monkeypatch
+) -> None:
+    """The new instance has neither the run nor its run key, the lake has the reservation: the
+    batch is launched again, with its export, and writes exactly the steps it reserved."""
+    _, lost = _reserved_and_lost(bound, instance)
+    batch_id = lost.partition_key
+    _past_the_grace_period(monkeypatch)
+    with dg.instance_for_test() as temporary:
+        restarted = Driver(bound, temporary)
+        (again,) = restarted.tick(RELAUNCHER).run_requests
+        assert again.partition_key == batch_id and again.run_key != lost.run_key
+        assert _selected(again) == _selected(lost)
+        restarted.materialize(_selected(again), partition_key=batch_id)
+        assert isinstance(restarted.tick(RELAUNCHER), dg.SkipReason)
+    written = bound.lake.scan("batches/grpo").filter(pl.col("batch_id") == batch_id).collect()
+    pins = ledger.pins_of(bound.lake, "grpo", batch_id)
+    plan = ledger.plan_from_pins(bound.lake, recipes()["grpo"], batch_id, pins)
+    assert written.height == plan.planned.height == 16
+    reserved = ledger.consumed_turns(bound.lake, "grpo", batch_id)
+    assert sorted(written["turn_id"]) == sorted(plan.planned["turn_id"]) == reserved
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        dg.DagsterRunStatus.NOT_STARTED,
+        dg.DagsterRunStatus.QUEUED,
+        dg.DagsterRunStatus.STARTING,
+        dg.DagsterRunStatus.STARTED,
+    ],
+)
+def test_a_batch_with_a_run_to_come_is_not_relaunched(
+    bound, instance, monkeypatch, status: dg.DagsterRunStatus
+) -> None:
+    driver, lost = _reserved_and_lost(bound, instance)
+    assert _run_of(driver, lost.partition_key, status).status == status
+    _past_the_grace_period(monkeypatch)
+    assert isinstance(driver.tick(RELAUNCHER), dg.SkipReason)
+
+
+def test_a_batch_just_reserved_is_left_to_its_run_on_the_way(bound, instance, monkeypatch) -> None:
+    """Dagster creates the run a planner tick asked for after the tick: a reservation younger
+    than the grace period may not have its run yet, and is not launched twice."""
+    driver, lost = _reserved_and_lost(bound, instance)
+    _later(monkeypatch, batches.RELAUNCH_AFTER_S - 1)
+    assert isinstance(driver.tick(RELAUNCHER), dg.SkipReason)
+    _past_the_grace_period(monkeypatch)
+    (again,) = driver.tick(RELAUNCHER).run_requests
+    assert again.partition_key == lost.partition_key
+
+
+def test_a_batch_whose_runs_keep_failing_is_relaunched_up_to_the_cap_then_logged(
+    bound, instance, monkeypatch, capsys
+) -> None:
+    """A run whose worker died ends failed (run monitoring fails it) and the batch is launched
+    again, each time under a new run key; a batch failing every time is given up after
+    ``MAX_BATCH_RUNS`` runs and said so."""
+    driver, lost = _reserved_and_lost(bound, instance)
+
+    def worker_killed(lake, recipe, plan):
+        raise RuntimeError("worker killed")
+
+    monkeypatch.setattr(batches, "_write_batch", worker_killed)
+    assert not driver.attempt(_selected(lost), partition_key=lost.partition_key).success
+    _past_the_grace_period(monkeypatch)
+    run_keys = []
+    for _ in range(batches.MAX_BATCH_RUNS - 1):
+        (again,) = driver.tick(RELAUNCHER).run_requests
+        run_keys.append(again.run_key)
+        assert not driver.attempt(_selected(again), partition_key=again.partition_key).success
+    assert len(set(run_keys)) == len(run_keys) and lost.run_key not in run_keys
+    capsys.readouterr()
+    skipped = driver.tick(RELAUNCHER)
+    assert isinstance(skipped, dg.SkipReason)
+    assert "0 with a run to come, 1 given up" in skipped.skip_message
+    logged = capsys.readouterr().err
+    assert f"not relaunching {lost.partition_key}" in logged
+    assert f"run {batches.MAX_BATCH_RUNS} times" in logged
