@@ -349,7 +349,8 @@ def build_planner_sensor(
 
 def _runs_of(instance: dg.DagsterInstance, key: dg.AssetKey, batch_ids: list[str]) -> pl.DataFrame:
     """This instance's runs of the batch asset ``key`` for ``batch_ids``: the batch each ran and
-    whether it is still to come (queued, starting, running)."""
+    whether it is still to come (queued, starting, running, or failed with a retry of Dagster's
+    own ``run_retries`` pending)."""
     runs = [
         run
         for run in instance.get_runs(filters=dg.RunsFilter(tags={PARTITION_TAG: batch_ids}))
@@ -358,7 +359,9 @@ def _runs_of(instance: dg.DagsterInstance, key: dg.AssetKey, batch_ids: list[str
     return pl.DataFrame(
         {
             "batch_id": [run.tags[PARTITION_TAG] for run in runs],
-            "pending": [not run.is_finished for run in runs],
+            "pending": [
+                not run.is_finished or run.is_complete_and_waiting_to_retry for run in runs
+            ],
         },
         schema={"batch_id": pl.String, "pending": pl.Boolean},
     )

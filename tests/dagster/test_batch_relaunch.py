@@ -14,6 +14,7 @@ from dagster._core.remote_origin import (
     RemoteJobOrigin,
     RemoteRepositoryOrigin,
 )
+from dagster._core.storage.tags import WILL_RETRY_TAG
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
@@ -143,3 +144,18 @@ def test_a_batch_whose_runs_keep_failing_is_relaunched_up_to_the_cap_then_logged
     logged = capsys.readouterr().err
     assert f"not relaunching {lost.partition_key}" in logged
     assert f"run {batches.MAX_BATCH_RUNS} times" in logged
+
+
+def test_a_failed_batch_run_that_dagster_will_retry_is_left_to_that_retry(
+    bound, instance, monkeypatch
+) -> None:
+    """On an instance with Dagster's ``run_retries``, a run whose worker died is retried by
+    Dagster itself; the relauncher does not launch a second run beside that retry."""
+    driver, lost = _reserved_and_lost(bound, instance)
+    failed = _run_of(driver, lost.partition_key, dg.DagsterRunStatus.FAILURE)
+    _past_the_grace_period(monkeypatch)
+    instance.add_run_tags(failed.run_id, {WILL_RETRY_TAG: "true"})
+    assert isinstance(driver.tick(RELAUNCHER), dg.SkipReason)
+    instance.add_run_tags(failed.run_id, {WILL_RETRY_TAG: "false"})
+    (again,) = driver.tick(RELAUNCHER).run_requests
+    assert again.partition_key == lost.partition_key
