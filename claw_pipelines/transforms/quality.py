@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 from claw_pipelines.derived_schemas import SCORED_STEPS, polars_schema, with_tokens
 from claw_pipelines.transforms.messages import malformed_tool_calls, tool_call_count
@@ -23,21 +23,22 @@ REPEATED_NGRAMS = "_repeated_ngram_ratio"
 
 
 class QualityWeights(BaseModel):
-    """How much each signal lowers the score (0 disables it)."""
+    """How much each signal lowers the score (0 disables it; a negative weight would raise it)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    not_engine_tokens: float = 0.5
-    logprobs_missing: float = 0.2
-    logprobs_misaligned: float = 0.5
-    truncated: float = 0.2
-    empty_response: float = 0.8
-    repetitive: float = 0.4
-    malformed_tool_call: float = 0.4
-    error: float = 0.8
-    prefix_break: float = 0.1
-    stale: float = 0.2
-    length_outlier: float = 0.1
+    not_engine_tokens: NonNegativeFloat = 0.5
+    logprobs_missing: NonNegativeFloat = 0.2
+    logprobs_misaligned: NonNegativeFloat = 0.5
+    truncated: NonNegativeFloat = 0.2
+    empty_response: NonNegativeFloat = 0.8
+    repetitive: NonNegativeFloat = 0.4
+    malformed_tool_call: NonNegativeFloat = 0.4
+    error: NonNegativeFloat = 0.8
+    prefix_break: NonNegativeFloat = 0.1
+    stale: NonNegativeFloat = 0.2
+    length_outlier: NonNegativeFloat = 0.1
+    aborted: NonNegativeFloat = 0.6
 
 
 class QualityConfig(BaseModel):
@@ -111,6 +112,7 @@ def _signals(
         "prefix_break": ~pl.col("prefix_consistent"),
         "stale": (latest_policy_version - pl.col("policy_version")) > config.max_policy_lag,
         "length_outlier": ((response_len - mean).abs() / std) > config.length_z,
+        "aborted": pl.col("close_reason") == "aborted",
     }
 
 

@@ -61,6 +61,22 @@ def test_each_signal_lowers_the_score(fields, reason):
     assert got["quality_score"] == pytest.approx(max(0.0, 1 - weight))
 
 
+def test_steps_of_an_aborted_trajectory_are_marked_aborted():
+    """An aborted rollout (crash, env error) is not trained like a completed one by default."""
+    closed = events(event("a", "aborted"), event("c", "completed"))
+    steps = extract_steps(turns(_one("a"), _one("c")), None, closed, now=at(10)).steps
+    scored = score_steps(reward_steps(steps, None, None, RewardConfig()), steps, QualityConfig())
+    got = {r["trajectory_id"]: r for r in scored.collect().iter_rows(named=True)}
+    assert got["a"]["quality_reasons"] == ["aborted"]
+    assert got["a"]["quality_score"] == pytest.approx(1 - QualityConfig().weights.aborted)
+    assert got["c"]["quality_reasons"] == [] and got["c"]["quality_score"] == 1.0
+
+
+def test_a_negative_weight_is_refused():
+    with pytest.raises(ValueError, match="aborted"):
+        QualityConfig.model_validate({"weights": {"aborted": -0.5}})
+
+
 def test_repeated_ngram_ratio_counts_repeats_per_sequence():
     sequences = pl.Series(
         "response_token_ids",
