@@ -54,6 +54,11 @@ MAX_BATCH_RUNS = 3
 """Runs of one batch in an instance after which the relauncher gives up on it: a batch that
 fails every time (a planning error, a bug) needs a person, not a loop."""
 
+EXPORT_RETRIES = dg.RetryPolicy(max_retries=3, delay=2.0, backoff=dg.Backoff.EXPONENTIAL)
+"""An export only writes files (the manifest last, so a reader never sees half an export): a
+failed write, say a network blip or a throttled object store, is retried in the same run,
+since nothing else would run the export of a batch its run already built."""
+
 PARTITION_TAG = "dagster/partition"
 """The system tag Dagster puts on every run of a partition."""
 
@@ -248,6 +253,7 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
         deps=[batch_asset],
         partitions_def=partitions(name),
         automation_condition=after_its_batch(),
+        retry_policy=EXPORT_RETRIES,
         description=(
             f"`{name}` batches in the trainers' formats ({', '.join(recipe.exports)}) under "
             f"`exports/{name}/<batch_id>/` with a manifest.json."

@@ -153,6 +153,34 @@ def test_landing_to_exported_grpo_batch_incrementally(
             assert "OPTIMIZE" in {commit["operation"] for commit in history}, table
 
 
+def test_an_export_whose_write_failed_is_retried_in_its_run(
+    driver: Driver, bound, monkeypatch
+) -> None:
+    """Nothing else would export a batch its own run built, so a failed write is retried."""
+    import assets.batches
+
+    export_batch, failures = assets.batches.export_batch, []
+
+    def fails_once(*args, **kwargs):
+        if not failures:
+            failures.append(OSError("connection reset by the object store"))
+            raise failures[0]
+        return export_batch(*args, **kwargs)
+
+    monkeypatch.setattr(assets.batches, "export_batch", fails_once)
+    land_rollouts(bound.lake, groups=4, group_size=4, steps=1)
+    driver.refresh()
+    (request,) = driver.tick("batch_grpo_planner").run_requests
+    result = driver.materialize(["batch_grpo", "export_grpo"], partition_key=request.partition_key)
+    assert failures, "the export never failed"
+    retried = [
+        e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY
+    ]
+    assert [e.step_key for e in retried] == ["export_grpo"]
+    manifest = driver.metadata(result, "export_grpo")["manifest"]
+    assert manifest["batch_id"] == request.partition_key and manifest["rows"] == 16
+
+
 def test_a_stale_concurrent_run_cannot_commit_twice(bound) -> None:
     land_rollouts(bound.lake, groups=1, group_size=2, steps=1)
     bound.lake.ensure("steps", STEPS)
