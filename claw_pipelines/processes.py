@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
+
+
+class ServiceStartError(RuntimeError):
+    """A service cannot start, or what answers on its port is not it; the message says why."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -24,6 +29,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def probe_bind(host: str, port: int) -> None:
+    """Bind and release ``host:port`` as a server would, raising the ``OSError`` it would get.
+
+    ``socket.create_server`` sets SO_REUSEADDR like uvicorn does, so connections lingering in
+    TIME_WAIT after a previous server do not count as taking the port.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socket.create_server((host, port), family=family).close()
 
 
 @dataclass
@@ -48,17 +63,48 @@ class Service:
         except FileNotFoundError:
             return ""
 
+    @property
+    def port(self) -> int:
+        return httpx.URL(self.url).port
+
+    def listens_on_port(self) -> bool:
+        """Whether a process of this service (the leader or a descendant) listens on its port."""
+        try:
+            leader = psutil.Process(self.pid)
+            processes = [leader, *leader.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return False
+        for process in processes:
+            try:
+                sockets = process.net_connections(kind="tcp")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if any(s.status == psutil.CONN_LISTEN and s.laddr.port == self.port for s in sockets):
+                return True
+        return False
+
     def wait_ready(self, path: str, timeout_s: float = 120.0) -> None:
-        """Poll ``url + path`` until it answers 2xx; fail with the log tail if it dies or hangs."""
+        """Poll ``url + path`` until this service answers 2xx; fail with the log tail if it dies
+        or hangs.
+
+        An answer counts only if one of this service's processes listens on the port: a foreign
+        server that already held it would otherwise pass for this one (whose own bind fails).
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited early:\n{self.log_tail()}")
             try:
-                if httpx.get(self.url + path, timeout=2.0).is_success:
-                    return
+                answer = httpx.get(self.url + path, timeout=2.0)
             except httpx.HTTPError:
-                pass
+                answer = None
+            if answer is not None and not self.listens_on_port():
+                raise ServiceStartError(
+                    f"port {self.port} is answered by another program, not by {self.name}; "
+                    f"stop it or pick another port for {self.name}:\n{self.log_tail()}"
+                )
+            if answer is not None and answer.is_success:
+                return
+            if not self.alive():
+                raise ServiceStartError(f"{self.name} exited early:\n{self.log_tail()}")
             time.sleep(0.25)
         raise TimeoutError(f"{self.name} not ready after {timeout_s}s:\n{self.log_tail()}")
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from claw_pipelines.processes import Service, start_service
+from claw_pipelines.processes import Service, ServiceStartError, probe_bind, start_service
 from claw_pipelines.settings import LOCAL_MASTER_KEY
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +82,40 @@ def start_inspector(port: int, workdir: Path, env: dict[str, str] | None = None)
     )
 
 
+@dataclass(frozen=True)
+class PortRequest:
+    """A port ``claw up`` will give a service, and the option that changes it."""
+
+    service: str
+    host: str
+    port: int
+    option: str
+
+
+def check_ports(requests: list[PortRequest]) -> None:
+    """Fail before anything starts if two services share a port or one is taken.
+
+    Without this, a server already on a port answers the readiness poll in place of ours.
+    """
+    by_port: dict[int, PortRequest] = {}
+    for request in requests:
+        if request.port in by_port:
+            other = by_port[request.port]
+            raise ServiceStartError(
+                f"{other.service} and {request.service} are both given port "
+                f"{request.port}; change one with {other.option} or {request.option}"
+            )
+        by_port[request.port] = request
+        try:
+            probe_bind(request.host, request.port)
+        except OSError as error:
+            raise ServiceStartError(
+                f"cannot bind the {request.service} to {request.host}:{request.port} "
+                f"({error.strerror or error}); stop what holds it or pick another port with "
+                f"{request.option}"
+            ) from error
+
+
 @dataclass
 class Stack:
     services: list[Service] = field(default_factory=list)
@@ -94,7 +128,10 @@ class Stack:
 def run_stack(
     host: str, proxy_port: int, dagster_port: int, inspector_port: int, engine_port: int
 ) -> None:
-    """Start everything, print the URLs, and run until Ctrl-C (or SIGTERM), then stop it all."""
+    """Start everything, print the URLs, and run until Ctrl-C (or SIGTERM), then stop it all.
+
+    Exits non-zero, having stopped whatever it started, when a service cannot start or dies.
+    """
     workdir = Path.cwd()
     claw_dir = workdir / ".claw"
     env = {
@@ -107,6 +144,14 @@ def run_stack(
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
+        check_ports(
+            [
+                PortRequest("embedded engine", "127.0.0.1", engine_port, "--engine-port"),
+                PortRequest("capture proxy", host, proxy_port, "--proxy-port"),
+                PortRequest("Dagster UI", "127.0.0.1", dagster_port, "--dagster-port"),
+                PortRequest("inspector", "127.0.0.1", inspector_port, "--inspector-port"),
+            ]
+        )
         engine = start_engine(engine_port, claw_dir, env)
         stack.services.append(engine)
         engine.wait_ready("/health", timeout_s=60)
@@ -140,6 +185,9 @@ def run_stack(
         dead = [s for s in stack.services if not s.alive()]
         for service in dead:
             print(f"{service.name} exited; log tail:\n{service.log_tail()}", file=sys.stderr)
+        raise SystemExit(f"claw up: {', '.join(s.name for s in dead)} exited; stopping the rest")
+    except (ServiceStartError, TimeoutError) as error:
+        raise SystemExit(f"claw up: {error}") from error
     except KeyboardInterrupt:
         print("\nstopping…", flush=True)
     finally:
