@@ -32,13 +32,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def probe_bind(host: str, port: int) -> None:
-    """Bind and release ``host:port`` as a server would, raising the ``OSError`` it would get.
+    """Bind and release ``host:port`` as uvicorn would, raising the ``OSError`` it would get.
 
-    ``socket.create_server`` sets SO_REUSEADDR like uvicorn does, so connections lingering in
-    TIME_WAIT after a previous server do not count as taking the port.
+    SO_REUSEADDR, as uvicorn sets it, so connections lingering in TIME_WAIT after a previous
+    server do not count as taking the port.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    socket.create_server((host, port), family=family).close()
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
 
 
 @dataclass

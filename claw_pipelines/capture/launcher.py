@@ -10,6 +10,7 @@ import httpx
 import uvicorn
 import yaml
 
+from claw_pipelines.processes import probe_bind
 from claw_pipelines.settings import LOCAL_MASTER_KEY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -48,6 +49,17 @@ def resolve_master_key(host: str, configured: str | None) -> str:
             f">= {MIN_STRONG_KEY_LENGTH} characters"
         )
     return configured
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail before LiteLLM starts: its bind error comes after seconds of start-up output."""
+    try:
+        probe_bind(host, port)
+    except OSError as error:
+        raise ProxyStartError(
+            f"cannot bind {host}:{port} ({error.strerror or error}); stop what holds it or "
+            "pick another port with --port"
+        ) from error
 
 
 def served_model(backend: str) -> str | None:
@@ -97,6 +109,7 @@ def run_proxy(
 ) -> None:
     try:
         key = resolve_master_key(host, os.environ.get("LITELLM_MASTER_KEY"))
+        check_port(host, port)
     except ProxyStartError as error:
         raise SystemExit(f"claw proxy: {error}") from error
     config_path = render_config(

@@ -1,0 +1,51 @@
+"""``claw proxy`` refuses to start, with one clear line and a non-zero exit, when it could not
+serve what it promises: its port is taken."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from stack_fixtures import capture_env
+
+from claw_pipelines.processes import stop_group
+
+CLI = [sys.executable, "-m", "claw_pipelines.cli"]
+
+
+def refused_start(workdir: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run ``claw proxy`` and return its last output line, after checking that it exited
+    non-zero and left no process of its group running."""
+    process = subprocess.Popen(
+        [*CLI, "proxy", *args],
+        cwd=workdir,
+        env={**os.environ, **capture_env(workdir, "sk-test-start"), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=120)
+        assert process.returncode != 0, output
+        try:
+            os.killpg(process.pid, 0)
+            raise AssertionError("processes of the refused proxy are still running")
+        except ProcessLookupError:
+            pass
+    finally:
+        stop_group(process, grace_s=5)
+    return output.strip().splitlines()[-1]
+
+
+def test_a_taken_port_is_one_clear_line(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        line = refused_start(tmp_path, "--port", str(port))
+    assert line == (
+        f"claw proxy: cannot bind 127.0.0.1:{port} (Address already in use); stop what holds "
+        "it or pick another port with --port"
+    )
