@@ -41,6 +41,13 @@ def proxy(
         str | None,
         typer.Option(help="OpenAI-compatible base URL served as the default model."),
     ] = None,
+    backend_model: Annotated[
+        str | None,
+        typer.Option(
+            help="The model name the backend serves. Default: the first one its /models lists "
+            "(the proxy refuses to start if it does not answer)."
+        ),
+    ] = None,
     num_workers: Annotated[int, typer.Option(help="Proxy worker processes.")] = 1,
     capture: Annotated[
         bool, typer.Option(help="--no-capture runs the plain LiteLLM proxy (for comparisons).")
@@ -54,6 +61,7 @@ def proxy(
         port=port,
         config=config,
         backend=backend,
+        backend_model=backend_model,
         num_workers=num_workers,
         capture=capture,
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 import yaml
+from pydantic import BaseModel, ValidationError
 
 from claw_pipelines.processes import probe_bind
 from claw_pipelines.settings import LOCAL_MASTER_KEY
@@ -62,21 +63,49 @@ def check_port(host: str, port: int) -> None:
         ) from error
 
 
-def served_model(backend: str) -> str | None:
-    """The first model id an OpenAI-compatible backend serves (vLLM's served-model-name)."""
+class _ModelCard(BaseModel):
+    id: str
+
+
+class _ModelList(BaseModel):
+    """An OpenAI-compatible ``/models`` answer (only what the proxy needs of it)."""
+
+    data: list[_ModelCard]
+
+
+def served_model(backend: str) -> str:
+    """The first model id an OpenAI-compatible backend serves (vLLM's served-model-name).
+
+    A backend that does not tell is an error, not a default: the proxy would route agents to a
+    model name the backend does not serve.
+    """
+    url = backend.rstrip("/") + "/models"
+    advice = "start it first, or name its model with --backend-model"
     try:
-        response = httpx.get(backend.rstrip("/") + "/models", timeout=5.0)
+        response = httpx.get(url, timeout=5.0)
         response.raise_for_status()
-        models = response.json().get("data") or []
-    except (httpx.HTTPError, ValueError):
-        return None
-    return str(models[0]["id"]) if models else None
+        models = _ModelList.model_validate_json(response.content).data
+    except httpx.HTTPError as error:
+        reason = str(error).splitlines()[0] or type(error).__name__
+        raise ProxyStartError(f"backend {url} did not answer ({reason}); {advice}") from error
+    except ValidationError as error:
+        raise ProxyStartError(f"backend {url} answered no model list; {advice}") from error
+    if not models:
+        raise ProxyStartError(f"backend {url} lists no models; {advice}")
+    return models[0].id
 
 
 def render_config(
-    source: Path, backend: str | None, run_dir: Path, port: int, capture: bool = True
+    source: Path,
+    run_dir: Path,
+    port: int,
+    *,
+    backend: str | None = None,
+    model: str | None = None,
+    capture: bool = True,
 ) -> Path:
-    """Write the config the proxy runs with: ``--backend`` replaces the default model's server.
+    """Write the config the proxy runs with: ``backend`` replaces the default model's server and
+    ``model`` the name it is called by there.
 
     Without capture the callback is removed, leaving the plain LiteLLM proxy (for comparisons).
     Router cooldowns are off unless the config says otherwise: with one deployment per model, a
@@ -86,13 +115,12 @@ def render_config(
     config["router_settings"] = {"disable_cooldowns": True, **(config.get("router_settings") or {})}
     if not capture:
         (config.get("litellm_settings") or {}).pop("callbacks", None)
-    if backend:
-        name = served_model(backend)
-        for entry in config.get("model_list") or []:
-            if entry.get("model_name") == DEFAULT_MODEL_NAME:
+    for entry in config.get("model_list") or []:
+        if entry.get("model_name") == DEFAULT_MODEL_NAME:
+            if backend:
                 entry["litellm_params"]["api_base"] = backend
-                if name:
-                    entry["litellm_params"]["model"] = f"hosted_vllm/{name}"
+            if model:
+                entry["litellm_params"]["model"] = f"hosted_vllm/{model}"
     run_dir.mkdir(parents=True, exist_ok=True)
     target = run_dir / f"litellm-{port}.yaml"
     target.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -106,14 +134,21 @@ def run_proxy(
     backend: str | None,
     num_workers: int,
     capture: bool = True,
+    backend_model: str | None = None,
 ) -> None:
+    """Check what the proxy needs, then run it; a failed check exits with one line."""
     try:
         key = resolve_master_key(host, os.environ.get("LITELLM_MASTER_KEY"))
         check_port(host, port)
+        model = backend_model or (served_model(backend) if backend else None)
     except ProxyStartError as error:
         raise SystemExit(f"claw proxy: {error}") from error
     config_path = render_config(
-        config or DEFAULT_CONFIG, backend, Path(".claw/run").absolute(), port
+        config or DEFAULT_CONFIG,
+        Path(".claw/run").absolute(),
+        port,
+        backend=backend,
+        model=model,
     )
     os.environ.update(
         {

@@ -23,12 +23,14 @@ from claw_pipelines.capture.launcher import (
     ProxyStartError,
     render_config,
     resolve_master_key,
+    served_model,
 )
 from claw_pipelines.capture.redact import REDACTED, Redactor
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.spool import QUARANTINE_DIR, SpoolFlusher, SpoolWriter
 from claw_pipelines.capture.turns import StreamAccumulator, pending_call, turns_from_response
 from claw_pipelines.lake import Lake
+from claw_pipelines.processes import free_port
 from claw_pipelines.schemas import Reward, Turn, utc_now
 from claw_pipelines.settings import LOCAL_MASTER_KEY
 
@@ -321,5 +323,19 @@ def test_rendered_proxy_config_disables_router_cooldowns(tmp_path: Path) -> None
     source = tmp_path / "custom.yaml"
     source.write_text("model_list: []\n")
     for config in (DEFAULT_CONFIG, source):
-        rendered = render_config(config, "http://127.0.0.1:9/v1", tmp_path, port=1)
+        rendered = render_config(config, tmp_path, port=1, backend="http://127.0.0.1:9/v1")
         assert yaml.safe_load(rendered.read_text())["router_settings"]["disable_cooldowns"]
+
+
+def test_backend_model_names_the_default_model_without_asking_the_backend(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    rendered = render_config(DEFAULT_CONFIG, tmp_path, port=1, backend=dead, model="qwen3-8b")
+    (policy,) = yaml.safe_load(rendered.read_text())["model_list"]
+    assert policy["litellm_params"]["api_base"] == dead
+    assert policy["litellm_params"]["model"] == "hosted_vllm/qwen3-8b"
+
+
+def test_a_backend_that_does_not_answer_is_not_given_a_made_up_model(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(ProxyStartError, match=f"backend {dead}/models did not answer"):
+        served_model(dead)

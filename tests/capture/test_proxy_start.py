@@ -1,5 +1,5 @@
 """``claw proxy`` refuses to start, with one clear line and a non-zero exit, when it could not
-serve what it promises: its port is taken."""
+serve what it promises: its port is taken, or its backend does not say which model it serves."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from stack_fixtures import capture_env
 
-from claw_pipelines.processes import stop_group
+from claw_pipelines.processes import free_port, stop_group
 
 CLI = [sys.executable, "-m", "claw_pipelines.cli"]
 
@@ -49,3 +49,10 @@ def test_a_taken_port_is_one_clear_line(tmp_path: Path) -> None:
         f"claw proxy: cannot bind 127.0.0.1:{port} (Address already in use); stop what holds "
         "it or pick another port with --port"
     )
+
+
+def test_a_backend_that_does_not_answer_is_refused(tmp_path: Path) -> None:
+    backend = f"http://127.0.0.1:{free_port()}/v1"
+    line = refused_start(tmp_path, "--port", str(free_port()), "--backend", backend)
+    assert line.startswith(f"claw proxy: backend {backend}/models did not answer (")
+    assert line.endswith("); start it first, or name its model with --backend-model")
