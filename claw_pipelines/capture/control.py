@@ -146,7 +146,7 @@ def build_control_app() -> FastAPI:
         runtime = CaptureRuntime.current()
         return {
             "writer_id": runtime.writer.writer_id,
-            "spooled_rows": runtime.writer.active_rows(),
+            "spooled_rows": runtime.writer.spooled_rows(),
             "committed_rows": runtime.flusher.committed_rows,
         }
 

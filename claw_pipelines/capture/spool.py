@@ -83,6 +83,7 @@ class SpoolWriter:
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._mutex = threading.Lock()
         self._active: dict[str, _ActiveSegment] = {}
+        self._sealed_rows: dict[tuple[str, int], int] = {}
         self._next_seq: dict[str, int] = {}
         self._dirty: set[int] = set()
         self._fsync_task: asyncio.Future | None = None
@@ -118,6 +119,18 @@ class SpoolWriter:
         with self._mutex:
             return sum(segment.rows for segment in self._active.values())
 
+    def spooled_rows(self) -> int:
+        """Rows appended and not committed yet: in active segments and in sealed ones waiting
+        for (or failing) their commit. Counted in memory, so asking costs no file reads."""
+        with self._mutex:
+            active = sum(segment.rows for segment in self._active.values())
+            return active + sum(self._sealed_rows.values())
+
+    def landed(self, table: str, seq: int) -> None:
+        """Forget a sealed segment's rows: its commit landed (or an earlier one already had)."""
+        with self._mutex:
+            self._sealed_rows.pop((table, seq), None)
+
     def seal(self) -> None:
         """Close every non-empty active segment so the flusher may commit it.
 
@@ -131,6 +144,7 @@ class SpoolWriter:
                         os.fsync(segment.fd)
                     os.close(segment.fd)
                     self._dirty.discard(segment.fd)
+                    self._sealed_rows[(table, segment.seq)] = segment.rows
                     del self._active[table]
 
     def sync(self) -> None:
@@ -303,7 +317,7 @@ class SpoolFlusher:
         pending = [(seq, path) for seq, path in segments if already is None or seq > already]
         for seq, path in segments:
             if already is not None and seq <= already:
-                path.unlink(missing_ok=True)
+                self._remove_committed(table, seq, path, writer_id)
         if not pending:
             return 0
         model = LANDING_MODELS[table]
@@ -317,9 +331,14 @@ class SpoolFlusher:
                 metadata={"claw.writer_id": writer_id, "claw.segments": str(len(pending))},
             )
             self._committed[(table, writer_id)] = pending[-1][0]
-        for _, path in pending:
-            path.unlink(missing_ok=True)
+        for seq, path in pending:
+            self._remove_committed(table, seq, path, writer_id)
         return data.num_rows
+
+    def _remove_committed(self, table: str, seq: int, path: Path, writer_id: str) -> None:
+        path.unlink(missing_ok=True)
+        if writer_id == self.writer.writer_id:
+            self.writer.landed(table, seq)
 
     def _decodable_rows(self, path: Path, table: str, writer_id: str) -> pa.Table:
         """The segment's rows; frames that cannot be decoded are quarantined, with an ERROR."""

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from claw_pipelines.capture import spool_codec
-from claw_pipelines.capture.control import RewardIn, StepIn
+from claw_pipelines.capture.control import RewardIn, StepIn, build_control_app
 from claw_pipelines.capture.identity import (
     IdentityError,
     TurnIdentity,
@@ -27,12 +28,18 @@ from claw_pipelines.capture.launcher import (
 )
 from claw_pipelines.capture.redact import REDACTED, Redactor
 from claw_pipelines.capture.restream import sse_from_completion
-from claw_pipelines.capture.spool import QUARANTINE_DIR, SpoolFlusher, SpoolWriter
+from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.capture.spool import (
+    QUARANTINE_DIR,
+    SpoolCommitError,
+    SpoolFlusher,
+    SpoolWriter,
+)
 from claw_pipelines.capture.turns import StreamAccumulator, pending_call, turns_from_response
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import free_port
 from claw_pipelines.schemas import Reward, Turn, utc_now
-from claw_pipelines.settings import LOCAL_MASTER_KEY
+from claw_pipelines.settings import LOCAL_MASTER_KEY, ClawSettings
 
 
 def test_redactor_scrubs_credential_keys_and_values() -> None:
@@ -317,6 +324,36 @@ def test_a_failing_flush_backs_off_and_never_stops_startup(tmp_path: Path) -> No
     flusher.stop()
     own = [d for d in attempts if d == flusher.writer.directory]
     assert 2 <= len(own) <= 4, f"{len(own)} flush attempts in 1.2 s at a 0.5 s interval"
+
+
+def test_status_counts_spooled_rows_until_they_land(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of sealed segments whose commit failed are still waiting: an operator reading
+    spooled_rows == 0 must be able to trust that everything answered has landed."""
+    in_the_way = tmp_path / "a-file-where-the-lake-should-go"
+    in_the_way.write_text("")
+    settings = ClawSettings(
+        lake_uri=str(in_the_way / "lake"), spool_dir=tmp_path / "spool", flush_interval_s=3600
+    )
+    runtime = CaptureRuntime(settings)
+    monkeypatch.setattr(CaptureRuntime, "_instance", runtime)
+    client = TestClient(build_control_app())
+
+    def spooled_rows() -> int:
+        return client.get("/claw/v1/status").json()["spooled_rows"]
+
+    try:
+        runtime.land([_turn(f"turn-{i}") for i in range(3)])
+        with pytest.raises(SpoolCommitError):
+            runtime.flusher.flush()
+        runtime.land([_turn("turn-3")])
+        assert spooled_rows() == 4
+        in_the_way.unlink()
+        assert runtime.flusher.flush() == 4
+        assert spooled_rows() == 0
+    finally:
+        CaptureRuntime.shutdown_current()
 
 
 def test_rendered_proxy_config_disables_router_cooldowns(tmp_path: Path) -> None:
