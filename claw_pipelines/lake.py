@@ -7,6 +7,8 @@ commit retries and the change-data-feed reads are decided in one place.
 from __future__ import annotations
 
 import contextlib
+import secrets
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from deltalake import (
     write_deltalake,
 )
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.fs import DeltaStorageHandler
 
 from claw_pipelines.settings import ClawSettings, get_settings
 
@@ -49,11 +52,34 @@ class Lake:
         settings = settings or get_settings()
         return cls(settings.lake_uri, dict(settings.storage_options), settings.max_commit_retries)
 
-    def uri(self, table: str) -> str:
-        """The table's URI; local roots are made absolute so every process agrees on them."""
+    @property
+    def root_uri(self) -> str:
+        """The root's URI; a local root is made absolute so every process agrees on it."""
         if _is_remote(self.root):
-            return f"{self.root.rstrip('/')}/{table}"
-        return str(Path(self.root.removeprefix("file://")).absolute() / table)
+            return self.root.rstrip("/")
+        return str(Path(self.root.removeprefix("file://")).absolute())
+
+    def uri(self, table: str) -> str:
+        if _is_remote(self.root):
+            return f"{self.root_uri}/{table}"
+        return str(Path(self.root_uri) / table)
+
+    def check_writable(self) -> None:
+        """Create and delete a probe at the root, so a lake that cannot be written fails a
+        process at start rather than in its first commit. An object store is probed through
+        delta-rs's own store with the lake's storage options, as commits will reach it; a local
+        root with a plain file (delta-rs's local store can spin on a directory that refuses new
+        files, such as /proc). Raises ``OSError`` or ``DeltaError``.
+        """
+        if _is_remote(self.root):
+            store = DeltaStorageHandler(self.root_uri, self._options())
+            probe = f"_claw_write_probe_{secrets.token_hex(8)}"
+            store.open_output_stream(probe).close()
+            store.delete_file(probe)
+            return
+        Path(self.root_uri).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self.root_uri, prefix="_claw_write_probe_"):
+            pass
 
     def _options(self) -> dict[str, str] | None:
         return self.storage_options or None

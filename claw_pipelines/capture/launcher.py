@@ -9,8 +9,10 @@ from pathlib import Path
 import httpx
 import uvicorn
 import yaml
+from deltalake.exceptions import DeltaError
 from pydantic import BaseModel, ValidationError
 
+from claw_pipelines.lake import Lake
 from claw_pipelines.processes import probe_bind
 from claw_pipelines.settings import LOCAL_MASTER_KEY
 
@@ -60,6 +62,19 @@ def check_port(host: str, port: int) -> None:
         raise ProxyStartError(
             f"cannot bind {host}:{port} ({error.strerror or error}); stop what holds it or "
             "pick another port with --port"
+        ) from error
+
+
+def check_lake_writable(lake: Lake) -> None:
+    """Fail at start, not in the background flusher while agents keep getting answers whose
+    turns pile up in the spool."""
+    try:
+        lake.check_writable()
+    except (OSError, DeltaError) as error:
+        reason = " ".join(str(error).split())
+        raise ProxyStartError(
+            f"cannot write to the lake {lake.root_uri} ({reason}); fix CLAW_LAKE_URI or "
+            "CLAW_STORAGE_OPTIONS"
         ) from error
 
 
@@ -140,6 +155,8 @@ def run_proxy(
     try:
         key = resolve_master_key(host, os.environ.get("LITELLM_MASTER_KEY"))
         check_port(host, port)
+        if capture:
+            check_lake_writable(Lake.from_settings())
         model = backend_model or (served_model(backend) if backend else None)
     except ProxyStartError as error:
         raise SystemExit(f"claw proxy: {error}") from error

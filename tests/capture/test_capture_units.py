@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from deltalake.exceptions import DeltaError
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
@@ -324,6 +325,21 @@ def test_a_failing_flush_backs_off_and_never_stops_startup(tmp_path: Path) -> No
     flusher.stop()
     own = [d for d in attempts if d == flusher.writer.directory]
     assert 2 <= len(own) <= 4, f"{len(own)} flush attempts in 1.2 s at a 0.5 s interval"
+
+
+def test_lake_write_probe_leaves_nothing_and_fails_on_what_cannot_be_written(
+    tmp_path: Path,
+) -> None:
+    fresh = tmp_path / "fresh" / "lake"
+    Lake(str(fresh)).check_writable()
+    assert fresh.is_dir() and not any(fresh.iterdir())
+    Lake("memory:///lake").check_writable()
+    in_the_way = tmp_path / "a-file-where-the-lake-should-go"
+    in_the_way.write_text("")
+    with pytest.raises(NotADirectoryError):
+        Lake(str(in_the_way / "lake")).check_writable()
+    with pytest.raises(DeltaError, match="Unknown scheme"):
+        Lake("no-such-store://bucket/lake").check_writable()
 
 
 def test_status_counts_spooled_rows_until_they_land(

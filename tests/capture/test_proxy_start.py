@@ -1,5 +1,6 @@
 """``claw proxy`` refuses to start, with one clear line and a non-zero exit, when it could not
-serve what it promises: its port is taken, or its backend does not say which model it serves."""
+serve what it promises: its port is taken, its backend does not say which model it serves, or
+its lake cannot be written."""
 
 from __future__ import annotations
 
@@ -56,3 +57,12 @@ def test_a_backend_that_does_not_answer_is_refused(tmp_path: Path) -> None:
     line = refused_start(tmp_path, "--port", str(free_port()), "--backend", backend)
     assert line.startswith(f"claw proxy: backend {backend}/models did not answer (")
     assert line.endswith("); start it first, or name its model with --backend-model")
+
+
+def test_a_lake_that_cannot_be_written_is_refused(tmp_path: Path) -> None:
+    in_the_way = tmp_path / "a-file-where-the-lake-should-go"
+    in_the_way.write_text("")
+    lake = in_the_way / "lake"
+    line = refused_start(tmp_path, "--port", str(free_port()), env={"CLAW_LAKE_URI": str(lake)})
+    assert line.startswith(f"claw proxy: cannot write to the lake {lake} (")
+    assert line.endswith("); fix CLAW_LAKE_URI or CLAW_STORAGE_OPTIONS")
