@@ -166,6 +166,7 @@ def run_proxy(
         port,
         backend=backend,
         model=model,
+        capture=capture,
     )
     os.environ.update(
         {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from claw_pipelines.capture.launcher import (
     ProxyStartError,
     render_config,
     resolve_master_key,
+    run_proxy,
     served_model,
 )
 from claw_pipelines.capture.redact import REDACTED, Redactor
@@ -378,6 +380,24 @@ def test_rendered_proxy_config_disables_router_cooldowns(tmp_path: Path) -> None
     for config in (DEFAULT_CONFIG, source):
         rendered = render_config(config, tmp_path, port=1, backend="http://127.0.0.1:9/v1")
         assert yaml.safe_load(rendered.read_text())["router_settings"]["disable_cooldowns"]
+
+
+@pytest.mark.parametrize("capture", [True, False])
+def test_the_plain_proxy_runs_without_the_capture_callback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capture: bool
+) -> None:
+    """``--no-capture`` is the baseline of bench/capture_overhead.py: it must not capture."""
+    import uvicorn
+
+    ran = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: ran.update(app=app))
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # run_proxy sets the proxy's variables
+    monkeypatch.setenv("CLAW_LAKE_URI", str(tmp_path / "lake"))
+    monkeypatch.chdir(tmp_path)
+    run_proxy("127.0.0.1", free_port(), None, None, 1, capture=capture)
+    config = yaml.safe_load(Path(os.environ["CONFIG_FILE_PATH"]).read_text())
+    assert ("callbacks" in config["litellm_settings"]) is capture
+    assert ran["app"].startswith("claw_pipelines" if capture else "litellm")
 
 
 def test_backend_model_names_the_default_model_without_asking_the_backend(tmp_path: Path) -> None:
