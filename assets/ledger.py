@@ -24,7 +24,7 @@ from assets.incremental import COMPACT_AFTER_FILES, ConcurrentRun
 from assets.retirements import Retirements
 from claw_pipelines.derived_schemas import LEDGER, conform
 from claw_pipelines.lake import Lake, column_bound, compact
-from claw_pipelines.recipes import BatchPlan, Recipe, plan_batch
+from claw_pipelines.recipes import PINNED, BatchPlan, Recipe, plan_batch
 from claw_pipelines.retired import retired_table
 
 PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
@@ -90,7 +90,7 @@ def pinned_recipe(recipe: Recipe, pins: dict) -> Recipe:
     Batches reserved before recipes were pinned re-plan under ``recipe``."""
     if "recipe" not in pins:
         return recipe
-    return Recipe.model_validate({**pins["recipe"], "exports": recipe.exports})
+    return Recipe.model_validate({**pins["recipe"], "exports": recipe.exports}, context=PINNED)
 
 
 def _recorded_pins(ledger: pl.LazyFrame | None, batch_id: str) -> dict | None:

@@ -8,6 +8,7 @@ batch deterministically, so re-planning from pinned input versions reproduces th
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -17,7 +18,7 @@ from typing import Literal
 
 import polars as pl
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from claw_pipelines.derived_schemas import (
     BATCH_ROWS,
@@ -37,6 +38,13 @@ ExportFormat = Literal["verl", "trl", "jsonl"]
 
 
 GROUPED: frozenset[str] = frozenset({"grpo", "rloo"})
+
+PINNED = {"pinned": True}
+"""Validation context of a recipe a reserved batch was planned under: it is taken as it was, so
+the batch re-plans the same even if it would be refused today."""
+
+MAX_STRAGGLER_TIMEOUT_S = timedelta.max.total_seconds()
+"""The longest timeout a ``timedelta`` holds: planning with a longer one (or infinity) fails."""
 
 
 class RecipeFilters(BaseModel):
@@ -82,6 +90,41 @@ class Recipe(BaseModel):
     credit_assignment: CreditAssignment = CreditAssignment()
     exports: list[ExportFormat] = ["verl", "trl", "jsonl"]
     min_reward_gap: float = Field(default=0.1, ge=0.0, description="dpo: chosen - rejected reward.")
+
+    @model_validator(mode="after")
+    def _refuse_useless(self, info: ValidationInfo) -> Recipe:
+        """Refuse values that load but make every batch useless or every plan fail, so a bad
+        batches.yaml stops ``dagster definitions validate`` and ``claw up`` with the recipe's
+        name and field rather than yielding batches with no signal."""
+        if info.context == PINNED:
+            return self
+        checks = [
+            (
+                "group_size",
+                self.algorithm in GROUPED and self.group_size < 2,
+                f"{self.algorithm} needs at least 2 rollouts per group: with 1, every "
+                "group-relative advantage is 0 (and RLOO's leave-one-out baseline is undefined)",
+            ),
+            (
+                "min_reward_gap",
+                self.algorithm == "dpo" and not 0 < self.min_reward_gap < math.inf,
+                "dpo needs a positive, finite gap: at 0 it pairs responses of equal reward",
+            ),
+            (
+                "straggler_timeout_s",
+                self.straggler_timeout_s > MAX_STRAGGLER_TIMEOUT_S,
+                f"must be a finite number of seconds, at most {MAX_STRAGGLER_TIMEOUT_S:.0f}",
+            ),
+            (
+                "filters.min_reward",
+                self.filters.min_reward is not None and not math.isfinite(self.filters.min_reward),
+                "must be a finite number (leave it out for no minimum)",
+            ),
+        ]
+        problems = [f"{field}: {why}" for field, useless, why in checks if useless]
+        if problems:
+            raise ValueError(f"recipe {self.name!r}: {'; '.join(problems)}")
+        return self
 
     @property
     def units_per_batch(self) -> int:

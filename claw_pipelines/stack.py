@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from claw_pipelines.processes import Service, ServiceStartError, probe_bind, start_service
+from claw_pipelines.recipes import load_recipes
 from claw_pipelines.settings import LOCAL_MASTER_KEY
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+RECIPES = REPO_ROOT / "assets" / "batches.yaml"
 CLI = [sys.executable, "-m", "claw_pipelines.cli"]
 
 
@@ -131,7 +133,13 @@ def run_stack(
     """Start everything, print the URLs, and run until Ctrl-C (or SIGTERM), then stop it all.
 
     Exits non-zero, having stopped whatever it started, when a service cannot start or dies.
+    The batch recipes are loaded first: Dagster would come up with a failed code location, so
+    a refused recipe stops it, with the recipe and field named, before anything starts.
     """
+    try:
+        load_recipes(RECIPES)
+    except ValueError as error:  # pydantic's ValidationError is a ValueError
+        raise SystemExit(f"claw up: {RECIPES}: {error}") from error
     workdir = Path.cwd()
     claw_dir = workdir / ".claw"
     env = {

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Literal
 
 import polars as pl
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class CreditAssignment(BaseModel):
     """last_step: outcome on the final step; broadcast: outcome on every step; discounted:
     G_t = r_t + gamma * G_{t+1} with the outcome added to the final step's r."""
+
+    model_config = ConfigDict(extra="forbid")
 
     method: Literal["last_step", "broadcast", "discounted"] = "last_step"
     gamma: float = Field(default=1.0, gt=0.0, le=1.0)

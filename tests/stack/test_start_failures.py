@@ -1,5 +1,6 @@
-"""``claw up`` never reports a stack that is not its own: a taken port fails before anything
-starts, and a readiness poll answered by a foreign server fails instead of passing."""
+"""``claw up`` never reports a stack that is not its own: a taken port or a refused recipe fails
+before anything starts, and a readiness poll answered by a foreign server fails instead of
+passing."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from claw_pipelines import stack
 from claw_pipelines.processes import ServiceStartError, free_port, probe_bind
 from claw_pipelines.stack import PortRequest, check_ports, start_engine
 
@@ -102,3 +104,17 @@ def test_a_foreign_server_does_not_pass_for_a_service(tmp_path: Path, foreign_se
             engine.wait_ready("/health", timeout_s=60)
     finally:
         engine.stop()
+
+
+def test_claw_up_refuses_a_useless_recipe_before_starting_anything(tmp_path, monkeypatch) -> None:
+    recipes = tmp_path / "batches.yaml"
+    recipes.write_text("recipes:\n  - {name: solo, algorithm: grpo, group_size: 1}\n")
+    monkeypatch.setattr(stack, "RECIPES", recipes)
+
+    def refuse_to_start(*args, **kwargs):
+        raise AssertionError("claw up started a service under a refused recipe")
+
+    monkeypatch.setattr(stack, "check_ports", refuse_to_start)
+    with pytest.raises(SystemExit, match=r"^claw up: ") as refused:
+        stack.run_stack("127.0.0.1", free_port(), free_port(), free_port(), free_port())
+    assert "recipe 'solo': group_size" in str(refused.value)

@@ -7,10 +7,13 @@ from datetime import timedelta
 
 import polars as pl
 import pytest
+import yaml
+from pydantic import ValidationError
 from transform_rows import SYSTEM, T0, at, chain, event, events, rewards, turn, turns
 
+from assets.ledger import pinned_recipe
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, conform
-from claw_pipelines.recipes import Recipe, final_drops, load_recipes, plan_batch
+from claw_pipelines.recipes import PINNED, Recipe, final_drops, load_recipes, plan_batch
 from claw_pipelines.reward_rules import RewardConfig
 from claw_pipelines.transforms import (
     QualityConfig,
@@ -199,6 +202,53 @@ def test_shipped_recipes_load():
         ["verl", "trl", "jsonl"],
     )
     assert {"dpo", "sft"} <= set(recipes)
+
+
+@pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        ({"algorithm": "grpo", "group_size": 1}, "group_size"),
+        ({"algorithm": "rloo", "group_size": 1}, "group_size"),
+        ({"algorithm": "dpo", "min_reward_gap": 0}, "min_reward_gap"),
+        ({"algorithm": "dpo", "min_reward_gap": float("inf")}, "min_reward_gap"),
+        ({"algorithm": "grpo", "straggler_timeout_s": float("inf")}, "straggler_timeout_s"),
+        ({"algorithm": "sft", "filters": {"min_reward": float("nan")}}, "filters.min_reward"),
+    ],
+)
+def test_useless_recipes_are_refused_at_load_by_recipe_and_field(tmp_path, entry, field):
+    path = tmp_path / "batches.yaml"
+    path.write_text(yaml.safe_dump({"recipes": [{"name": "grpo"}, {"name": "useless", **entry}]}))
+    with pytest.raises(ValidationError, match=f"recipe 'useless': {field}: "):
+        load_recipes(path)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"groups_per_batch": 0},
+        {"straggler_timeout_s": -1},
+        {"credit_assignment": {"method": "discounted", "gamma": 1.5}},
+        {"credit_assignment": {"method": "discounted", "gamma": 0}},
+        {"credit_assignment": {"method": "discounted", "gama": 0.9}},
+        {"filters": {"min_quality": 1.5}},
+        {"filters": {"max_policy_lag": -1}},
+    ],
+)
+def test_senseless_values_are_refused(entry):
+    with pytest.raises(ValidationError):
+        Recipe.model_validate({"name": "grpo", **entry})
+
+
+def test_algorithms_without_groups_take_groups_of_one():
+    for algorithm in ("ppo", "reinforce_pp", "sft", "dpo"):
+        Recipe.model_validate({"name": algorithm, "algorithm": algorithm, "group_size": 1})
+    Recipe.model_validate({"name": "ppo", "algorithm": "ppo", "min_reward_gap": 0})
+
+
+def test_a_batch_planned_under_a_recipe_refused_today_re_plans_under_it():
+    pinned = {**_recipe().model_dump(mode="json", exclude={"exports"}), "group_size": 1}
+    assert Recipe.model_validate(pinned, context=PINNED).group_size == 1
+    assert pinned_recipe(_recipe(), {"recipe": pinned}).group_size == 1
 
 
 def test_stale_trajectories_are_measured_against_the_newest_policy_seen():
