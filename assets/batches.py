@@ -85,7 +85,8 @@ def _prefetched(chunks: Iterator[pa.Table]) -> Iterator[pa.Table]:
 def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
     """Replace the batch's rows in one commit, so a re-run never duplicates them; the rows are
     streamed a chunk at a time, so a big batch never holds all its token lists. A batch is one
-    file, so the table is compacted as batches pile up."""
+    file, so the table is compacted as batches pile up. The schema is merged: a table from
+    before a batch column (``request_tools``) gains it, null in older batches' rows."""
     schema = batch_schema(recipe)
     table = lake.ensure(ledger.batches_table(recipe.name), schema)
     chunks = (conform(rows, schema) for rows in plan.row_chunks())
@@ -96,6 +97,7 @@ def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
             pa.RecordBatchReader.from_batches(schema, batches),
             mode="overwrite",
             predicate=sql_in("batch_id", [plan.batch_id]),
+            schema_mode="merge",
             writer_properties=WRITER,
         )
     except CommitFailedError as error:  # e.g. another batch's compaction merged the files read

@@ -282,10 +282,16 @@ class Increment:
         commit): recomputed trajectories replace their old rows instead of duplicating them. A
         table this run created holds only this run's chunks, whose keys are disjoint: appended,
         so a first build does not rescan its earlier chunks per commit.
-        A run that read nothing new writes nothing (no empty versions from periodic sweeps).
+        A run that read nothing new writes nothing (no empty versions from periodic sweeps),
+        unless the table ``predates`` a column of ``data``: commits merge the schema.
         ``watermark=False`` writes a chunk of the run without moving the watermark.
         """
-        if self.snapshot is not None and not self.has_new_data and data.num_rows == 0:
+        if (
+            self.snapshot is not None
+            and not self.has_new_data
+            and data.num_rows == 0
+            and not self.predates(data.schema)
+        ):
             return self.snapshot
         target = self._target(data.schema)
         replacing = self.snapshot is not None and replace is not None and bool(replace[1])
@@ -295,6 +301,7 @@ class Increment:
                 data,
                 mode="overwrite" if replacing else "append",
                 predicate=sql_in(*replace) if replacing else None,
+                schema_mode="merge",
                 commit_properties=self._properties(watermark),
                 writer_properties=WRITER,
             )
@@ -306,6 +313,14 @@ class Increment:
         if watermark:
             compact(target, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
         return target
+
+    def predates(self, schema: pa.Schema) -> bool:
+        """The output table lacks columns ``schema`` declares (added since it was written): a
+        run then commits even with nothing new, and the commit's schema merge adds them, null in
+        the older rows (older versions stay as they were), so the table checks as declared."""
+        if self.snapshot is None:
+            return False
+        return not set(schema.names) <= {f.name for f in self.snapshot.schema().fields}
 
     def recompute(
         self,

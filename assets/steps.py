@@ -89,7 +89,7 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
             emitted=increment.lake.scan("steps"),
         )
         new_steps, open_turns = extraction.steps, extraction.open_turns.lazy()
-        if not (new_steps.height or increment.has_new_data):
+        if not (new_steps.height or increment.has_new_data or increment.predates(STEPS)):
             continue
         if extraction.new_tails.height:
             tails.append(extraction.new_tails)

@@ -30,8 +30,8 @@ def _turn_fields(*names: str) -> list[pa.Field]:
 STEP_SOURCE_COLUMNS = [
     "turn_id", "trajectory_id", "group_id", "channel", "agent", "policy_version", "model",
     "prompt_token_ids", "response_token_ids", "response_logprobs", "token_source", "finish_reason",
-    "status", "request_messages", "response_message", "response_text", "metadata", "started_at",
-    "ended_at",
+    "status", "request_messages", "request_tools", "response_message", "response_text", "metadata",
+    "started_at", "ended_at",
 ]  # fmt: skip
 """The turns columns a step carries over."""
 
@@ -123,13 +123,17 @@ TRAJECTORIES = pa.schema(
 TOKEN_COLUMNS = ["prompt_token_ids", "response_token_ids", "response_logprobs"]
 """The heavy columns: only ``steps`` (and batch rows) carry them; downstream tables are narrow."""
 
+STEP_ONLY_COLUMNS = [*TOKEN_COLUMNS, "request_tools"]
+"""What only ``steps`` (and batch rows) carry: the token lists, and the tools the request
+declared, which only the exports read (a chat template renders them into the prompt)."""
+
 LENGTH_COLUMNS = ["prompt_len", "response_len"]
 """The token lists' lengths, kept on every step table so filters and sizing skip the lists."""
 
-NARROW_STEPS = pa.schema([f for f in STEPS if f.name not in TOKEN_COLUMNS])
-"""A step without its token lists: what rewarded/scored/curated steps start from. The lengths
-let batch filters run without reading tokens; a batch joins the token columns from ``steps`` by
-turn_id for the rows it selects."""
+NARROW_STEPS = pa.schema([f for f in STEPS if f.name not in STEP_ONLY_COLUMNS])
+"""A step without its token lists and tools: what rewarded/scored/curated steps start from. The
+lengths let batch filters run without reading tokens; a batch joins ``STEP_ONLY_COLUMNS`` from
+``steps`` by turn_id for the rows it selects."""
 
 REWARDED_STEPS = pa.schema(
     [
@@ -180,6 +184,7 @@ BATCH_ROWS = pa.schema(
         pa.field("outcome_reward", pa.float64()),
         pa.field("policy_version", pa.int64()),
         pa.field("request_messages", pa.string()),
+        pa.field("request_tools", pa.string()),
         pa.field("response_message", pa.string()),
         pa.field("metadata", pa.string()),
         pa.field("source_version", pa.int64()),
@@ -207,6 +212,7 @@ DPO_PAIRS = pa.schema(
         pa.field("rejected_reward", pa.float64()),
         pa.field("policy_version", pa.int64()),
         pa.field("request_messages", pa.string()),
+        pa.field("request_tools", pa.string()),
         pa.field("chosen_message", pa.string()),
         pa.field("rejected_message", pa.string()),
         pa.field("metadata", pa.string()),
@@ -258,17 +264,21 @@ def with_tokens(
     columns: list[str] = TOKEN_COLUMNS,
 ) -> pl.DataFrame:
     """``narrow`` steps with their token ``columns`` read from ``steps`` (by turn_id); a scan of
-    the steps table decodes only the row groups the selected rows can be in (``lake.keyed``)."""
-    if steps is None or narrow.is_empty():
-        return narrow.with_columns(
-            pl.lit(None, dtype).alias(name)
-            for name, dtype in polars_schema(STEPS).items()
-            if name in columns
-        )
-    tokens = keyed(
-        steps.lazy().select("turn_id", *columns), "turn_id", narrow.get_column("turn_id")
-    ).collect()
-    return narrow.join(tokens, on="turn_id", how="left", maintain_order="left")
+    the steps table decodes only the row groups the selected rows can be in (``lake.keyed``).
+    Columns a version of ``steps`` predates (``request_tools`` before steps carried it) are null."""
+    readable = [] if steps is None or narrow.is_empty() else steps.lazy().collect_schema().names()
+    found = [name for name in columns if name in readable]
+    joined = narrow
+    if found:
+        tokens = keyed(
+            steps.lazy().select("turn_id", *found), "turn_id", narrow.get_column("turn_id")
+        ).collect()
+        joined = narrow.join(tokens, on="turn_id", how="left", maintain_order="left")
+    return joined.with_columns(
+        pl.lit(None, dtype).alias(name)
+        for name, dtype in polars_schema(STEPS).items()
+        if name in columns and name not in found
+    )
 
 
 def polars_schema(schema: pa.Schema) -> pl.Schema:

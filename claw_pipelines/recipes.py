@@ -26,7 +26,7 @@ from claw_pipelines.derived_schemas import (
     DROPPED,
     LEDGER,
     LENGTH_COLUMNS,
-    TOKEN_COLUMNS,
+    STEP_ONLY_COLUMNS,
     fit,
     with_tokens,
 )
@@ -156,10 +156,10 @@ and a big batch of short steps is read in a few large scans instead of many smal
 class BatchPlan:
     batch_id: str
     planned: pl.DataFrame
-    """``derived_schemas.BATCH_ROWS`` in deterministic order, token lists still null (read from
-    ``tokens`` by ``rows`` / ``row_chunks``); for dpo complete ``DPO_PAIRS`` rows."""
+    """``derived_schemas.BATCH_ROWS`` in deterministic order, token lists and tools still null
+    (read from ``tokens`` by ``rows`` / ``row_chunks``); for dpo complete ``DPO_PAIRS`` rows."""
     tokens: pl.LazyFrame | pl.DataFrame | None
-    """The steps the token lists are read from (None when ``planned`` is complete)."""
+    """The steps the token lists and tools are read from (None when ``planned`` is complete)."""
     dropped: pl.DataFrame
     """``derived_schemas.DROPPED``: unconsumed steps left out of this batch, with the reason
     (filters, waiting for a group, straggler drop, zero variance, no pair, next batch)."""
@@ -198,7 +198,9 @@ class BatchPlan:
     def _with_tokens(self, rows: pl.DataFrame) -> pl.DataFrame:
         if self.tokens is None:
             return rows
-        return fit(with_tokens(rows.drop(TOKEN_COLUMNS), self.tokens), BATCH_ROWS)
+        return fit(
+            with_tokens(rows.drop(STEP_ONLY_COLUMNS), self.tokens, STEP_ONLY_COLUMNS), BATCH_ROWS
+        )
 
     def ledger_rows(self, recipe: str, planned_at: datetime) -> pl.DataFrame:
         """``derived_schemas.LEDGER`` rows marking this batch's steps consumed."""
@@ -387,7 +389,9 @@ def _dpo_batch(
 ) -> tuple[pl.DataFrame, pl.DataFrame, bool, pl.DataFrame]:
     """One pair per state (group, prompt): best vs worst credited reward, gap >= minimum."""
     eligible = with_tokens(
-        steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_not_null()), tokens
+        steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_not_null()),
+        tokens,
+        STEP_ONLY_COLUMNS,
     )
     drops = [
         _dropped(steps.filter(pl.col("_reason").is_not_null()), pl.col("_reason")),
@@ -447,6 +451,7 @@ def _dpo_batch(
         pl.col("reward_r").alias("rejected_reward"),
         "policy_version",
         "request_messages",
+        "request_tools",
         pl.col("response_message").alias("chosen_message"),
         pl.col("response_message_r").alias("rejected_message"),
         "metadata",

@@ -9,6 +9,12 @@
   request + reply, the whole conversation, so SFTTrainer trains each assistant turn once rather
   than once per later step whose history repeats it) and ``trl/sft_tokens.parquet``
   (pre-tokenized, one row per step: ``input_ids`` + ``completion_mask`` on that step's response).
+
+Each conversational dataset has ``tools``: the tools the request declared (the OpenAI ``tools``
+list as JSON text, null when none), which TRL's trainers hand to ``apply_chat_template`` (they
+``json.loads`` a string, the form every ``datasets`` version reads), so the prompt is rendered
+as the policy saw it; GRPO/RLOO pass it, like every extra column, to reward functions and the
+``rollout_func``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
             messages("request_messages").alias("prompt"),
             reply("chosen_message").alias("chosen"),
             reply("rejected_message").alias("rejected"),
+            pl.col("request_tools").alias("tools"),
             "group_id",
             "turn_id",
             "rejected_turn_id",
@@ -45,6 +52,7 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
                 pl.concat_list(messages("request_messages"), reply("response_message")).alias(
                     "messages"
                 ),
+                pl.col("request_tools").alias("tools"),
                 "trajectory_id",
                 pl.col("step_index").alias("last_step_index"),
             )
@@ -66,6 +74,7 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
         .first()
         .select(
             messages("request_messages").alias("prompt"),
+            pl.col("request_tools").alias("tools"),
             claw_field("ground_truth").alias("ground_truth"),
             claw_field("data_source").alias("data_source"),
             "group_id",

@@ -125,6 +125,7 @@ def test_tool_calling_trajectory_by_path_prefix(capture_stack: CaptureStack) -> 
     assert set(rows["group_id"]) == {group}
     tool_row = rows.filter(pl.col("turn_id") == tool_turn).row(0, named=True)
     assert tool_row["finish_reason"] == "tool_calls"
+    assert [json.loads(tools) for tools in rows["request_tools"]] == [[CALCULATOR]] * rows.height
     tool_call = json.loads(tool_row["response_message"])["tool_calls"][0]
     assert tool_call["function"]["name"] == "calculator"
     after = rows.filter(pl.col("started_at") > tool_row["started_at"]).row(0, named=True)

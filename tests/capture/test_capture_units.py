@@ -109,6 +109,20 @@ def test_sampling_params_are_scrubbed() -> None:
     assert pending.sampling_params and secret not in pending.sampling_params
 
 
+def test_declared_tools_land_with_the_turn_scrubbed() -> None:
+    secret = "sk-tool-secret-123"
+    tools = [{"type": "function", "function": {"name": "calc", "description": f"key {secret}"}}]
+    request = {"model": "m", "messages": [], "tools": tools}
+    pending = pending_call("c", request, TurnIdentity(), None, False, Redactor())
+    response = {"model": "m", "choices": [{"message": {"content": "4"}}]}
+    (landed,) = turns_from_response(pending, response, Redactor(), "w")
+    assert landed.request_tools and secret not in landed.request_tools
+    assert json.loads(landed.request_tools)[0]["function"]["name"] == "calc"
+    no_tools = pending_call("c", {"model": "m", "messages": []}, TurnIdentity(), None, False,
+                            Redactor())  # fmt: skip
+    assert no_tools.request_tools is None
+
+
 def test_stored_names_that_look_like_secrets_are_refused() -> None:
     with pytest.raises(ValidationError, match="name"):
         RewardIn(trajectory_id="t", value=1.0, name="sk-reward-name-123")

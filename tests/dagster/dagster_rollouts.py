@@ -31,6 +31,7 @@ def land_rollouts(
     flat: bool = False,
     trajectory_prefix: str = "t",
     policy_version: int = 1,
+    request_tools: str | None = None,
 ) -> Rollouts:
     """Land ``groups`` GRPO groups of multi-step trajectories, then their completion events.
 
@@ -67,6 +68,7 @@ def land_rollouts(
                     response_token_ids=response,
                     response_logprobs=[-0.5] * len(response),
                     request_messages=json.dumps([{"role": "user", "content": "solve the task"}]),
+                    request_tools=request_tools,
                     response_message=json.dumps({"role": "assistant", "content": text}),
                     response_text=text,
                     prompt_tokens=len(prompt),

@@ -20,7 +20,7 @@ from assets.checks import unique_step_ids
 from assets.closed_tails import ClosedTails
 from assets.configs import recipes
 from assets.incremental import ConcurrentRun, Increment
-from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform, empty, fit
+from claw_pipelines.derived_schemas import BATCH_ROWS, OPEN_STATE, STEPS, conform, empty, fit
 from claw_pipelines.lake import Lake, column_bound, compact, keyed
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
 from claw_pipelines.transforms.credit import CreditAssignment
@@ -192,6 +192,24 @@ def test_a_stale_concurrent_run_cannot_commit_twice(bound) -> None:
         second.commit(rows)
     turns_version = bound.lake.version("turns")
     assert bound.lake.open("steps").transaction_version("claw/steps/turns") == turns_version
+
+
+def test_tables_from_before_request_tools_gain_the_column(driver: Driver, bound) -> None:
+    """A lake whose steps and batch tables predate ``request_tools``: the next run of each
+    merges the column in, even a steps run with nothing new (so its schema check passes), and
+    batches and their TRL export carry the tools."""
+    for table, schema in {"steps": STEPS, "batches/grpo": BATCH_ROWS}.items():
+        bound.lake.ensure(table, pa.schema([f for f in schema if f.name != "request_tools"]))
+    driver.materialize(["steps"])
+    assert "request_tools" in bound.lake.scan("steps").collect_schema().names()
+    tools = json.dumps([{"type": "function", "function": {"name": "calc"}}])
+    land_rollouts(bound.lake, groups=4, group_size=4, steps=1, request_tools=tools)
+    driver.refresh()
+    (request,) = driver.tick("batch_grpo_planner").run_requests
+    driver.materialize(["batch_grpo", "export_grpo"], partition_key=request.partition_key)
+    assert set(bound.lake.scan("batches/grpo").collect()["request_tools"]) == {tools}
+    export = Path(bound.lake.uri(f"exports/grpo/{request.partition_key}"))
+    assert set(pl.read_parquet(export / "trl/prompts.parquet")["tools"]) == {tools}
 
 
 def test_new_landing_versions_trigger_automation(driver: Driver, bound, instance) -> None:

@@ -23,13 +23,19 @@ from claw_pipelines.transforms import (
 META = json.dumps({"claw": {"ground_truth": "4", "data_source": "math"}})
 
 
-def _plan(recipe: Recipe, rows: list[dict], values: dict[str, float]):
+def _curated(rows: list[dict], values: dict[str, float]):
+    """Curated steps of ``rows`` whose trajectories completed with ``values``, and the steps."""
     landed = rewards(*[{"trajectory_id": t, "value": v} for t, v in values.items()])
     steps = extract_steps(turns(*rows), None, events(*[event(t) for t in values]), now=at(50)).steps
     curated = curate_steps(
         score_steps(reward_steps(steps, landed, None, RewardConfig()), steps, QualityConfig()),
         None,
     )
+    return curated, steps
+
+
+def _plan(recipe: Recipe, rows: list[dict], values: dict[str, float]):
+    curated, steps = _curated(rows, values)
     return plan_batch(recipe, curated, steps, None, at(60), source_versions={"curated_steps": 5})
 
 
@@ -160,3 +166,53 @@ def test_a_multi_step_trajectory_is_one_conversation_and_keeps_its_outcome(tmp_p
     trajectory = json.loads(line)
     assert [s["reward"] for s in trajectory["steps"]] == [1.0, 1.0]  # broadcast
     assert trajectory["reward"] == 1.0
+
+
+CALCULATOR = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+
+
+def test_trl_datasets_carry_the_tools_the_requests_declared(tmp_path):
+    tools = json.dumps(CALCULATOR)
+    rows = [
+        turn("a0", [*SYSTEM, 1], [7], trajectory_id="a", group_id="g", request_tools=tools),
+        turn("b0", [*SYSTEM, 1], [8], trajectory_id="b", group_id="g", start=1,
+             request_tools=tools),
+        turn("c0", [*SYSTEM, 2], [7], trajectory_id="c", group_id="h", start=2),
+        turn("d0", [*SYSTEM, 2], [8], trajectory_id="d", group_id="h", start=3),
+    ]  # fmt: skip
+    grpo = Recipe(name="grpo", group_size=2, groups_per_batch=2, filters={"min_quality": 0})
+    plan = _plan(grpo, rows, {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0})
+    export_batch(grpo, plan.rows, Destination(str(tmp_path / "grpo")))
+    prompts = pl.read_parquet(tmp_path / "grpo/trl/prompts.parquet")
+    assert dict(prompts.select("group_id", "tools").iter_rows()) == {"g": tools, "h": None}
+    assert json.loads(prompts["tools"][0]) == CALCULATOR  # what TRL's json.loads hands the template
+    non_tensor = pl.read_parquet(tmp_path / "grpo/verl/non_tensor.parquet")
+    assert non_tensor.columns == [
+        "uid", "trajectory_uids", "step_indices", "turn_ids", "is_last", "policy_version",
+        "data_source", "ground_truth", "__num_turns__",
+    ]  # fmt: skip
+
+    dpo = Recipe(name="dpo", algorithm="dpo", groups_per_batch=1, min_reward_gap=0.5)
+    plan = _plan(dpo, rows[:2], {"a": 1.0, "b": 0.0})
+    export_batch(dpo, plan.rows, Destination(str(tmp_path / "dpo")))
+    preference = pl.read_parquet(tmp_path / "dpo/trl/preference.parquet")
+    assert preference["tools"].to_list() == [tools]
+
+    sft = Recipe(name="sft", algorithm="sft", group_size=1, groups_per_batch=2, exports=["trl"])
+    plan = _plan(sft, [rows[0], rows[2]], {"a": 1.0, "c": 1.0})
+    export_batch(sft, plan.rows, Destination(str(tmp_path / "sft")))
+    chats = pl.read_parquet(tmp_path / "sft/trl/sft_messages.parquet")
+    assert dict(chats.select("trajectory_id", "tools").iter_rows()) == {"a": tools, "c": None}
+
+
+def test_batches_from_steps_written_before_request_tools_have_no_tools():
+    """A batch re-planned from a pinned ``steps`` version that predates the column."""
+    tools = json.dumps(CALCULATOR)
+    rows = [turn(t, [*SYSTEM, 1], [i], trajectory_id=t, group_id="g", start=i,
+                 request_tools=tools) for i, t in enumerate(["a", "b"])]  # fmt: skip
+    recipe = Recipe(name="grpo", group_size=2, groups_per_batch=1, filters={"min_quality": 0})
+    curated, steps = _curated(rows, {"a": 1.0, "b": 0.0})
+    assert set(plan_batch(recipe, curated, steps, None, at(60)).rows["request_tools"]) == {tools}
+    older = plan_batch(recipe, curated, steps.drop("request_tools"), None, at(60)).rows
+    assert older.height == 2 and older["request_tools"].null_count() == 2
+    assert older["prompt_token_ids"].null_count() == 0
