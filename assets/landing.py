@@ -1,7 +1,7 @@
 """The landing tables (written by the capture proxy) and the sensor that notices new commits.
 
-Dagster never writes their rows (only ``assets.maintenance`` compacts their files), so they are
-external assets; the ingest sensor turns each new Delta version that changed data into a
+Dagster never writes their rows (only ``assets.maintenance`` compacts and vacuums their files), so
+they are external assets; the ingest sensor turns each new Delta version that changed data into a
 runless materialization, which is what declarative automation on the derived assets reacts to.
 """
 
@@ -10,6 +10,7 @@ import json
 import dagster as dg
 from deltalake import DeltaTable
 
+from claw_pipelines.lake import NO_DATA_CHANGE
 from claw_pipelines.schemas import LANDING_MODELS
 from resources.lake import LakeResource
 
@@ -42,12 +43,12 @@ LANDING_SPECS = [
 
 
 def _data_changed(table: DeltaTable, after_version: int | None) -> bool:
-    """Whether a commit after ``after_version`` changed data: compaction commits (OPTIMIZE) do
+    """Whether a commit after ``after_version`` changed data: compaction and vacuum commits do
     not, and reporting them would refresh the chain over an empty range."""
     if after_version is None:
         return True
     commits = table.history(limit=table.version() - after_version)
-    return any(commit.get("operation") != "OPTIMIZE" for commit in commits)
+    return any(commit.get("operation") not in NO_DATA_CHANGE for commit in commits)
 
 
 def build_ingest_sensor(interval_s: int) -> dg.SensorDefinition:

@@ -31,8 +31,8 @@ def build_definitions(
             quality.curated_steps,
         ],
         sensors=[landing.build_ingest_sensor(interval), build_automation_sensor(interval)],
-        jobs=[maintenance.landing_compaction],
-        schedules=[maintenance.landing_compaction_schedule],
+        jobs=[maintenance.landing_maintenance],
+        schedules=[maintenance.landing_maintenance_schedule],
         resources={"lake": lake or LakeResource.from_settings(get_settings())},
         # Steps are small and write their own tables: one process per run, not per step.
         executor=dg.in_process_executor,

@@ -91,18 +91,34 @@ class Lake:
         except TableNotFoundError:
             return None
 
-    def drop_removed_files(self, table: str, keep_versions: list[int] | None = None) -> None:
-        """Delete the files no version from the latest on needs, nor ``keep_versions`` (Delta
-        vacuum with no retention). Only for the steps run's state tables: they are rewritten
-        often, and their old files would otherwise pile up."""
+    def vacuum(
+        self,
+        table: str,
+        retention_hours: int,
+        *,
+        enforce_retention_duration: bool = True,
+        keep_versions: list[int] | None = None,
+    ) -> list[str]:
+        """Delete the files of ``table`` that no version from the latest on needs and that were
+        removed more than ``retention_hours`` ago, except those ``keep_versions`` read (Delta
+        vacuum); return them. ``enforce_retention_duration`` refuses a retention shorter than
+        the table's ``delta.deletedFileRetentionDuration`` (7 days unless set). Versions older
+        than the retention can no longer be read by version (see ``changes``)."""
         delta_table = self.open(table)
-        if delta_table is not None:
-            delta_table.vacuum(
-                retention_hours=0,
-                enforce_retention_duration=False,
-                dry_run=False,
-                keep_versions=keep_versions,
-            )
+        if delta_table is None:
+            return []
+        return delta_table.vacuum(
+            retention_hours=retention_hours,
+            enforce_retention_duration=enforce_retention_duration,
+            dry_run=False,
+            keep_versions=keep_versions,
+        )
+
+    def drop_removed_files(self, table: str, keep_versions: list[int] | None = None) -> None:
+        """Delete the files no version from the latest on needs, nor ``keep_versions`` (``vacuum``
+        with no retention). Only for the steps run's state tables: they are rewritten often,
+        and their old files would otherwise pile up."""
+        self.vacuum(table, 0, enforce_retention_duration=False, keep_versions=keep_versions)
 
     def version(self, table: str) -> int | None:
         delta_table = self.open(table)
@@ -188,6 +204,10 @@ class Lake:
         return None if delta_table is None else pl.scan_delta(delta_table)
 
 
+NO_DATA_CHANGE = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
+"""Operations whose commits change no rows: compaction, and the two commits of a vacuum."""
+
+
 def watermark_app(asset: str, source: str) -> str:
     """The app transaction that an incremental asset's output commits carry for one input (or
     for its run number and attempt): the input's Delta version it read up to."""
@@ -238,12 +258,17 @@ def compact(
     """Merge the table's small files once it has more than ``max_files`` (the handle moves to
     the new version). A table that gets a small commit per run would otherwise make every open
     and scan slower as it ages. The commit carries no data change, so change-data-feed readers
-    skip it, and earlier versions stay readable (nothing is vacuumed). It only saves work
+    skip it, and earlier versions stay readable until a ``vacuum`` deletes the merged files
+    (only the landing tables' are, after a retention: ``assets.maintenance``). It only saves work
     later: when another writer removed files it merged (its commit is rejected), it is skipped,
     and the caller's own commit, already made, stands; a later compaction merges them."""
     if len(delta_table.file_uris()) > max_files:
         with contextlib.suppress(CommitFailedError):
             delta_table.optimize.compact(writer_properties=writer_properties)
+
+
+class VersionsVacuumed(RuntimeError):
+    """A change-data-feed read of versions whose files were compacted and then vacuumed."""
 
 
 def changes(
@@ -253,18 +278,44 @@ def changes(
     columns: list[str] | None = None,
 ) -> pl.DataFrame | None:
     """Rows inserted into an open table in versions ``(after_version, up_to_version]``, read
-    from its change data feed (None when the range is empty)."""
+    from its change data feed (None when the range is empty).
+
+    The feed reads the files each version added. Once compaction merged them and a vacuum
+    deleted them (the landing tables, ``assets.maintenance``), a read from the start of an
+    append-only table takes its rows from the snapshot instead (all it ever inserted), each
+    with ``up_to_version`` as ``_commit_version`` (committed at or before it); a read from a
+    later version raises ``VersionsVacuumed``, as those rows can no longer be told apart.
+    """
     if after_version is not None and up_to_version <= after_version:
         return None
     start = 0 if after_version is None else after_version + 1
     wanted = None if columns is None else [*columns, "_change_type", "_commit_version"]
-    reader = delta_table.load_cdf(
-        starting_version=start,
-        ending_version=up_to_version,
-        columns=wanted,
-        predicate="_change_type = 'insert'",
-    )
-    return pl.DataFrame(reader.read_all())
+    try:
+        reader = delta_table.load_cdf(
+            starting_version=start,
+            ending_version=up_to_version,
+            columns=wanted,
+            predicate="_change_type = 'insert'",
+        )
+        return pl.DataFrame(reader.read_all())
+    except Exception as error:  # delta-rs tells a missing file only by a bare Exception's text
+        if "not found" not in str(error):
+            raise
+        if after_version is None and up_to_version == delta_table.version():
+            return (
+                pl.scan_delta(delta_table)
+                .select(columns or pl.all())
+                .with_columns(
+                    pl.lit("insert").alias("_change_type"),
+                    pl.lit(up_to_version, pl.UInt64).alias("_commit_version"),
+                )
+                .collect()
+            )
+        raise VersionsVacuumed(
+            f"{delta_table.table_uri}: versions {start} to {up_to_version} can no longer be read "
+            "from the change data feed: the files they added were compacted and then vacuumed, "
+            "as this reader fell further behind than the vacuum retention (assets.maintenance)"
+        ) from error
 
 
 class TableWriter:

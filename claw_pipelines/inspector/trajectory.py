@@ -7,6 +7,8 @@ feed, with a predicate on the turn ids. Open trajectories come from `turns` too,
 
 from __future__ import annotations
 
+import contextlib
+
 import polars as pl
 
 from claw_pipelines.inspector import render
@@ -56,17 +58,19 @@ STEP_COLUMNS = [
 def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
     """Full `turns` rows for ``located`` (turn_id, _commit_version), one CDF read per commit.
 
-    If a commit's files were vacuumed away the rows are found by a filtered scan instead.
+    Rows not found in their commit are found by a filtered scan instead: the commit's files
+    were vacuumed away, or the version is only an upper bound (``lake.changes`` read a vacuumed
+    table from its snapshot).
     """
     table = lake.open("turns")
     if table is None or located.is_empty():
         return pl.DataFrame()
     present = {f.name for f in table.schema().fields}
     columns = [c for c in STEP_COLUMNS if c in present]
-    frames, vacuumed = [], []
+    frames = []
     for (version,), part in located.group_by("_commit_version"):
         predicate = f"_change_type = 'insert' AND {sql_in('turn_id', part['turn_id'])}"
-        try:
+        with contextlib.suppress(Exception):  # vacuumed files: a bare Exception from the stream
             reader = table.load_cdf(
                 starting_version=version,
                 ending_version=version,
@@ -74,10 +78,10 @@ def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
                 predicate=predicate,
             )
             frames.append(pl.DataFrame(reader.read_all()).select(columns))
-        except Exception:  # vacuumed files surface as a bare Exception from the Arrow stream
-            vacuumed.append(part["turn_id"])
-    if vacuumed:
-        wanted = pl.concat(vacuumed).implode()
+    found = pl.concat([pl.Series("turn_id", [], pl.String), *(f["turn_id"] for f in frames)])
+    missing = located.filter(~pl.col("turn_id").is_in(found.implode()))
+    if missing.height:
+        wanted = missing.get_column("turn_id").implode()
         scan = lake.scan("turns").filter(pl.col("turn_id").is_in(wanted))
         frames.append(scan.select(columns).collect())
     return pl.concat(frames, how="vertical_relaxed").unique("turn_id", keep="first")
