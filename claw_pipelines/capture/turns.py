@@ -237,6 +237,9 @@ class _StreamedChoice:
     logprobs: list[float] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     saw_token_ids: bool = False
+    missed_token_ids: bool = False
+    """A chunk carried a token's logprob but not its ID: LiteLLM drops the IDs of a final chunk
+    without text, such as vLLM's end of sequence, so the ID list would be incomplete."""
     saw_logprobs: bool = False
     finish_reason: str | None = None
 
@@ -268,10 +271,12 @@ class StreamAccumulator:
             token_ids = _field(choice, "token_ids")
             if token_ids is None:
                 token_ids = (_field(choice, "provider_specific_fields") or {}).get("token_ids")
+            values = _logprob_values(_field(choice, "logprobs"))
             if token_ids is not None:
                 state.saw_token_ids = True
                 state.token_ids.extend(token_ids)
-            values = _logprob_values(_field(choice, "logprobs"))
+            elif values:
+                state.missed_token_ids = True
             if values is not None:
                 state.saw_logprobs = True
                 state.logprobs.extend(values)
@@ -296,7 +301,8 @@ class StreamAccumulator:
             message: dict[str, Any] = {"role": "assistant", "content": "".join(state.content)}
             if state.tool_calls:
                 message["tool_calls"] = [state.tool_calls[i] for i in sorted(state.tool_calls)]
-            response_ids = state.token_ids if state.saw_token_ids else None
+            complete_ids = state.saw_token_ids and not state.missed_token_ids
+            response_ids = state.token_ids if complete_ids else None
             turns.append(
                 _base_turn(
                     pending,

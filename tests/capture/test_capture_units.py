@@ -188,6 +188,38 @@ def test_passthrough_text_completion_stream_keeps_its_text() -> None:
     assert turn.response_text == "42"
 
 
+def _streamed_token(text: str, token_id: int | None, finish: str | None = None) -> dict:
+    """A passthrough chunk as LiteLLM yields it: one token's logprob, its ID when kept."""
+    choice: dict = {
+        "index": 0,
+        "delta": {"content": text},
+        "logprobs": {"content": [{"token": text, "logprob": -0.5}]},
+        "finish_reason": finish,
+    }
+    if token_id is not None:
+        choice["token_ids"] = [token_id]
+    return {"model": "m", "choices": [choice]}
+
+
+@pytest.mark.parametrize(
+    ("last_token_id", "expected_ids"), [(9, [7, 8, 9]), (None, None)], ids=["kept", "dropped"]
+)
+def test_passthrough_stream_lands_only_complete_response_ids(
+    last_token_id: int | None, expected_ids: list[int] | None
+) -> None:
+    """LiteLLM drops the IDs of a final chunk without text (vLLM's end of sequence) but keeps its
+    logprob: a partial ID list would misalign with the logprobs, so the IDs are unknown."""
+    accumulator = StreamAccumulator()
+    accumulator.add(_streamed_token("4", 7))
+    accumulator.add(_streamed_token("2", 8))
+    accumulator.add(_streamed_token("", last_token_id, finish="stop"))
+    pending = pending_call("c", {"model": "m"}, TurnIdentity(), None, True, Redactor())
+    (turn,) = accumulator.turns(pending, Redactor(), "w")
+    assert turn.response_token_ids == expected_ids
+    assert turn.response_logprobs == [-0.5, -0.5, -0.5]
+    assert turn.response_text == "42"
+
+
 def test_each_choice_counts_its_own_completion_tokens() -> None:
     response = {
         "model": "m",
