@@ -10,12 +10,19 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, HTTPException, Response
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
-from claw_pipelines.capture.identity import IdentityValue, NotSecret, PolicyVersion
+from claw_pipelines.capture.identity import (
+    IDENTITY_FIELDS,
+    IdentityError,
+    IdentityValue,
+    NotSecret,
+    PolicyVersion,
+    identity_from_request,
+)
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.schemas import Reward, RewardSource, TrajectoryEventRow, Turn, new_id, utc_now
 
@@ -107,21 +114,24 @@ def build_control_app() -> FastAPI:
         return {"reward_id": row.reward_id}
 
     @control.post("/claw/v1/steps")
-    async def step(body: StepIn, response: Response) -> dict[str, str]:
+    async def step(body: StepIn, request: Request, response: Response) -> dict[str, str]:
+        """Identity comes as for a call: base-URL prefix or x-claw-* headers over body fields."""
         runtime = CaptureRuntime.current()
         if body.response_logprobs is not None and len(body.response_logprobs) != len(
             body.response_token_ids
         ):
             raise HTTPException(400, "response_logprobs must have one value per response token")
+        try:
+            identity = identity_from_request(
+                request.headers, body.model_dump(include=set(IDENTITY_FIELDS))
+            )
+        except IdentityError as error:
+            raise HTTPException(400, str(error)) from error
         now = utc_now()
         message = {"role": "assistant", "content": body.response_text}
         row = Turn(
             turn_id=new_id(),
-            trajectory_id=body.trajectory_id,
-            group_id=body.group_id,
-            channel=body.channel,
-            agent=body.agent,
-            policy_version=body.policy_version,
+            **identity.model_dump(),
             model=body.model,
             call_type="step",
             finish_reason=body.finish_reason,

@@ -337,6 +337,32 @@ def test_lifecycle_reward_and_step_endpoints(capture_stack: CaptureStack) -> Non
     assert rewards.row(0, named=True)["source"] == "model"
 
 
+def test_a_white_box_step_takes_its_identity_like_a_call(capture_stack: CaptureStack) -> None:
+    """The base-URL prefix and x-claw-* headers name a step's trajectory as they do a call's."""
+    step = json.dumps(
+        {"prompt_token_ids": [1], "response_token_ids": [2], "group_id": "g-body"}
+    ).encode()
+    by_prefix = post(capture_stack, "/t/traj-wb-prefix/g-prefix/claw/v1/steps", step)
+    by_headers = post(
+        capture_stack,
+        "/claw/v1/steps",
+        step,
+        **{"x-claw-trajectory": "traj-wb-header", "x-claw-policy-version": "3"},
+    )
+    unknown = post(capture_stack, "/claw/v1/steps", step, **{"x-claw-trajectroy": "t"})
+    assert unknown.status_code == 400 and "x-claw-trajectroy" in unknown.text
+    turn_ids = [by_prefix.json()["turn_id"], by_headers.json()["turn_id"]]
+    rows = landed(capture_stack, turn_ids)
+    identity = {
+        row["turn_id"]: (row["trajectory_id"], row["group_id"], row["policy_version"])
+        for row in rows.iter_rows(named=True)
+    }
+    assert identity == {
+        turn_ids[0]: ("traj-wb-prefix", "g-prefix", None),
+        turn_ids[1]: ("traj-wb-header", "g-body", 3),
+    }
+
+
 def test_text_completion_turns_land_with_the_engines_exact_ids(
     capture_stack: CaptureStack,
 ) -> None:
