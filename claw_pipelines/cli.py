@@ -80,7 +80,12 @@ def inspect(
 
 @app.command()
 def up(
-    host: Host = "127.0.0.1",
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Interface the capture proxy binds; the other services stay on loopback."
+        ),
+    ] = "127.0.0.1",
     proxy_port: int = 4000,
     dagster_port: int = 3000,
     inspector_port: int = 8120,

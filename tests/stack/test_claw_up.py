@@ -13,7 +13,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from typer.testing import CliRunner
 
+from claw_pipelines.cli import app
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import free_port, start_service, stop_group
 
@@ -71,3 +73,11 @@ def test_claw_up_demo_batch_and_clean_stop(tmp_path: Path) -> None:
         for child in children:
             if child.is_running():
                 child.kill()
+
+
+def test_claw_up_help_says_only_the_proxy_leaves_loopback() -> None:
+    """``run_stack`` binds ``--host`` for the capture proxy alone: the help must say so."""
+    result = CliRunner().invoke(app, ["up", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    help_text = " ".join(result.output.split())
+    assert "Interface the capture proxy binds; the other services stay on loopback." in help_text
