@@ -8,12 +8,13 @@ durability: a 200 means the row is in this process's spool and will reach Delta.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 
 from claw_pipelines.capture.identity import (
     IDENTITY_FIELDS,
@@ -76,13 +77,19 @@ def _json_text(runtime: CaptureRuntime, value: object) -> str | None:
     return None if value is None else json.dumps(runtime.redactor.data(value), ensure_ascii=False)
 
 
+def _invalid_request(errors: Sequence[Any], where: tuple[str, ...] = ()) -> JSONResponse:
+    """A 400 listing each problem by field, the same for a body that does not parse and for a
+    rule across fields (a reward's single target)."""
+    problems = [{"loc": [*where, *e["loc"]], "msg": e["msg"]} for e in errors]
+    return JSONResponse({"error": "invalid request", "problems": problems}, status_code=400)
+
+
 def build_control_app() -> FastAPI:
     control = FastAPI(title="claw capture control", docs_url=None, redoc_url=None, openapi_url=None)
 
     @control.exception_handler(RequestValidationError)
     async def _invalid(_, error: RequestValidationError) -> JSONResponse:
-        problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]
-        return JSONResponse({"error": "invalid request", "problems": problems}, status_code=400)
+        return _invalid_request(error.errors())
 
     @control.post("/claw/v1/trajectories/{trajectory_id}/complete")
     async def complete(
@@ -101,15 +108,15 @@ def build_control_app() -> FastAPI:
         await runtime.land_durably([row])
         return {"event_id": row.event_id, "trajectory_id": trajectory_id, "status": body.status}
 
-    @control.post("/claw/v1/rewards")
-    async def reward(body: RewardIn) -> dict[str, str]:
+    @control.post("/claw/v1/rewards", response_model=None)
+    async def reward(body: RewardIn) -> dict[str, str] | JSONResponse:
         runtime = CaptureRuntime.current()
         try:
             row = Reward(
                 **body.model_dump(exclude={"metadata"}), metadata=_json_text(runtime, body.metadata)
             )
-        except ValueError as error:
-            raise HTTPException(status_code=400, detail=str(error)) from error
+        except ValidationError as error:
+            return _invalid_request(error.errors(), ("body",))
         await runtime.land_durably([row])
         return {"reward_id": row.reward_id}
 

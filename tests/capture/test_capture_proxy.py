@@ -320,6 +320,8 @@ def test_lifecycle_reward_and_step_endpoints(capture_stack: CaptureStack) -> Non
         json.dumps({"turn_id": "a", "trajectory_id": "b", "value": 1}).encode(),
     )
     assert two_targets.status_code == 400
+    (problem,) = two_targets.json()["problems"]  # the same shape as any invalid body
+    assert "exactly one of turn_id, trajectory_id, group_id" in problem["msg"]
     assert (
         httpx.post(capture_stack.proxy_url + "/claw/v1/rewards", json={"value": 1}).status_code
         == 401
