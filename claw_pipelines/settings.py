@@ -35,6 +35,10 @@ class ClawSettings(BaseSettings):
         default=Path(".claw/spool"),
         description="Local directory of per-process spool segments (must be a local disk).",
     )
+    run_dir: Path = Field(
+        default=Path(".claw/run"),
+        description="Where `claw proxy` writes the LiteLLM config it runs with.",
+    )
     fsync: Literal["answer", "interval"] = Field(
         default="interval",
         description="'answer': group-commit fsync before each answer leaves; "

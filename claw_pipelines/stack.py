@@ -52,7 +52,7 @@ def start_proxy(
         command,
         f"http://127.0.0.1:{port}",
         workdir / "logs" / "proxy.log",
-        env=env,
+        env={"CLAW_RUN_DIR": str(workdir / "run"), **(env or {})},
         cwd=workdir,
     )
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import probe_bind
-from claw_pipelines.settings import LOCAL_MASTER_KEY
+from claw_pipelines.settings import LOCAL_MASTER_KEY, get_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "resources" / "litellm.yaml"
@@ -162,7 +162,7 @@ def run_proxy(
         raise SystemExit(f"claw proxy: {error}") from error
     config_path = render_config(
         config or DEFAULT_CONFIG,
-        Path(".claw/run").absolute(),
+        get_settings().run_dir.absolute(),
         port,
         backend=backend,
         model=model,

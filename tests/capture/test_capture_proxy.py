@@ -60,6 +60,12 @@ def assert_matches_engine(stack: CaptureStack, row: dict, response_id: str) -> N
     assert row["finish_reason"] == sent["finish_reason"]
 
 
+def test_the_proxy_writes_its_config_in_its_own_run_folder(capture_stack: CaptureStack) -> None:
+    """Not in ``<workdir>/.claw/run``: the proxy runs from its workdir (``.claw`` under claw up)."""
+    assert list((capture_stack.workdir / "run").glob("litellm-*.yaml"))
+    assert not (capture_stack.workdir / ".claw").exists()
+
+
 def test_non_streaming_turns_land_with_the_engines_exact_ids(capture_stack: CaptureStack) -> None:
     client = client_for(capture_stack)
     calls = [chat(client, max_tokens=64) for _ in range(5)]
