@@ -292,6 +292,27 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
     return export_asset
 
 
+def _batch_runs(
+    parts: dg.DynamicPartitionsDefinition,
+    batch_asset: dg.AssetsDefinition,
+    export_asset: dg.AssetsDefinition,
+    run_keys: dict[str, str],
+) -> dict:
+    """A sensor's requests to launch batches (``run_keys``: batch id -> run key) with their
+    exports, one run each, adding their partitions (Dagster skips those already there)."""
+    return {
+        "run_requests": [
+            dg.RunRequest(
+                partition_key=batch_id,
+                asset_selection=[batch_asset.key, export_asset.key],
+                run_key=run_key,
+            )
+            for batch_id, run_key in run_keys.items()
+        ],
+        "dynamic_partitions_requests": [parts.build_add_request(list(run_keys))],
+    }
+
+
 def build_planner_sensor(
     recipe: Recipe,
     batch_asset: dg.AssetsDefinition,
@@ -341,15 +362,9 @@ def build_planner_sensor(
         if not reserved:
             context.update_cursor(cursor)
             return dg.SkipReason(f"not enough ready data for a `{name}` batch")
+        launches = {k: k for k in reserved}
         return dg.SensorResult(
-            run_requests=[
-                dg.RunRequest(
-                    partition_key=k, asset_selection=[batch_asset.key, export_asset.key], run_key=k
-                )
-                for k in reserved
-            ],
-            dynamic_partitions_requests=[parts.build_add_request(reserved)],
-            cursor=cursor,
+            **_batch_runs(parts, batch_asset, export_asset, launches), cursor=cursor
         )
 
     return planner
@@ -430,19 +445,8 @@ def build_relaunch_sensor(
             "relaunching %s: reserved, never written, no run to come in this instance",
             ", ".join(relaunched.get_column("batch_id")),
         )
-        return dg.SensorResult(
-            run_requests=[
-                dg.RunRequest(
-                    partition_key=batch_id,
-                    asset_selection=[batch_asset.key, export_asset.key],
-                    run_key=run_key,
-                )
-                for batch_id, run_key in relaunched.iter_rows()
-            ],
-            dynamic_partitions_requests=[
-                parts.build_add_request(relaunched.get_column("batch_id").to_list())
-            ],
-        )
+        launches = dict(relaunched.iter_rows())
+        return dg.SensorResult(**_batch_runs(parts, batch_asset, export_asset, launches))
 
     return relauncher
 
