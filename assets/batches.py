@@ -8,7 +8,7 @@ partition re-plans from its pinned versions, so it rewrites exactly the same row
 
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
@@ -271,7 +271,8 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
         )
         if rows.is_empty():
             raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
-        out = Destination(the_lake.uri(f"exports/{name}/{batch_id}"), the_lake.storage_options)
+        folder = f"{ledger.exports_folder(name)}/{batch_id}"
+        out = Destination(the_lake.uri(folder), the_lake.storage_options)
         manifest = export_batch(
             recipe,
             rows,
@@ -297,14 +298,18 @@ def _batch_runs(
     batch_asset: dg.AssetsDefinition,
     export_asset: dg.AssetsDefinition,
     run_keys: dict[str, str],
+    written: Collection[str] = (),
 ) -> dict:
     """A sensor's requests to launch batches (``run_keys``: batch id -> run key) with their
-    exports, one run each, adding their partitions (Dagster skips those already there)."""
+    exports, or only the export of those already ``written``, one run each, adding their
+    partitions (Dagster skips those already there)."""
     return {
         "run_requests": [
             dg.RunRequest(
                 partition_key=batch_id,
-                asset_selection=[batch_asset.key, export_asset.key],
+                asset_selection=[export_asset.key]
+                if batch_id in written
+                else [batch_asset.key, export_asset.key],
                 run_key=run_key,
             )
             for batch_id, run_key in run_keys.items()
@@ -370,14 +375,16 @@ def build_planner_sensor(
     return planner
 
 
-def _runs_of(instance: dg.DagsterInstance, key: dg.AssetKey, batch_ids: list[str]) -> pl.DataFrame:
-    """This instance's runs of the batch asset ``key`` for ``batch_ids``: the batch each ran and
-    whether it is still to come (queued, starting, running, or failed with a retry of Dagster's
-    own ``run_retries`` pending)."""
+def _runs_of(
+    instance: dg.DagsterInstance, keys: list[dg.AssetKey], batch_ids: list[str]
+) -> pl.DataFrame:
+    """This instance's runs of any of ``keys`` for ``batch_ids``: the batch each ran and whether
+    it is still to come (queued, starting, running, or failed with a retry of Dagster's own
+    ``run_retries`` pending)."""
     runs = [
         run
         for run in instance.get_runs(filters=dg.RunsFilter(tags={PARTITION_TAG: batch_ids}))
-        if key in (run.asset_selection or ())
+        if not set(keys).isdisjoint(run.asset_selection or ())
     ]
     return pl.DataFrame(
         {
@@ -393,13 +400,15 @@ def _runs_of(instance: dg.DagsterInstance, key: dg.AssetKey, batch_ids: list[str
 def build_relaunch_sensor(
     recipe: Recipe, batch_asset: dg.AssetsDefinition, export_asset: dg.AssetsDefinition
 ) -> dg.SensorDefinition:
-    """Launches again the reserved batches that have no rows and no run to come in this
-    instance: their run was lost (a temporary instance starts without the old queue and run
-    keys) or failed (a dead worker, failed by run monitoring). Their steps are consumed in the
-    ledger, so nothing else would ever write them; the run re-plans from the pins, so it writes
-    exactly the reserved steps. A fresh run key per attempt keeps Dagster from deduplicating
-    it; after ``MAX_BATCH_RUNS`` runs in this instance the batch is only logged. A run finishing
-    between the lake read and the run query gets one more run, which rewrites the same rows."""
+    """Launches again the reserved batches that are not written or not exported and have no run
+    to come in this instance: their run was lost (a temporary instance starts without the old
+    queue, run keys and materializations) or failed (a dead worker, failed by run monitoring,
+    or an export that failed all its retries). Their steps are consumed in the ledger, so
+    nothing else would ever write or export them. An unwritten batch is launched with its
+    export and re-planned from the pins, so it writes exactly the reserved steps; a written one
+    is only exported. A fresh run key per attempt keeps Dagster from deduplicating it; after
+    ``MAX_BATCH_RUNS`` runs in this instance the batch is only logged. A run finishing between
+    the lake read and the run query gets one more run, which rewrites the same files."""
     name = recipe.name
     parts = partitions(name)
 
@@ -412,41 +421,48 @@ def build_relaunch_sensor(
     )
     def relauncher(context: dg.SensorEvaluationContext, lake: LakeResource):
         reserved_before = utc_now() - timedelta(seconds=RELAUNCH_AFTER_S)
-        unwritten = ledger.unwritten_batches(lake.lake(), name, reserved_before)
-        if not unwritten:
-            return dg.SkipReason(f"every reserved `{name}` batch is written or just reserved")
-        runs = _runs_of(context.instance, batch_asset.key, unwritten)
+        unfinished = ledger.unfinished_batches(lake.lake(), name, reserved_before)
+        if unfinished.is_empty():
+            return dg.SkipReason(
+                f"every reserved `{name}` batch is written and exported or just reserved"
+            )
+        keys = [batch_asset.key, export_asset.key]
+        runs = _runs_of(context.instance, keys, unfinished.get_column("batch_id").to_list())
         idle = (
-            pl.DataFrame({"batch_id": unwritten})
-            .join(runs, on="batch_id", how="left", maintain_order="left")
-            .group_by("batch_id", maintain_order=True)
+            unfinished.join(runs, on="batch_id", how="left", maintain_order="left")
+            .group_by("batch_id", "written", maintain_order=True)
             .agg(runs=pl.col("pending").count(), pending=pl.col("pending").any())
             .filter(~pl.col("pending"))
         )
         given_up = idle.filter(pl.col("runs") >= MAX_BATCH_RUNS).get_column("batch_id")
         if not given_up.is_empty():
             context.log.warning(
-                "not relaunching %s: reserved, never written, and already run %d times in this "
-                "instance; materialize them from the UI once the cause is fixed",
+                "not relaunching %s: reserved, never written or exported, and already run %d "
+                "times in this instance; materialize them from the UI once the cause is fixed",
                 ", ".join(given_up),
                 MAX_BATCH_RUNS,
             )
         relaunched = (
             idle.filter(pl.col("runs") < MAX_BATCH_RUNS)
             .head(MAX_BATCHES_PER_TICK)
-            .select("batch_id", run_key=pl.format("{}/attempt-{}", "batch_id", pl.col("runs") + 1))
+            .select(
+                "batch_id",
+                "written",
+                run_key=pl.format("{}/attempt-{}", "batch_id", pl.col("runs") + 1),
+            )
         )
         if relaunched.is_empty():
             return dg.SkipReason(
-                f"unwritten `{name}` batches: {len(unwritten) - idle.height} with a run to come, "
-                f"{given_up.len()} given up after {MAX_BATCH_RUNS} runs"
+                f"unfinished `{name}` batches: {unfinished.height - idle.height} with a run to "
+                f"come, {given_up.len()} given up after {MAX_BATCH_RUNS} runs"
             )
         context.log.info(
-            "relaunching %s: reserved, never written, no run to come in this instance",
+            "relaunching %s: reserved, never written or exported, no run to come in this instance",
             ", ".join(relaunched.get_column("batch_id")),
         )
-        launches = dict(relaunched.iter_rows())
-        return dg.SensorResult(**_batch_runs(parts, batch_asset, export_asset, launches))
+        launches = dict(relaunched.select("batch_id", "run_key").iter_rows())
+        written = relaunched.filter("written").get_column("batch_id").to_list()
+        return dg.SensorResult(**_batch_runs(parts, batch_asset, export_asset, launches, written))
 
     return relauncher
 

@@ -23,6 +23,7 @@ from deltalake.exceptions import CommitFailedError
 from assets.incremental import COMPACT_AFTER_FILES, ConcurrentRun
 from assets.retirements import Retirements
 from claw_pipelines.derived_schemas import LEDGER, conform
+from claw_pipelines.exporters.manifest import MANIFEST
 from claw_pipelines.lake import Lake, column_bound, compact
 from claw_pipelines.recipes import PINNED, BatchPlan, Recipe, plan_batch
 from claw_pipelines.retired import retired_table
@@ -105,22 +106,38 @@ def pins_of(lake: Lake, recipe: str, batch_id: str) -> dict | None:
     return _recorded_pins(lake.scan(ledger_table(recipe)), batch_id)
 
 
-def unwritten_batches(lake: Lake, recipe: str, reserved_before: datetime) -> list[str]:
-    """Batches reserved before ``reserved_before`` that have no rows in ``batches/<recipe>``,
-    oldest first: their steps are consumed, so only a run of their partition can still write
-    them. Reads two small columns of the ledger and one of the batches."""
+def exports_folder(recipe: str) -> str:
+    return f"exports/{recipe}"
+
+
+def exported_batches(lake: Lake, recipe: str) -> set[str]:
+    """Batches whose export finished: an export writes its manifest last."""
+    folder = exports_folder(recipe)
+    paths = (path.removeprefix(f"{folder}/").split("/") for path in lake.files_under(folder))
+    return {parts[0] for parts in paths if parts[1:] == [MANIFEST]}
+
+
+def unfinished_batches(lake: Lake, recipe: str, reserved_before: datetime) -> pl.DataFrame:
+    """Batches reserved before ``reserved_before`` that have no rows in ``batches/<recipe>`` or
+    no finished export, oldest first, with whether they are ``written``: their steps are
+    consumed, so only a run of their partition can still finish them. Reads two small columns
+    of the ledger, one of the batches and the listing of the recipe's exports."""
     reserved = lake.scan(ledger_table(recipe))
     if reserved is None:
-        return []
-    unwritten = (
+        return pl.DataFrame(schema={"batch_id": pl.String, "written": pl.Boolean})
+    batches = lake.scan(batches_table(recipe))
+    written = [] if batches is None else batches.select("batch_id").unique().collect()["batch_id"]
+    exported = exported_batches(lake, recipe)
+    return (
         reserved.filter(pl.col("planned_at") < reserved_before)
-        .select("batch_id", "planned_at")
-        .unique()
+        .group_by("batch_id")
+        .agg(pl.col("planned_at").min())
+        .with_columns(written=pl.col("batch_id").is_in(written))
+        .filter(~pl.col("written") | ~pl.col("batch_id").is_in(exported))
+        .sort("planned_at", "batch_id")
+        .select("batch_id", "written")
+        .collect()
     )
-    written = lake.scan(batches_table(recipe))
-    if written is not None:
-        unwritten = unwritten.join(written.select("batch_id"), on="batch_id", how="anti")
-    return unwritten.sort("planned_at", "batch_id").collect().get_column("batch_id").to_list()
 
 
 def consumed_turns(lake: Lake, recipe: str, batch_id: str) -> list[str]:

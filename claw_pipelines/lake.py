@@ -26,6 +26,7 @@ from deltalake import (
 )
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
+from pyarrow.fs import FileSelector, FileType
 
 from claw_pipelines.settings import ClawSettings, get_settings
 
@@ -80,6 +81,15 @@ class Lake:
         Path(self.root_uri).mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=self.root_uri, prefix="_claw_write_probe_"):
             pass
+
+    def files_under(self, folder: str) -> list[str]:
+        """The paths, relative to the root, of every file under ``folder`` (none if it does not
+        exist): one listing through delta-rs's store, local or object store alike."""
+        store = DeltaStorageHandler(self.root_uri, self._options())
+        found = store.get_file_info_selector(
+            FileSelector(folder, allow_not_found=True, recursive=True)
+        )
+        return [info.path for info in found if info.type == FileType.File]
 
     def _options(self) -> dict[str, str] | None:
         return self.storage_options or None

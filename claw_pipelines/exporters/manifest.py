@@ -13,6 +13,9 @@ from claw_pipelines.exporters.trl import write_trl
 from claw_pipelines.exporters.verl import write_verl
 from claw_pipelines.recipes import Recipe
 
+MANIFEST = "manifest.json"
+"""Written last, so a batch whose folder has it was exported in full."""
+
 
 class ExportedFile(BaseModel):
     path: str
@@ -78,5 +81,5 @@ def export_batch(
         planned_with=planned_with,
         files=files,
     )
-    out.text(manifest.model_dump_json(indent=2), "manifest.json")
+    out.text(manifest.model_dump_json(indent=2), MANIFEST)
     return manifest

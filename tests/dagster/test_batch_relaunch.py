@@ -88,6 +88,25 @@ def test_a_batch_reserved_before_a_restart_on_a_temporary_instance_is_relaunched
     assert sorted(written["turn_id"]) == sorted(plan.planned["turn_id"]) == reserved
 
 
+def test_a_batch_written_but_not_exported_before_a_restart_is_exported(
+    bound, instance, monkeypatch
+) -> None:
+    """The stack stopped between a run's batch step and its export: the rows are in the lake,
+    the manifest is not, and a temporary instance has no materialization that automation would
+    export after. The relauncher launches the export alone, which writes the manifest."""
+    driver, lost = _reserved_and_lost(bound, instance)
+    batch_id = lost.partition_key
+    driver.materialize(["batch_grpo"], partition_key=batch_id)
+    _past_the_grace_period(monkeypatch)
+    with dg.instance_for_test() as temporary:
+        restarted = Driver(bound, temporary)
+        (again,) = restarted.tick(RELAUNCHER).run_requests
+        assert again.partition_key == batch_id and _selected(again) == ["export_grpo"]
+        restarted.materialize(_selected(again), partition_key=batch_id)
+        assert isinstance(restarted.tick(RELAUNCHER), dg.SkipReason)
+    assert ledger.exported_batches(bound.lake, "grpo") == {batch_id}
+
+
 @pytest.mark.parametrize(
     "status",
     [
