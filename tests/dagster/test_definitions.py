@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -92,7 +94,7 @@ def test_lake_resource_keeps_secrets_out_of_config(monkeypatch) -> None:
 def test_dagster_dev_in_the_repository_gives_each_derived_table_one_writer(monkeypatch) -> None:
     """`dagster dev -w workspace.yaml` run here without $DAGSTER_HOME takes the repository's
     dagster.yaml (Dagster's own lookup, as the CLI does it): one run per pool at a time, and
-    run monitoring, so a run whose process died is failed instead of holding its slot."""
+    run monitoring, so a run whose process died is failed instead of staying STARTING."""
     from dagster._cli.utils import get_possibly_temporary_instance_for_cli
     from dagster._core.run_coordinator import QueuedRunCoordinator
 
@@ -101,4 +103,33 @@ def test_dagster_dev_in_the_repository_gives_each_derived_table_one_writer(monke
     with get_possibly_temporary_instance_for_cli("dagster dev") as instance:
         assert instance.global_op_concurrency_default_limit == 1
         assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
-        assert instance.run_monitoring_enabled  # a run that died frees its pool slot
+        assert instance.run_monitoring_enabled  # a run that died is failed
+
+
+def test_a_run_killed_holding_a_pool_slot_gives_it_back(monkeypatch) -> None:
+    """A run worker killed mid-step (kill -9, OOM) never releases its pool slot; run monitoring
+    fails the run, and the repository's dagster.yaml has the daemon free a failed run's slots
+    afterwards. Otherwise every later run of that table (every later batch of a recipe) stays
+    queued for good."""
+    from types import SimpleNamespace
+
+    from dagster._cli.utils import get_possibly_temporary_instance_for_cli
+    from dagster._daemon.monitoring import concurrency
+
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.chdir(REPO)
+    with get_possibly_temporary_instance_for_cli("dagster dev") as instance:
+        killed = instance.create_run_for_job(
+            dg.GraphDefinition(name="batch").to_job(), status=dg.DagsterRunStatus.STARTED
+        )
+        slots = instance.event_log_storage
+        slots.initialize_concurrency_limit_to_default("claw_batch_grpo")
+        assert slots.claim_concurrency_slot(
+            "claw_batch_grpo", killed.run_id, "batch_grpo"
+        ).is_claimed
+        instance.report_run_failed(killed)  # what run monitoring does for the dead worker
+        a_day_later = concurrency.get_current_datetime() + timedelta(days=1)
+        monkeypatch.setattr(concurrency, "get_current_datetime", lambda: a_day_later)
+        context = SimpleNamespace(instance=instance)
+        list(concurrency.execute_concurrency_slots_iteration(context, logging.getLogger()))
+        assert slots.get_concurrency_info("claw_batch_grpo").claimed_slots == []
