@@ -25,6 +25,16 @@ _DESCRIPTIONS = {
 
 LANDING_TABLES = list(LANDING_MODELS)
 
+LANDING_READERS: dict[str, list[str]] = {
+    "turns": ["steps"],
+    "trajectory_events": ["steps", "trajectories", "rewarded_steps"],
+    "rewards": ["rewarded_steps"],
+    "labels": ["curated_steps"],
+}
+"""The incremental assets that read each landing table by Delta version: each records how far it
+read as the app transaction ``claw/<asset>/<table>`` on its own output table (``Increment``), and
+the landing tables' vacuum keeps what the slowest of them has yet to read."""
+
 LANDING_SPECS = [
     dg.AssetSpec(
         key=table,

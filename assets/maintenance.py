@@ -8,24 +8,29 @@ change-data-feed readers skip it, and it is compatible with appends running at t
 
 Compaction leaves the small files it merged on disk (older versions still refer to them), so a
 busy lake would hold its data twice over and more. The job then vacuums them once they were
-merged longer than the retention ago. That retention bounds how far behind a reader of the
-landing tables may fall: each derived asset reads them by Delta version, from the change data
-feed after its watermark (``assets.incremental``), and the feed reads the small files those
-versions added, not the merged ones. A reader further behind than the retention (Dagster
-stopped for longer, an asset failing for days) finds the files of the versions it has yet to
-read deleted: its runs fail with ``lake.VersionsVacuumed`` (the rows are still in the table,
-but no longer by version). A read from the start (a new derived table, the inspector starting
-up) takes the table's snapshot instead. Delta's
-7 days leave a week to catch up; delta-rs refuses a retention shorter than the table's
+merged longer than the retention ago. Each derived asset reads the landing tables by Delta
+version, from the change data feed after its watermark (``assets.incremental``), and the feed
+reads the small files those versions added, not the merged ones. So the job stretches the
+retention to keep every file merged since the first version its slowest reader has yet to read
+(``LANDING_READERS``): a pipeline that lagged (Dagster stopped, an asset failing for days)
+catches up. A vacuum done outside this job that deletes them makes that reader fail with
+``lake.VersionsVacuumed`` (the rows are still in the table, but no longer by version). A read
+from the start (a new derived table, the inspector starting up) takes the table's snapshot
+instead. delta-rs refuses a retention shorter than the table's
 ``delta.deletedFileRetentionDuration`` (7 days unless set) unless enforcement is turned off.
 """
 
+import math
+from datetime import UTC, datetime
+
 import dagster as dg
+from deltalake import DeltaTable
 from pydantic import Field
 
 from assets.incremental import COMPACT_AFTER_FILES, WRITER
-from assets.landing import LANDING_TABLES
-from claw_pipelines.lake import compact
+from assets.landing import LANDING_READERS, LANDING_TABLES
+from claw_pipelines.lake import NO_DATA_CHANGE, Lake, compact, watermark_app
+from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
 
 MAINTENANCE_CRON = "*/10 * * * *"
@@ -45,6 +50,38 @@ class LandingMaintenanceConfig(dg.Config):
     )
 
 
+def first_unread_commit(lake: Lake, name: str, table: DeltaTable) -> datetime | None:
+    """When the first rows of landing table ``name`` that one of its readers has yet to read were
+    committed (None when all are up to date). A reader that never read it reads its snapshot
+    from the start, which a vacuum cannot break, so it does not count."""
+    read = [
+        version
+        for reader in LANDING_READERS[name]
+        if (version := lake.committed_app_version(reader, watermark_app(reader, name))) is not None
+    ]
+    latest = table.version()
+    if not read or min(read) >= latest:
+        return None
+    unread = [
+        commit
+        for commit in table.history(limit=latest - min(read))
+        if commit["operation"] not in NO_DATA_CHANGE  # a compaction or vacuum adds no rows to read
+    ]
+    if not unread:
+        return None
+    return datetime.fromtimestamp(min(c["timestamp"] for c in unread) / 1000, UTC)
+
+
+def retention_hours(configured: int, unread_since: datetime | None, now: datetime) -> int:
+    """The configured retention, stretched (plus an hour for clock skew between writers) to keep
+    every file merged away since ``unread_since``: a file a reader still needs was added after
+    the last version it read, so it was merged, and its removal stamped, after that version's
+    commit. The job thus never deletes what a reader lagging behind has yet to read."""
+    if unread_since is None:
+        return configured
+    return max(configured, math.ceil((now - unread_since).total_seconds() / 3600) + 1)
+
+
 @dg.op(
     description="Compact each landing table holding more than COMPACT_AFTER_FILES files, then "
     "vacuum the files merged away longer than the retention ago."
@@ -59,10 +96,17 @@ def maintain_landing_tables(
             continue
         before = len(table.file_uris())
         compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
+        unread_since = first_unread_commit(the_lake, name, table)
+        retention = retention_hours(config.vacuum_retention_hours, unread_since, utc_now())
+        if retention > config.vacuum_retention_hours:
+            context.log.info(
+                "%s: a reader has yet to read versions committed since %s: vacuum keeps %d h",
+                name,
+                unread_since,
+                retention,
+            )
         deleted = the_lake.vacuum(
-            name,
-            config.vacuum_retention_hours,
-            enforce_retention_duration=config.enforce_retention_duration,
+            name, retention, enforce_retention_duration=config.enforce_retention_duration
         )
         context.log.info(
             "%s: %d files, %d after compaction, %d merged files vacuumed",

@@ -50,6 +50,17 @@ def test_definitions_load_and_read_as_the_lifecycle() -> None:
     assert all(s.default_status == dg.DefaultSensorStatus.RUNNING for s in sensors.values())
 
 
+def test_the_vacuum_knows_every_reader_of_each_landing_table() -> None:
+    """``LANDING_READERS`` (whose watermarks the vacuum keeps) names the assets that depend on
+    each landing table: a new reader left out would have its unread versions vacuumed."""
+    from assets.landing import LANDING_READERS, LANDING_TABLES
+
+    graph = defs.resolve_asset_graph()
+    for table in LANDING_TABLES:
+        children = {key.to_user_string() for key in graph.get(dg.AssetKey(table)).child_keys}
+        assert children == set(LANDING_READERS[table]), table
+
+
 @pytest.mark.parametrize(
     ("command", "says"),
     [

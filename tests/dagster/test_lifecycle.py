@@ -466,12 +466,11 @@ def test_the_retention_is_enforced_unless_turned_off(driver: Driver, bound) -> N
     assert "minimum retention for vacuum" in refused.message
 
 
-def test_a_reader_further_behind_than_the_retention_fails_clearly(
+def test_the_vacuum_keeps_what_a_lagging_reader_has_yet_to_read(
     driver: Driver, bound, monkeypatch
 ) -> None:
-    """The steps asset read turns up to a version; the files of the versions after it are
-    merged and vacuumed before it reads on: its change-feed read says so instead of failing on
-    a missing file. A read from the start takes the snapshot, every row at the latest version."""
+    """The steps asset read turns up to a version; the versions after it are merged, and the job
+    vacuums with retention 0: it keeps their files, so steps reads on and misses no turn."""
     import assets.maintenance
 
     monkeypatch.setattr(assets.maintenance, "COMPACT_AFTER_FILES", 2)
@@ -481,6 +480,25 @@ def test_a_reader_further_behind_than_the_retention_fails_clearly(
         land_rollouts(bound.lake, groups=1, group_size=2, steps=1, seed=seed)
     job = bound.defs.resolve_job_def("landing_maintenance")
     assert job.execute_in_process(instance=driver.instance, run_config=VACUUM_NOW).success
+    assert len(bound.lake.open("turns").file_uris()) == 1
+    assert driver.refresh()["steps"]["rows_read"]["turns"] == 4
+    assert bound.lake.scan("steps").collect().height == 6
+    assert job.execute_in_process(instance=driver.instance, run_config=VACUUM_NOW).success
+    assert _files_on_disk(bound.lake, "turns") == 1  # everyone read on: the merged files go
+
+
+def test_a_reader_whose_versions_were_vacuumed_elsewhere_fails_clearly(
+    driver: Driver, bound
+) -> None:
+    """A vacuum outside the job deletes the files of versions the steps asset has yet to read:
+    its change-feed read says so instead of failing on a missing file. A read from the start
+    takes the snapshot, every row at the latest version."""
+    land_rollouts(bound.lake, groups=1, group_size=2, steps=1)
+    driver.refresh()
+    for seed in (1, 2):
+        land_rollouts(bound.lake, groups=1, group_size=2, steps=1, seed=seed)
+    compact(bound.lake.open("turns"), max_files=1)
+    bound.lake.vacuum("turns", 0, enforce_retention_duration=False)
     with pytest.raises(VersionsVacuumed, match="fell further behind than the vacuum retention"):
         bound.lake.read_changes("turns", bound.lake.open("steps").transaction_version(
             "claw/steps/turns"))  # fmt: skip
