@@ -408,7 +408,11 @@ def build_relaunch_sensor(
     export and re-planned from the pins, so it writes exactly the reserved steps; a written one
     is only exported. A fresh run key per attempt keeps Dagster from deduplicating it; after
     ``MAX_BATCH_RUNS`` runs in this instance the batch is only logged. A run finishing between
-    the lake read and the run query gets one more run, which rewrites the same files."""
+    the lake read and the run query gets one more run, which rewrites the same files.
+
+    The cursor is the reservation time before which every batch is finished or given up, so a
+    tick checks only the reservations since (their manifests one by one): its cost follows the
+    backlog, not the ledger. A temporary instance starts without it and checks them all once."""
     name = recipe.name
     parts = partitions(name)
 
@@ -421,8 +425,10 @@ def build_relaunch_sensor(
     )
     def relauncher(context: dg.SensorEvaluationContext, lake: LakeResource):
         reserved_before = utc_now() - timedelta(seconds=RELAUNCH_AFTER_S)
-        unfinished = ledger.unfinished_batches(lake.lake(), name, reserved_before)
+        finished_before = datetime.fromisoformat(context.cursor) if context.cursor else None
+        unfinished = ledger.unfinished_batches(lake.lake(), name, reserved_before, finished_before)
         if unfinished.is_empty():
+            context.update_cursor(reserved_before.isoformat())
             return dg.SkipReason(
                 f"every reserved `{name}` batch is written and exported or just reserved"
             )
@@ -435,6 +441,8 @@ def build_relaunch_sensor(
             .filter(~pl.col("pending"))
         )
         given_up = idle.filter(pl.col("runs") >= MAX_BATCH_RUNS).get_column("batch_id")
+        in_play = unfinished.filter(~pl.col("batch_id").is_in(given_up.implode()))
+        cursor = (in_play.get_column("planned_at").min() or reserved_before).isoformat()
         if not given_up.is_empty():
             context.log.warning(
                 "not relaunching %s: reserved, never written or exported, and already run %d "
@@ -452,6 +460,7 @@ def build_relaunch_sensor(
             )
         )
         if relaunched.is_empty():
+            context.update_cursor(cursor)
             return dg.SkipReason(
                 f"unfinished `{name}` batches: {unfinished.height - idle.height} with a run to "
                 f"come, {given_up.len()} given up after {MAX_BATCH_RUNS} runs"
@@ -462,7 +471,9 @@ def build_relaunch_sensor(
         )
         launches = dict(relaunched.select("batch_id", "run_key").iter_rows())
         written = relaunched.filter("written").get_column("batch_id").to_list()
-        return dg.SensorResult(**_batch_runs(parts, batch_asset, export_asset, launches, written))
+        return dg.SensorResult(
+            **_batch_runs(parts, batch_asset, export_asset, launches, written), cursor=cursor
+        )
 
     return relauncher
 

@@ -110,33 +110,51 @@ def exports_folder(recipe: str) -> str:
     return f"exports/{recipe}"
 
 
-def exported_batches(lake: Lake, recipe: str) -> set[str]:
-    """Batches whose export finished: an export writes its manifest last."""
-    folder = exports_folder(recipe)
-    paths = (path.removeprefix(f"{folder}/").split("/") for path in lake.files_under(folder))
-    return {parts[0] for parts in paths if parts[1:] == [MANIFEST]}
+def exported_batches(lake: Lake, recipe: str, batch_ids: list[str]) -> set[str]:
+    """Which of ``batch_ids`` finished their export (an export writes its manifest last): one
+    existence check each, so the cost follows the batches asked about, not all exports."""
+    manifests = [f"{exports_folder(recipe)}/{batch_id}/{MANIFEST}" for batch_id in batch_ids]
+    return {b for b, found in zip(batch_ids, lake.files_exist(manifests), strict=True) if found}
 
 
-def unfinished_batches(lake: Lake, recipe: str, reserved_before: datetime) -> pl.DataFrame:
-    """Batches reserved before ``reserved_before`` that have no rows in ``batches/<recipe>`` or
-    no finished export, oldest first, with whether they are ``written``: their steps are
-    consumed, so only a run of their partition can still finish them. Reads two small columns
-    of the ledger, one of the batches and the listing of the recipe's exports."""
+def _floor_ms(moment: datetime) -> datetime:
+    """``moment`` down to the millisecond: Delta's file statistics keep timestamps to the
+    millisecond, so a scan's lower bound in the same millisecond as a file's latest row would
+    skip that file (seen: ``planned_at >= x`` found nothing for a row at exactly ``x``)."""
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+def unfinished_batches(
+    lake: Lake, recipe: str, reserved_before: datetime, reserved_since: datetime | None = None
+) -> pl.DataFrame:
+    """Batches reserved in ``[reserved_since, reserved_before)`` that have no rows in
+    ``batches/<recipe>`` or no finished export, oldest first, with whether they are ``written``
+    and when they were reserved: their steps are consumed, so only a run of their partition can
+    still finish them. Reads two small columns of the ledger, one of the batches, and the
+    manifests of the written batches in that window."""
+    columns = {"batch_id": pl.String, "written": pl.Boolean, "planned_at": pl.Datetime("us", "UTC")}
     reserved = lake.scan(ledger_table(recipe))
     if reserved is None:
-        return pl.DataFrame(schema={"batch_id": pl.String, "written": pl.Boolean})
+        return pl.DataFrame(schema=columns)
     batches = lake.scan(batches_table(recipe))
     written = [] if batches is None else batches.select("batch_id").unique().collect()["batch_id"]
-    exported = exported_batches(lake, recipe)
-    return (
-        reserved.filter(pl.col("planned_at") < reserved_before)
+    window = pl.col("planned_at") < reserved_before
+    if reserved_since is not None:
+        window &= pl.col("planned_at") >= _floor_ms(reserved_since)
+    candidates = (
+        reserved.filter(window)
         .group_by("batch_id")
         .agg(pl.col("planned_at").min())
         .with_columns(written=pl.col("batch_id").is_in(written))
-        .filter(~pl.col("written") | ~pl.col("batch_id").is_in(exported))
-        .sort("planned_at", "batch_id")
-        .select("batch_id", "written")
         .collect()
+    )
+    exported = exported_batches(
+        lake, recipe, candidates.filter("written").get_column("batch_id").to_list()
+    )
+    return (
+        candidates.filter(~pl.col("written") | ~pl.col("batch_id").is_in(list(exported)))
+        .sort("planned_at", "batch_id")
+        .select(pl.col(name).cast(dtype) for name, dtype in columns.items())
     )
 
 

@@ -26,7 +26,7 @@ from deltalake import (
 )
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
-from pyarrow.fs import FileSelector, FileType
+from pyarrow.fs import FileType
 
 from claw_pipelines.settings import ClawSettings, get_settings
 
@@ -82,14 +82,13 @@ class Lake:
         with tempfile.NamedTemporaryFile(dir=self.root_uri, prefix="_claw_write_probe_"):
             pass
 
-    def files_under(self, folder: str) -> list[str]:
-        """The paths, relative to the root, of every file under ``folder`` (none if it does not
-        exist): one listing through delta-rs's store, local or object store alike."""
+    def files_exist(self, paths: list[str]) -> list[bool]:
+        """Whether each of ``paths`` (relative to the root) is a file, through delta-rs's store,
+        local or object store alike."""
+        if not paths:
+            return []
         store = DeltaStorageHandler(self.root_uri, self._options())
-        found = store.get_file_info_selector(
-            FileSelector(folder, allow_not_found=True, recursive=True)
-        )
-        return [info.path for info in found if info.type == FileType.File]
+        return [info.type == FileType.File for info in store.get_file_info(paths)]
 
     def _options(self) -> dict[str, str] | None:
         return self.storage_options or None

@@ -5,6 +5,7 @@ relauncher runs them again, once their run is surely not on its way, and not for
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import dagster as dg
 import polars as pl
@@ -104,7 +105,24 @@ def test_a_batch_written_but_not_exported_before_a_restart_is_exported(
         assert again.partition_key == batch_id and _selected(again) == ["export_grpo"]
         restarted.materialize(_selected(again), partition_key=batch_id)
         assert isinstance(restarted.tick(RELAUNCHER), dg.SkipReason)
-    assert ledger.exported_batches(bound.lake, "grpo") == {batch_id}
+    assert ledger.exported_batches(bound.lake, "grpo", [batch_id, "grpo-999999"]) == {batch_id}
+
+
+def test_the_relauncher_checks_only_the_reservations_since_the_oldest_unfinished(
+    bound, instance, monkeypatch
+) -> None:
+    """Its cursor moves past finished batches, so a tick's cost follows the backlog, not the
+    ledger: a manifest lost later is not looked for again, except by a fresh instance."""
+    driver, lost = _reserved_and_lost(bound, instance)
+    batch_id = lost.partition_key
+    _past_the_grace_period(monkeypatch)
+    (again,) = driver.tick(RELAUNCHER).run_requests
+    driver.materialize(_selected(again), partition_key=batch_id)
+    assert isinstance(driver.tick(RELAUNCHER), dg.SkipReason)
+    (Path(bound.lake.uri(f"exports/grpo/{batch_id}")) / "manifest.json").unlink()
+    assert isinstance(driver.tick(RELAUNCHER), dg.SkipReason)
+    (export,) = Driver(bound, instance).tick(RELAUNCHER).run_requests
+    assert export.partition_key == batch_id and _selected(export) == ["export_grpo"]
 
 
 @pytest.mark.parametrize(
