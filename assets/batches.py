@@ -271,6 +271,21 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
         )
         if rows.is_empty():
             raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
+        pins = ledger.pins_of(the_lake, name, batch_id) or {}
+        failed = [
+            check.check_name
+            for check in (
+                _group_check(ledger.pinned_recipe(recipe, pins), rows),
+                _consumed_once_check(
+                    the_lake, name, pl.Series(ledger.consumed_turns(the_lake, name, batch_id))
+                ),
+            )
+            if not check.passed
+        ]
+        if failed:  # an export launched alone (UI, relauncher) is not gated by the batch's run
+            raise dg.Failure(
+                f"batch {batch_id} fails {', '.join(failed)}: not exported", allow_retries=False
+            )
         folder = f"{ledger.exports_folder(name)}/{batch_id}"
         out = Destination(the_lake.uri(folder), the_lake.storage_options)
         manifest = export_batch(
@@ -278,7 +293,7 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
             rows,
             out,
             source_versions=json.loads(rows["source_versions"][0]),
-            planned_with=ledger.pins_of(the_lake, name, batch_id),
+            planned_with=pins or None,
         )
         files = pl.DataFrame([f.model_dump() for f in manifest.files])
         return dg.MaterializeResult(

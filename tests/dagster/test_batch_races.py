@@ -5,6 +5,7 @@ reservations, and the run or tick that lost goes on (a retried step, the next ti
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import dagster as dg
 import polars as pl
@@ -230,6 +231,32 @@ def test_a_batch_whose_blocking_check_failed_is_not_exported(bound, instance, mo
     for _ in range(2):
         exports.tick()
     assert exports.requested == {good}
+
+
+def test_an_export_launched_alone_refuses_a_batch_that_fails_its_checks(
+    bound, instance, monkeypatch
+) -> None:
+    """A failed blocking check stops the export in the batch's own run, but the rows are
+    written; an export launched alone (the relauncher, the UI) checks the batch itself."""
+    driver = _eight_ready_groups(bound, instance)
+    good, bad = [r.partition_key for r in driver.tick("batch_grpo_planner").run_requests]
+    checked_alone = batches._group_check
+
+    def fails_for_bad(recipe, rows):
+        result = checked_alone(recipe, rows)
+        if rows.get_column("batch_id")[0] == bad:
+            return dg.AssetCheckResult(check_name=result.check_name, passed=False)
+        return result
+
+    monkeypatch.setattr(batches, "_group_check", fails_for_bad)
+    assert not driver.attempt(["batch_grpo", "export_grpo"], partition_key=bad).success
+    refused = driver.attempt(["export_grpo"], partition_key=bad)
+    assert not refused.success
+    error = refused.failure_data_for_node("export_grpo").error
+    assert f"batch {bad} fails groups_complete: not exported" in error.message
+    assert not Path(bound.lake.uri(f"exports/grpo/{bad}")).exists()
+    driver.materialize(["batch_grpo", "export_grpo"], partition_key=good)
+    assert (Path(bound.lake.uri(f"exports/grpo/{good}")) / "manifest.json").exists()
 
 
 def test_a_batch_launched_with_its_export_is_not_exported_again(bound, instance) -> None:
