@@ -11,6 +11,7 @@ STAMP := $(VENV)/.installed
 .PHONY: up test lint lock
 
 $(STAMP): requirements.lock pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(None if sys.version_info >= (3, 11) else "claw-pipelines needs Python >= 3.11, and $(PYTHON) is " + sys.version.split()[0] + ": run make with PYTHON=python3.11 (or newer)")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==0.13.9
 	$(BIN)/uv pip install --python $(BIN)/python --compile-bytecode --require-hashes -r requirements.lock

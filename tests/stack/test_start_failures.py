@@ -5,6 +5,7 @@ passing."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ import pytest
 
 from claw_pipelines import stack
 from claw_pipelines.processes import ServiceStartError, free_port, probe_bind
-from claw_pipelines.stack import PortRequest, check_ports, start_engine
+from claw_pipelines.stack import REPO_ROOT, PortRequest, check_ports, start_engine
 
 CLI = [sys.executable, "-m", "claw_pipelines.cli"]
 
@@ -118,3 +119,24 @@ def test_claw_up_refuses_a_useless_recipe_before_starting_anything(tmp_path, mon
     with pytest.raises(SystemExit, match=r"^claw up: ") as refused:
         stack.run_stack("127.0.0.1", free_port(), free_port(), free_port(), free_port())
     assert "recipe 'solo': group_size" in str(refused.value)
+
+
+def test_make_refuses_a_python_older_than_3_11_before_building_anything(tmp_path: Path) -> None:
+    """Both set-up commands build `.venv` first; an older `python3` fails there with one line,
+    not halfway through installing the lock."""
+    for name in ("Makefile", "requirements.lock", "pyproject.toml"):
+        shutil.copy(REPO_ROOT / name, tmp_path / name)
+    old_python = tmp_path / "python3.10"
+    old_python.write_text(
+        "#!/bin/sh\n"
+        f'exec {sys.executable} -c "import sys; sys.version_info = (3, 10, 14); '
+        'sys.version = \'3.10.14\'; exec(sys.argv[1])" "$2"\n'
+    )
+    old_python.chmod(0o755)
+    done = subprocess.run(
+        ["make", "test", f"PYTHON={old_python}"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert "claw-pipelines needs Python >= 3.11" in done.stderr
+    assert "is 3.10.14" in done.stderr
+    assert not (tmp_path / ".venv").exists()
