@@ -212,11 +212,8 @@ def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monk
     assert exports.requested == {first, second}
 
 
-def test_a_batch_whose_blocking_check_failed_is_not_exported(bound, instance, monkeypatch) -> None:
-    driver = _eight_ready_groups(bound, instance)
-    good, bad = [r.partition_key for r in driver.tick("batch_grpo_planner").run_requests]
-    exports = ExportTicks(bound, instance)
-    exports.tick()
+def _fail_group_check_of(bad: str, monkeypatch) -> None:
+    """The ``groups_complete`` check fails for batch ``bad`` (and passes as usual for others)."""
     checked_alone = batches._group_check
 
     def fails_for_bad(recipe, rows):
@@ -226,6 +223,14 @@ def test_a_batch_whose_blocking_check_failed_is_not_exported(bound, instance, mo
         return result
 
     monkeypatch.setattr(batches, "_group_check", fails_for_bad)
+
+
+def test_a_batch_whose_blocking_check_failed_is_not_exported(bound, instance, monkeypatch) -> None:
+    driver = _eight_ready_groups(bound, instance)
+    good, bad = [r.partition_key for r in driver.tick("batch_grpo_planner").run_requests]
+    exports = ExportTicks(bound, instance)
+    exports.tick()
+    _fail_group_check_of(bad, monkeypatch)
     driver.materialize(["batch_grpo"], partition_key=good)
     assert not driver.attempt(["batch_grpo"], partition_key=bad).success
     for _ in range(2):
@@ -240,15 +245,7 @@ def test_an_export_launched_alone_refuses_a_batch_that_fails_its_checks(
     written; an export launched alone (the relauncher, the UI) checks the batch itself."""
     driver = _eight_ready_groups(bound, instance)
     good, bad = [r.partition_key for r in driver.tick("batch_grpo_planner").run_requests]
-    checked_alone = batches._group_check
-
-    def fails_for_bad(recipe, rows):
-        result = checked_alone(recipe, rows)
-        if rows.get_column("batch_id")[0] == bad:
-            return dg.AssetCheckResult(check_name=result.check_name, passed=False)
-        return result
-
-    monkeypatch.setattr(batches, "_group_check", fails_for_bad)
+    _fail_group_check_of(bad, monkeypatch)
     assert not driver.attempt(["batch_grpo", "export_grpo"], partition_key=bad).success
     refused = driver.attempt(["export_grpo"], partition_key=bad)
     assert not refused.success
