@@ -91,7 +91,8 @@ def build_control_app() -> FastAPI:
     async def _invalid(_, error: RequestValidationError) -> JSONResponse:
         return _invalid_request(error.errors())
 
-    @control.post("/claw/v1/trajectories/{trajectory_id}/complete")
+    # `:path`: trajectory ids may contain "/" (a %2F-encoded base-URL prefix, an n > 1 choice).
+    @control.post("/claw/v1/trajectories/{trajectory_id:path}/complete")
     async def complete(
         trajectory_id: IdentityValue, body: CompleteTrajectory | None = None
     ) -> dict[str, str]:

@@ -6,6 +6,7 @@ import json
 import os
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -416,6 +417,26 @@ def test_status_counts_spooled_rows_until_they_land(
         in_the_way.unlink()
         assert runtime.flusher.flush() == 4
         assert spooled_rows() == 0
+    finally:
+        CaptureRuntime.shutdown_current()
+
+
+def test_a_trajectory_whose_id_has_a_slash_can_be_completed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The base-URL prefix accepts %2F-encoded ids, and choice 1 of an n > 1 call in
+    "team/a/run" lands in "team/a/run.1": the lifecycle endpoint must accept what a call did."""
+    settings = ClawSettings(lake_uri=str(tmp_path / "lake"), spool_dir=tmp_path / "spool")
+    monkeypatch.setattr(CaptureRuntime, "_instance", CaptureRuntime(settings))
+    client = TestClient(build_control_app())
+    try:
+        for trajectory_id in ("team/a/run", "team/a/run.1"):
+            answer = client.post(
+                f"/claw/v1/trajectories/{quote(trajectory_id, safe='')}/complete",
+                json={"status": "aborted", "reward": 1},
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["trajectory_id"] == trajectory_id
     finally:
         CaptureRuntime.shutdown_current()
 
