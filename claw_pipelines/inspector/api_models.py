@@ -80,6 +80,8 @@ class StepOut(BaseModel):
     prompt_tokens: int | None
     completion_tokens: int | None
     messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    """The tools the request declared (the policy saw them rendered into its prompt)."""
     earlier_messages: int
     """Leading messages that repeat the previous step's messages + reply (the page folds them)."""
     response: dict[str, Any]

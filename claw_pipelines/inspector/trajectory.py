@@ -249,6 +249,11 @@ def repeated_messages(messages: list[dict], earlier: list[dict]) -> int:
     return count
 
 
+def _declared_tools(request_tools: str | None) -> list[dict] | None:
+    tools = render.parse_json(request_tools)
+    return [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else None
+
+
 def to_steps(frame: pl.DataFrame) -> list[StepOut]:
     """The page's step models (one trajectory's worth of rows, so a short loop)."""
     tokens = render.tokens_by_step(frame, "response_token_ids", "response_logprobs")
@@ -264,6 +269,7 @@ def to_steps(frame: pl.DataFrame) -> list[StepOut]:
             StepOut(
                 **{k: row.get(k) for k in STEP_FIELDS},
                 messages=messages,
+                tools=_declared_tools(row.get("request_tools")),
                 earlier_messages=repeated_messages(messages, earlier),
                 response={
                     "content": content,

@@ -157,6 +157,31 @@ def test_user_content_is_escaped_on_every_page(client, lake):
     assert "&lt;script&gt;alert" in client.get("/trajectories").text
 
 
+def test_a_step_shows_the_tools_its_request_declared(client, lake):
+    """The policy saw the tools rendered into its prompt, so the state shows them."""
+    calculator = {"type": "function", "function": {"name": "calculator", "parameters": {}}}
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    (turn,) = rollout_turns(
+        "tooled",
+        "g",
+        1,
+        1,
+        3,
+        start=start,
+        policy_version=1,
+        channel="c",
+        agent="a",
+        seed=0,
+        steps=1,
+    )
+    turn = turn.model_copy(update={"request_tools": json.dumps([calculator])})
+    lake.append("turns", rows_to_arrow(Turn, [turn.model_dump()]))
+    refresh(client)
+    (step,) = client.get("/api/trajectories/tooled").json()["steps"]
+    assert step["tools"] == [calculator]
+    assert "tools declared (1): calculator" in client.get("/trajectories/tooled").text
+
+
 def test_a_context_edit_is_reported_as_a_prefix_break(client, lake):
     start = datetime(2026, 1, 1, tzinfo=UTC)
     turns = rollout_turns(
