@@ -24,7 +24,7 @@ from assets.incremental import COMPACT_AFTER_FILES, ConcurrentRun
 from assets.retirements import Retirements
 from claw_pipelines.derived_schemas import LEDGER, conform
 from claw_pipelines.exporters.manifest import MANIFEST
-from claw_pipelines.lake import Lake, column_bound, compact
+from claw_pipelines.lake import Lake, column_bound, compact, keyed
 from claw_pipelines.recipes import PINNED, BatchPlan, Recipe, plan_batch
 from claw_pipelines.retired import retired_table
 
@@ -130,24 +130,28 @@ def unfinished_batches(
     """Batches reserved in ``[reserved_since, reserved_before)`` that have no rows in
     ``batches/<recipe>`` or no finished export, oldest first, with whether they are ``written``
     and when they were reserved: their steps are consumed, so only a run of their partition can
-    still finish them. Reads two small columns of the ledger, one of the batches, and the
-    manifests of the written batches in that window."""
+    still finish them. Reads two small columns of the ledger in that window, the batch ids of
+    the files of ``batches/<recipe>`` those batches can be in (ids are ordered), and the
+    manifests of the written ones."""
     columns = {"batch_id": pl.String, "written": pl.Boolean, "planned_at": pl.Datetime("us", "UTC")}
     reserved = lake.scan(ledger_table(recipe))
     if reserved is None:
         return pl.DataFrame(schema=columns)
-    batches = lake.scan(batches_table(recipe))
-    written = [] if batches is None else batches.select("batch_id").unique().collect()["batch_id"]
     window = pl.col("planned_at") < reserved_before
     if reserved_since is not None:
         window &= pl.col("planned_at") >= _floor_ms(reserved_since)
     candidates = (
-        reserved.filter(window)
-        .group_by("batch_id")
-        .agg(pl.col("planned_at").min())
-        .with_columns(written=pl.col("batch_id").is_in(written))
-        .collect()
+        reserved.filter(window).group_by("batch_id").agg(pl.col("planned_at").min()).collect()
     )
+    batches = lake.scan(batches_table(recipe))
+    written = (
+        pl.Series("batch_id", [], pl.String)
+        if batches is None
+        else keyed(batches.select("batch_id"), "batch_id", candidates["batch_id"])
+        .unique()
+        .collect()["batch_id"]
+    )
+    candidates = candidates.with_columns(written=pl.col("batch_id").is_in(written.implode()))
     exported = exported_batches(
         lake, recipe, candidates.filter("written").get_column("batch_id").to_list()
     )
