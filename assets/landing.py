@@ -10,7 +10,7 @@ import json
 import dagster as dg
 from deltalake import DeltaTable
 
-from claw_pipelines.lake import NO_DATA_CHANGE
+from claw_pipelines.lake import data_commits
 from claw_pipelines.schemas import LANDING_MODELS
 from resources.lake import LakeResource
 
@@ -55,10 +55,7 @@ LANDING_SPECS = [
 def _data_changed(table: DeltaTable, after_version: int | None) -> bool:
     """Whether a commit after ``after_version`` changed data: compaction and vacuum commits do
     not, and reporting them would refresh the chain over an empty range."""
-    if after_version is None:
-        return True
-    commits = table.history(limit=table.version() - after_version)
-    return any(commit.get("operation") not in NO_DATA_CHANGE for commit in commits)
+    return after_version is None or bool(data_commits(table, after_version))
 
 
 def build_ingest_sensor(interval_s: int) -> dg.SensorDefinition:

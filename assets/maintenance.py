@@ -29,7 +29,7 @@ from pydantic import Field
 
 from assets.incremental import COMPACT_AFTER_FILES, WRITER
 from assets.landing import LANDING_READERS, LANDING_TABLES
-from claw_pipelines.lake import NO_DATA_CHANGE, Lake, compact, watermark_app
+from claw_pipelines.lake import Lake, compact, data_commits, watermark_app
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
 
@@ -59,14 +59,7 @@ def first_unread_commit(lake: Lake, name: str, table: DeltaTable) -> datetime | 
         for reader in LANDING_READERS[name]
         if (version := lake.committed_app_version(reader, watermark_app(reader, name))) is not None
     ]
-    latest = table.version()
-    if not read or min(read) >= latest:
-        return None
-    unread = [
-        commit
-        for commit in table.history(limit=latest - min(read))
-        if commit["operation"] not in NO_DATA_CHANGE  # a compaction or vacuum adds no rows to read
-    ]
+    unread = data_commits(table, min(read)) if read else []
     if not unread:
         return None
     return datetime.fromtimestamp(min(c["timestamp"] for c in unread) / 1000, UTC)

@@ -217,6 +217,16 @@ NO_DATA_CHANGE = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
 """Operations whose commits change no rows: compaction, and the two commits of a vacuum."""
 
 
+def data_commits(delta_table: DeltaTable, after_version: int) -> list[dict]:
+    """The commits after ``after_version`` that changed rows (newest first), from the history
+    of those versions only: compactions and vacuums are left out."""
+    newer = delta_table.version() - after_version
+    if newer <= 0:
+        return []
+    commits = delta_table.history(limit=newer)
+    return [c for c in commits if c.get("operation") not in NO_DATA_CHANGE]
+
+
 def watermark_app(asset: str, source: str) -> str:
     """The app transaction that an incremental asset's output commits carry for one input (or
     for its run number and attempt): the input's Delta version it read up to."""
