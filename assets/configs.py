@@ -10,11 +10,12 @@ from claw_pipelines.reward_rules import RewardConfig
 from claw_pipelines.transforms.quality import QualityConfig
 
 CONFIG_DIR = Path(__file__).parent
+RECIPES_FILE = CONFIG_DIR / "batches.yaml"
 
 
 @cache
 def recipes() -> dict[str, Recipe]:
-    return load_recipes(CONFIG_DIR / "batches.yaml")
+    return load_recipes(RECIPES_FILE)
 
 
 @cache

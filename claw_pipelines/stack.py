@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from assets.configs import RECIPES_FILE
 from claw_pipelines.processes import Service, ServiceStartError, probe_bind, start_service
 from claw_pipelines.recipes import load_recipes
 from claw_pipelines.settings import LOCAL_MASTER_KEY
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-RECIPES = REPO_ROOT / "assets" / "batches.yaml"
 CLI = [sys.executable, "-m", "claw_pipelines.cli"]
 
 
@@ -137,9 +137,9 @@ def run_stack(
     a refused recipe stops it, with the recipe and field named, before anything starts.
     """
     try:
-        load_recipes(RECIPES)
+        load_recipes(RECIPES_FILE)
     except ValueError as error:  # pydantic's ValidationError is a ValueError
-        raise SystemExit(f"claw up: {RECIPES}: {error}") from error
+        raise SystemExit(f"claw up: {RECIPES_FILE}: {error}") from error
     workdir = Path.cwd()
     claw_dir = workdir / ".claw"
     env = {

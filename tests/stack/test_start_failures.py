@@ -110,7 +110,7 @@ def test_a_foreign_server_does_not_pass_for_a_service(tmp_path: Path, foreign_se
 def test_claw_up_refuses_a_useless_recipe_before_starting_anything(tmp_path, monkeypatch) -> None:
     recipes = tmp_path / "batches.yaml"
     recipes.write_text("recipes:\n  - {name: solo, algorithm: grpo, group_size: 1}\n")
-    monkeypatch.setattr(stack, "RECIPES", recipes)
+    monkeypatch.setattr(stack, "RECIPES_FILE", recipes)
 
     def refuse_to_start(*args, **kwargs):
         raise AssertionError("claw up started a service under a refused recipe")
