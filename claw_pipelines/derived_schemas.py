@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow as pa
 
 from claw_pipelines.lake import keyed
-from claw_pipelines.schemas import Turn
+from claw_pipelines.schemas import LANDING_MODELS, Turn
 
 _TOKENS = pa.list_(pa.int32())
 _LOGPROBS = pa.list_(pa.float32())
@@ -248,6 +248,23 @@ LEDGER = pa.schema(
 )
 """``batch_ledger/<recipe>``: which steps a recipe already consumed (a step goes into at most one
 batch of a recipe)."""
+
+SKIPPING_COLUMNS = sorted(
+    {
+        f.name
+        for schema in [
+            STEPS, OPEN_STATE, CLOSED_TAILS, TRAJECTORIES, REWARDED_STEPS, SCORED_STEPS,
+            CURATED_STEPS, BATCH_ROWS, DPO_PAIRS, RETIRED, LEDGER,
+            *(model.arrow_schema() for model in LANDING_MODELS.values()),
+        ]
+        for f in schema
+        if not pa.types.is_nested(f.type)
+    }
+)  # fmt: skip
+"""Every flat column (ids, times, versions, scores) of every table: the ones readers skip files
+and row groups by, so the derived tables' writer keeps their statistics. The lists (token IDs,
+logprobs, reasons) get none: nobody filters on them, and min/max over every token ID is a
+quarter of a token table's write time."""
 
 
 def token_lengths() -> list[pl.Expr]:

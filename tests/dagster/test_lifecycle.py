@@ -10,6 +10,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from dagster_harness import CHAIN, Driver, KilledOnCall
 from dagster_rollouts import Rollouts, land_rollouts, late_turn
@@ -19,8 +20,16 @@ from assets.batches import build_batch_asset
 from assets.checks import unique_step_ids
 from assets.closed_tails import ClosedTails
 from assets.configs import recipes
-from assets.incremental import ConcurrentRun, Increment
-from claw_pipelines.derived_schemas import BATCH_ROWS, OPEN_STATE, STEPS, conform, empty, fit
+from assets.incremental import WRITER, ConcurrentRun, Increment
+from claw_pipelines.derived_schemas import (
+    BATCH_ROWS,
+    OPEN_STATE,
+    STEPS,
+    TOKEN_COLUMNS,
+    conform,
+    empty,
+    fit,
+)
 from claw_pipelines.lake import Lake, VersionsVacuumed, column_bound, compact, keyed
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
 from claw_pipelines.transforms.credit import CreditAssignment
@@ -606,6 +615,28 @@ def test_column_bound_comes_from_file_statistics_and_falls_back_to_a_scan(tmp_pa
     for bound, expected in (("max", 7), ("min", 1)):
         assert column_bound(DeltaTable(with_stats), "v", bound) == expected
         assert column_bound(DeltaTable(without), "v", bound) == expected
+
+
+def test_derived_tables_keep_statistics_for_flat_columns_only(tmp_path: Path) -> None:
+    """Files and row groups are skipped by ids, times and versions, so those keep their
+    statistics; the token lists, which no reader filters on, are written without."""
+    steps = Path(tmp_path / "steps")
+    names = ["step_id", "turn_id", "trajectory_id", "policy_version", *TOKEN_COLUMNS]
+    rows = pa.table(
+        [["s-1"], ["u-1"], ["t-1"], [3], [[1, 2]], [[3]], [[-0.1]]],
+        schema=pa.schema([STEPS.field(name) for name in names]),
+    )
+    write_deltalake(str(steps), rows, writer_properties=WRITER)
+    (data_file,) = steps.glob("*.parquet")
+    chunks = pq.ParquetFile(data_file).metadata.row_group(0)
+    with_min_max = {
+        chunk.path_in_schema.split(".")[0]
+        for chunk in (chunks.column(i) for i in range(chunks.num_columns))
+        if chunk.statistics is not None and chunk.statistics.has_min_max
+    }
+    assert {"step_id", "turn_id", "trajectory_id", "policy_version"} <= with_min_max
+    assert not with_min_max & set(TOKEN_COLUMNS)
+    assert column_bound(DeltaTable(str(steps)), "policy_version", "max") == 3
 
 
 def test_a_compaction_another_writer_got_ahead_of_is_skipped(tmp_path: Path) -> None:
