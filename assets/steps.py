@@ -1,5 +1,6 @@
 """Steps (state = prompt token IDs, action = response token IDs) and per-trajectory summaries."""
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 import dagster as dg
@@ -28,6 +29,7 @@ from claw_pipelines.derived_schemas import (
     conform,
     empty,
 )
+from claw_pipelines.lake import keyed
 from claw_pipelines.schemas import utc_now
 from claw_pipelines.transforms.steps import extract_steps
 from claw_pipelines.transforms.trajectories import summarize_trajectories
@@ -61,8 +63,8 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     Reads only turns and trajectory events landed since its watermark plus its own small state
     (``steps_open``: turns of trajectories still open; ``steps_tails``: the closed tails it
     touches, appended to, never rewritten), so work grows with new data. A
-    backlog is extracted in consecutive turns version ranges of about ``CHUNK_TURNS`` rows, as if
-    the asset had run after each (state carried over; a trajectory's events go with the range
+    backlog is extracted in chunks of about ``CHUNK_TURNS`` turns (``TurnChunk``), as if the
+    asset had run after each (state carried over; a trajectory's events go with the chunk
     holding its last new turn), one commit each; only the last moves the watermark, and each
     replaces its step ids, so re-running after a crash part-way cannot duplicate steps.
     """
@@ -72,13 +74,13 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     )
     open_turns = _open_turns(increment.state_as_of("steps_open"), tails)
     events = increment.new_rows("trajectory_events")
-    ranges, last_range = _turn_ranges(increment)
+    chunks, last_range = _turn_chunks(increment)
     now, table, written, state_version = utc_now(), increment.snapshot, [], None
-    for index, versions in enumerate(ranges):
-        final = index == len(ranges) - 1
+    for index, chunk in enumerate(chunks):
+        final = index == len(chunks) - 1
         known_tails = tails.scan()
         extraction = extract_steps(
-            increment.new_rows("turns", STEP_SOURCE_COLUMNS, keep_version=True, versions=versions),
+            chunk.read(increment),
             open_turns
             if known_tails is None
             else pl.concat([open_turns, known_tails], how="diagonal_relaxed"),
@@ -97,7 +99,7 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
             state_version = increment.replace_state("steps_open", extraction.open_turns, OPEN_STATE)
             tails.record_committed()
         replace = (
-            ("step_id", new_steps.get_column("step_id").to_list()) if len(ranges) > 1 else None
+            ("step_id", new_steps.get_column("step_id").to_list()) if len(chunks) > 1 else None
         )
         table = increment.commit(conform(new_steps, STEPS), replace, watermark=final)
         written.append(
@@ -165,36 +167,94 @@ def _events_of_range(
     return ranges.filter(pl.col("_range").fill_null(0) == index).drop("_range")
 
 
-def _turn_ranges(increment: Increment) -> tuple[list[tuple[int | None, int | None]], pl.DataFrame]:
-    """Consecutive ``(after, upto]`` turns version ranges of about ``CHUNK_TURNS`` new rows (one
-    range when fewer), and per trajectory with new turns the index of the range of its last."""
+@dataclass(frozen=True)
+class TurnChunk:
+    """The new turns one commit extracts: those landed in ``versions`` = ``(after, upto]``; or,
+    when a first build finds every turn in one version (a landing table whose history was
+    vacuumed reads as its snapshot, or one bulk commit), the turns of the listed
+    ``trajectories`` only, and in the last chunk also the turns without identity, which
+    trajectory inference must see together. Either way a chunk's memory is bounded, not the
+    table's."""
+
+    versions: tuple[int | None, int | None]
+    trajectories: list[str] | None = None
+    unidentified: bool = False
+
+    def read(self, increment: Increment) -> pl.DataFrame | None:
+        if self.trajectories is None:
+            return increment.new_rows(
+                "turns", STEP_SOURCE_COLUMNS, keep_version=True, versions=self.versions
+            )
+        turns = increment.scan("turns").select(STEP_SOURCE_COLUMNS)
+        identified = keyed(turns, "trajectory_id", pl.Series(self.trajectories, dtype=pl.String))
+        unidentified = turns.filter(pl.col("trajectory_id").is_null())
+        return (
+            pl.concat([identified, unidentified] if self.unidentified else [identified])
+            .with_columns(pl.lit(self.versions[1], pl.UInt64).alias("_commit_version"))
+            .collect()
+        )
+
+
+def _turn_chunks(increment: Increment) -> tuple[list[TurnChunk], pl.DataFrame]:
+    """Chunks of about ``CHUNK_TURNS`` new turns (one when fewer): consecutive version ranges,
+    or for a first build whose turns all share one version, groups of whole trajectories; and
+    per trajectory with new turns the index of the chunk of its last."""
     light = increment.new_rows("turns", ["trajectory_id"], keep_version=True)
     after, upto = increment.after["turns"], increment.upto["turns"]
     if light is None or light.height <= CHUNK_TURNS:
-        bounds = [upto]
-    else:
-        rows = pl.col("len")
-        ends = (
-            light.group_by("_commit_version")
-            .len()
-            .sort("_commit_version")
-            .group_by(((rows.cum_sum() - rows) // CHUNK_TURNS).alias("_chunk"))
-            .agg(pl.col("_commit_version").max())
-            .sort("_chunk")
-            .get_column("_commit_version")
-            .to_list()
-        )
-        bounds = [*ends[:-1], upto]
-    ranges = list(zip([after, *bounds[:-1]], bounds, strict=True))
-    last = (
-        pl.DataFrame(schema={"trajectory_id": pl.String, "_commit_version": pl.Int64})
-        if light is None
-        else light.drop_nulls("trajectory_id")
+        chunks, last = [TurnChunk((after, upto))], _last_versions(light)
+        return chunks, last.with_columns(pl.lit(0, pl.Int64).alias("_range"))
+    if after is None and light.get_column("_commit_version").n_unique() == 1:
+        return _trajectory_chunks(light, upto)
+    rows = pl.col("len")
+    ends = (
+        light.group_by("_commit_version")
+        .len()
+        .sort("_commit_version")
+        .group_by(((rows.cum_sum() - rows) // CHUNK_TURNS).alias("_chunk"))
+        .agg(pl.col("_commit_version").max())
+        .sort("_chunk")
+        .get_column("_commit_version")
+        .to_list()
+    )
+    bounds = [*ends[:-1], upto]
+    chunks = [TurnChunk(v) for v in zip([after, *bounds[:-1]], bounds, strict=True)]
+    last = _last_versions(light)
+    index = np.searchsorted(np.array(bounds[:-1], dtype=np.int64), last["_commit_version"], "left")
+    return chunks, last.with_columns(pl.Series("_range", index, pl.Int64))
+
+
+def _last_versions(light: pl.DataFrame | None) -> pl.DataFrame:
+    """Per trajectory, the version of its last new turn."""
+    if light is None:
+        return pl.DataFrame(schema={"trajectory_id": pl.String, "_commit_version": pl.Int64})
+    return (
+        light.drop_nulls("trajectory_id")
         .group_by("trajectory_id")
         .agg(pl.col("_commit_version").max())
     )
-    index = np.searchsorted(np.array(bounds[:-1], dtype=np.int64), last["_commit_version"], "left")
-    return ranges, last.with_columns(pl.Series("_range", index, pl.Int64))
+
+
+def _trajectory_chunks(
+    light: pl.DataFrame, upto: int | None
+) -> tuple[list[TurnChunk], pl.DataFrame]:
+    """Whole trajectories (in id order, so a chunk's keyed read skips most files) in chunks of
+    about ``CHUNK_TURNS`` turns; the turns without identity go with the last."""
+    turns = pl.col("len")
+    per_trajectory = (
+        light.drop_nulls("trajectory_id")
+        .group_by("trajectory_id")
+        .len()
+        .sort("trajectory_id")
+        .with_columns(((turns.cum_sum() - turns) // CHUNK_TURNS).cast(pl.Int64).alias("_range"))
+    )
+    members = per_trajectory.group_by("_range", maintain_order=True).agg("trajectory_id")
+    chunks = [
+        TurnChunk((None, upto), trajectories=ids)
+        for ids in members.get_column("trajectory_id").to_list()
+    ] or [TurnChunk((None, upto), trajectories=[])]
+    chunks[-1] = TurnChunk((None, upto), chunks[-1].trajectories, unidentified=True)
+    return chunks, per_trajectory.select("trajectory_id", "_range")
 
 
 @dg.asset(

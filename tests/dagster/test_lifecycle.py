@@ -578,6 +578,47 @@ def test_a_turns_backlog_is_extracted_in_chunks_that_survive_a_crash(
     assert counted.height == counted.get_column("trajectory_id").n_unique() == 6
 
 
+def test_a_first_build_from_a_vacuumed_landing_table_is_chunked_by_trajectory(
+    driver: Driver, bound, monkeypatch
+) -> None:
+    """A landing table whose merged files were vacuumed reads as one version (its snapshot):
+    steps rebuilt from it are still extracted a chunk of whole trajectories at a time, with
+    the steps of one pass."""
+    import assets.steps
+
+    monkeypatch.setattr(assets.steps, "CHUNK_TURNS", 4)
+    for seed in range(3):  # 12 turns: 6 two-step trajectories
+        landed = land_rollouts(bound.lake, groups=1, group_size=2, steps=2, seed=seed)
+    anonymous = [  # and a two-turn trajectory that came without identity, still open
+        {**turn, "turn_id": new_id(), "trajectory_id": None, "group_id": None}
+        for turn in list(landed.turns.values())[:2]
+    ]
+    bound.lake.append("turns", rows_to_arrow(Turn, anonymous))
+    for table in ("turns", "trajectory_events"):
+        compact(bound.lake.open(table), max_files=1)
+        bound.lake.vacuum(table, 0, enforce_retention_duration=False)
+    chunks, extract = [], assets.steps.extract_steps
+
+    def recording(turns: pl.DataFrame, *args, **kwargs):
+        chunks.append(turns)
+        return extract(turns, *args, **kwargs)
+
+    monkeypatch.setattr(assets.steps, "extract_steps", recording)
+    driver.tick("landing_ingest_sensor")
+    assert driver.attempt(["steps"]).success
+    assert [chunk.height for chunk in chunks] == [4, 4, 6]
+    for chunk in chunks:  # whole trajectories per chunk, the anonymous turns in the last
+        assert set(chunk.group_by("trajectory_id").len().get_column("len")) == {2}
+    inferred = bound.lake.scan("steps_open").filter(pl.col("state") == "open").collect()
+    assert inferred.height == 2 and inferred.get_column("trajectory_id").n_unique() == 1
+    steps = bound.lake.scan("steps").collect()
+    assert steps.height == steps.get_column("step_id").n_unique() == 12
+    assert steps.get_column("prefix_consistent").all()
+    assert steps.group_by("trajectory_id").agg(pl.col("step_index").sort()).get_column(
+        "step_index").to_list() == [[0, 1]] * 6  # fmt: skip
+    assert steps.filter(pl.col("is_last")).height == 6
+
+
 def test_unique_step_ids_checks_the_new_ids_against_the_whole_table() -> None:
     table = pl.LazyFrame({"step_id": ["s-1", "s-2", "s-2", "s-3"]})
     assert unique_step_ids(table, pl.Series(["s-3"])).passed
