@@ -313,13 +313,14 @@ def _batch_runs(
     batch_asset: dg.AssetsDefinition,
     export_asset: dg.AssetsDefinition,
     run_keys: dict[str, str],
+    cursor: str,
     written: Collection[str] = (),
-) -> dict:
-    """A sensor's requests to launch batches (``run_keys``: batch id -> run key) with their
+) -> dg.SensorResult:
+    """A sensor's result launching batches (``run_keys``: batch id -> run key) with their
     exports, or only the export of those already ``written``, one run each, adding their
     partitions (Dagster skips those already there)."""
-    return {
-        "run_requests": [
+    return dg.SensorResult(
+        run_requests=[
             dg.RunRequest(
                 partition_key=batch_id,
                 asset_selection=[export_asset.key]
@@ -329,8 +330,9 @@ def _batch_runs(
             )
             for batch_id, run_key in run_keys.items()
         ],
-        "dynamic_partitions_requests": [parts.build_add_request(list(run_keys))],
-    }
+        dynamic_partitions_requests=[parts.build_add_request(list(run_keys))],
+        cursor=cursor,
+    )
 
 
 def build_planner_sensor(
@@ -383,9 +385,7 @@ def build_planner_sensor(
             context.update_cursor(cursor)
             return dg.SkipReason(f"not enough ready data for a `{name}` batch")
         launches = {k: k for k in reserved}
-        return dg.SensorResult(
-            **_batch_runs(parts, batch_asset, export_asset, launches), cursor=cursor
-        )
+        return _batch_runs(parts, batch_asset, export_asset, launches, cursor)
 
     return planner
 
@@ -486,9 +486,7 @@ def build_relaunch_sensor(
         )
         launches = dict(relaunched.select("batch_id", "run_key").iter_rows())
         written = relaunched.filter("written").get_column("batch_id").to_list()
-        return dg.SensorResult(
-            **_batch_runs(parts, batch_asset, export_asset, launches, written), cursor=cursor
-        )
+        return _batch_runs(parts, batch_asset, export_asset, launches, cursor, written)
 
     return relauncher
 

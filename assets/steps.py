@@ -1,6 +1,6 @@
 """Steps (state = prompt token IDs, action = response token IDs) and per-trajectory summaries."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import dagster as dg
@@ -253,7 +253,7 @@ def _trajectory_chunks(
         TurnChunk((None, upto), trajectories=ids)
         for ids in members.get_column("trajectory_id").to_list()
     ] or [TurnChunk((None, upto), trajectories=[])]
-    chunks[-1] = TurnChunk((None, upto), chunks[-1].trajectories, unidentified=True)
+    chunks[-1] = replace(chunks[-1], unidentified=True)
     return chunks, per_trajectory.select("trajectory_id", "_range")
 
 

@@ -61,9 +61,7 @@ class Lake:
         return str(Path(self.root.removeprefix("file://")).absolute())
 
     def uri(self, table: str) -> str:
-        if _is_remote(self.root):
-            return f"{self.root_uri}/{table}"
-        return str(Path(self.root_uri) / table)
+        return f"{self.root_uri}/{table}"
 
     def check_writable(self) -> None:
         """Create and delete a probe at the root, so a lake that cannot be written fails a

@@ -117,14 +117,17 @@ class SpoolWriter:
 
     def active_rows(self) -> int:
         with self._mutex:
-            return sum(segment.rows for segment in self._active.values())
+            return self._active_rows()
 
     def spooled_rows(self) -> int:
         """Rows appended and not committed yet: in active segments and in sealed ones waiting
         for (or failing) their commit. Counted in memory, so asking costs no file reads."""
         with self._mutex:
-            active = sum(segment.rows for segment in self._active.values())
-            return active + sum(self._sealed_rows.values())
+            return self._active_rows() + sum(self._sealed_rows.values())
+
+    def _active_rows(self) -> int:
+        """Rows in the active segments (the caller holds the mutex)."""
+        return sum(segment.rows for segment in self._active.values())
 
     def landed(self, table: str, seq: int) -> None:
         """Forget a sealed segment's rows: its commit landed (or an earlier one already had)."""
