@@ -268,7 +268,9 @@ def native_turn(
     """The row of a Responses or Messages call LiteLLM served on that API's own route.
 
     Its answer carries no engine token IDs (vLLM's routes return none), so ``token_source`` is
-    none; the normalized columns come from the bridge's translation of the answer to chat.
+    none; the normalized columns come from the bridge's translation of the answer to chat. The
+    answer is kept as LiteLLM's route made it, naming the model as the agent asked for it (as
+    LiteLLM's proxy does on the way out; it also hands a Responses id out encrypted).
     """
     message, finish_reason = pending.bridge.chat_view(answer)
     usage = answer.get("usage") or {}
@@ -284,7 +286,7 @@ def native_turn(
         prompt_tokens=usage.get("input_tokens"),
         completion_tokens=usage.get("output_tokens"),
         first_token_at=first_token_at,
-        api_response=scrubbed_json(answer, redactor),
+        api_response=scrubbed_json({**answer, "model": pending.model}, redactor),
         writer_id=writer_id,
     )
 
