@@ -179,8 +179,10 @@ def _one_assistant_message(messages: list[Any]) -> dict[str, Any]:
     return message
 
 
-def _sse(event: str, data: str) -> bytes:
-    return f"event: {event}\ndata: {data}\n\n".encode()
+def _sse(event: BaseModel) -> bytes:
+    """One SSE frame of a Responses event, named by its ``type`` as OpenAI's API names them."""
+    payload = event.model_dump(mode="json", by_alias=True)
+    return f"event: {payload['type']}\ndata: {json.dumps(payload)}\n\n".encode()
 
 
 class _ChunkSource:
@@ -243,7 +245,7 @@ class ResponsesBridge(Bridge):
         return message, "tool_calls" if message.get("tool_calls") else "stop"
 
     def events(self) -> bytes:
-        return b"".join(_sse(e.type, e.model_dump_json(by_alias=True)) for e in self._events)
+        return b"".join(_sse(event) for event in self._events)
 
     async def stream(self, chunks: AsyncIterator[ModelResponseStream]) -> AsyncIterator[bytes]:
         translated = LiteLLMCompletionStreamingIterator(
@@ -254,7 +256,7 @@ class ResponsesBridge(Bridge):
             custom_llm_provider=PROVIDER,
         )
         async for event in translated:
-            yield _sse(event.type, event.model_dump_json(by_alias=True))
+            yield _sse(event)
 
     @classmethod
     def error_body(cls, status: int, message: str) -> dict[str, Any]:
