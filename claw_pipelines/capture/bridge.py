@@ -40,6 +40,7 @@ from litellm.responses.litellm_completion_transformation.transformation import (
     LiteLLMCompletionResponsesConfig as ResponsesChat,
 )
 from litellm.responses.streaming_iterator import build_synthetic_response_events
+from litellm.types.llms.openai import ResponsesAPIResponse
 from litellm.types.utils import ModelResponse, ModelResponseStream
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -207,7 +208,7 @@ class ResponsesBridge(Bridge):
     def __init__(self, request: dict[str, Any]) -> None:
         super().__init__(request)
         self._params = {k: v for k, v in request.items() if k not in ("model", "input", "stream")}
-        self._events: list[Any] = []
+        self._response: ResponsesAPIResponse | None = None
 
     def _chat_request(self, stream: bool) -> dict[str, Any]:
         chat = ResponsesChat.transform_responses_api_request_to_chat_completion_request(
@@ -228,9 +229,7 @@ class ResponsesBridge(Bridge):
             chat_completion_response=completion,
         )
         response.model = self.request["model"]
-        self._events = build_synthetic_response_events(
-            transformed=response, logging_obj=None, chunk_size=WHOLE_TEXT
-        )
+        self._response = response
         return response.model_dump(mode="json", by_alias=True)
 
     def chat_view(self, answer: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -245,7 +244,10 @@ class ResponsesBridge(Bridge):
         return message, "tool_calls" if message.get("tool_calls") else "stop"
 
     def events(self) -> bytes:
-        return b"".join(_sse(event) for event in self._events)
+        events = build_synthetic_response_events(
+            transformed=self._response, logging_obj=None, chunk_size=WHOLE_TEXT
+        )
+        return b"".join(_sse(event) for event in events)
 
     async def stream(self, chunks: AsyncIterator[ModelResponseStream]) -> AsyncIterator[bytes]:
         translated = LiteLLMCompletionStreamingIterator(

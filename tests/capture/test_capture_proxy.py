@@ -100,6 +100,7 @@ def test_streamed_turns_land_with_the_engines_exact_ids(capture_stack: CaptureSt
         assert row["stream"] is True
         assert row["prompt_token_ids"] == prompt_ids
         assert (row["response_text"] or "") == text
+        assert row["first_token_at"] == row["ended_at"]  # a buffered stream arrives at once
         assert_matches_engine(capture_stack, row, response_id)
 
 
