@@ -12,12 +12,17 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import anthropic
 import openai
 import pytest
 import yaml
 from stack_fixtures import CaptureStack, launch_stack
-from test_agent_apis import anthropic_client, landed_row, openai_client
+from test_agent_apis import (
+    anthropic_client,
+    landed_row,
+    openai_client,
+    rejected_message,
+    streamed_message,
+)
 from test_capture_proxy import QUESTION
 
 from claw_pipelines.capture.launcher import DEFAULT_CONFIG
@@ -115,9 +120,7 @@ def test_a_native_messages_call_and_stream_land_both_shapes(modes_stack: Capture
     ]
     assert json.loads(row["request_messages"]) == messages
     assert row["response_text"] == message.content[0].text
-    with client.messages.stream(model="policy-native", max_tokens=32, messages=messages) as stream:
-        text = "".join(stream.text_stream)
-        turn_id = stream.response.headers["x-litellm-call-id"]
+    turn_id, text, _ = streamed_message(client, "policy-native")
     row = landed_row(modes_stack, turn_id)
     assert_native_row(row, "messages")
     assert row["stream"] is True and row["response_text"] == text
@@ -148,12 +151,7 @@ def test_passthrough_streams_are_translated_as_they_come(modes_stack: CaptureSta
     assert row["response_logprobs"] and row["prompt_token_ids"] is None
     assert json.loads(row["api_request"])["stream"] is True
 
-    with anthropic_client(modes_stack).messages.stream(
-        model="policy-live", max_tokens=32, messages=[{"role": "user", "content": QUESTION}]
-    ) as stream:
-        text = "".join(stream.text_stream)
-        final = stream.get_final_message()
-        turn_id = stream.response.headers["x-litellm-call-id"]
+    turn_id, text, final = streamed_message(anthropic_client(modes_stack), "policy-live")
     row = landed_row(modes_stack, turn_id)
     assert (row["api"], row["stream"]) == ("messages", True)
     assert row["response_text"] == text == final.content[0].text
@@ -171,12 +169,7 @@ def test_passthrough_mode_leaves_unstreamed_calls_exact(modes_stack: CaptureStac
 
 
 def test_a_native_messages_error_keeps_anthropics_shape(modes_stack: CaptureStack) -> None:
-    with pytest.raises(anthropic.BadRequestError) as raised:
-        anthropic_client(modes_stack).messages.create(
-            model="policy-native",
-            max_tokens=16,
-            messages=[{"role": "user", "content": QUESTION}],
-            extra_body={"temperature": -1},
-        )
-    row = landed_row(modes_stack, raised.value.response.headers["x-litellm-call-id"])
+    error = rejected_message(anthropic_client(modes_stack), "policy-native")
+    assert error.body["type"] == "error"
+    row = landed_row(modes_stack, error.response.headers["x-litellm-call-id"])
     assert (row["api"], row["status"]) == ("messages", "error")

@@ -55,6 +55,26 @@ def landed_row(stack: CaptureStack, turn_id: str) -> dict:
     return landed(stack, [turn_id]).row(0, named=True)
 
 
+def rejected_message(client: anthropic.Anthropic, model: str) -> anthropic.BadRequestError:
+    """The error of a Messages call the engine refuses (a negative temperature)."""
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        client.messages.create(
+            model=model,
+            max_tokens=16,
+            messages=[{"role": "user", "content": QUESTION}],
+            extra_body={"temperature": -1},
+        )
+    return raised.value
+
+
+def streamed_message(client: anthropic.Anthropic, model: str) -> tuple[str, str, object]:
+    """One streamed Messages call: (turn id, text streamed, final message)."""
+    messages = [{"role": "user", "content": QUESTION}]
+    with client.messages.stream(model=model, max_tokens=64, messages=messages) as stream:
+        text = "".join(stream.text_stream)
+        return stream.response.headers["x-litellm-call-id"], text, stream.get_final_message()
+
+
 def test_responses_create_lands_the_engines_ids_and_both_shapes(
     capture_stack: CaptureStack,
 ) -> None:
@@ -182,13 +202,7 @@ def test_messages_create_lands_the_engines_ids_and_both_shapes(
 
 
 def test_streamed_messages_land_the_engines_ids(capture_stack: CaptureStack) -> None:
-    client = anthropic_client(capture_stack)
-    with client.messages.stream(
-        model="policy", max_tokens=64, messages=[{"role": "user", "content": QUESTION}]
-    ) as stream:
-        text = "".join(stream.text_stream)
-        final = stream.get_final_message()
-        turn_id = stream.response.headers["x-litellm-call-id"]
+    turn_id, text, final = streamed_message(anthropic_client(capture_stack), "policy")
     row = landed_row(capture_stack, turn_id)
     assert (row["api"], row["stream"]) == ("messages", True)
     assert_matches_engine(capture_stack, row, final.id)
@@ -289,16 +303,10 @@ def test_a_failed_call_lands_an_error_row_on_its_route(
             )
         response = raised.value.response
     else:
-        with pytest.raises(anthropic.BadRequestError) as raised:
-            anthropic_client(capture_stack).messages.create(
-                model="policy",
-                max_tokens=16,
-                messages=[{"role": "user", "content": QUESTION}],
-                extra_body={"temperature": -1},
-            )
-        response = raised.value.response
-        assert raised.value.body["type"] == "error"
-        assert raised.value.body["error"]["type"] == "invalid_request_error"
+        error = rejected_message(anthropic_client(capture_stack), "policy")
+        response = error.response
+        assert error.body["type"] == "error"
+        assert error.body["error"]["type"] == "invalid_request_error"
     row = landed_row(capture_stack, response.headers["x-litellm-call-id"])
     assert (row["api"], row["status"], row["token_source"]) == (api, "error", "none")
     assert row["error"] and json.loads(row["api_request"])["temperature"] == -1
