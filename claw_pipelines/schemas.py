@@ -140,7 +140,8 @@ class Turn(LandingRow):
     api_response: JsonText | None = Field(
         default=None,
         description="Responses and Messages calls: the answer in that API's own shape (JSON; "
-        "for a stream, the complete answer it carried).",
+        "for a stream, the complete answer it carried; null for a passthrough stream through "
+        "the bridge, whose events are made after the turn is spooled).",
     )
     stream: bool = False
     status: TurnStatus = "success"
