@@ -6,8 +6,9 @@ engine, with the same request mix (non-streaming) and concurrency, alternating r
 ``use_chat_completions_api``, so on ``/v1/responses`` the bare proxy does what the capture bridge
 does (translate to the engine's chat call: the engine has no Responses route) minus capture. On
 ``/v1/messages`` both translate through chat (LiteLLM's Anthropic adapter, and the bridge).
-Prints one JSON object: per route ``throughput_ratio`` under load and ``p50/p99_added_ms``
-sequentially, and the worst of each over the routes.
+Prints one JSON object: per route ``throughput_ratio`` under load, ``cpu_ratio`` (the bare
+proxy's CPU per call over the capture proxy's, the steadier figure on a shared machine) and
+``p50/p99_added_ms`` sequentially, and the worst of each over the routes.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import yaml
 
 from claw_pipelines.capture.launcher import DEFAULT_CONFIG
-from claw_pipelines.processes import free_port
+from claw_pipelines.processes import Service, free_port
 from claw_pipelines.stack import start_engine, start_proxy
 
 QUESTION = "What is 12 + 30?"
@@ -73,13 +75,30 @@ async def drive(url: str, key: str, route: str, requests: int, concurrency: int)
     return latencies
 
 
-def measure(url: str, key: str, route: str, requests: int, concurrency: int) -> dict[str, float]:
-    asyncio.run(drive(url, key, route, max(50, requests // 10), concurrency))
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) of a process and its children so far."""
+    leader = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [leader, *leader.children(recursive=True)])
+
+
+def measure(
+    proxy: Service, key: str, route: str, requests: int, concurrency: int
+) -> dict[str, float]:
+    """Throughput, latency quantiles and the proxy's CPU per call: on a shared machine the CPU
+    a call costs is steadier than how many calls a second the machine lets through."""
+    asyncio.run(drive(proxy.url, key, route, max(50, requests // 10), concurrency))
+    cpu = cpu_seconds(proxy.pid)
     start = time.perf_counter()
-    latencies = asyncio.run(drive(url, key, route, requests, concurrency))
+    latencies = asyncio.run(drive(proxy.url, key, route, requests, concurrency))
     elapsed = time.perf_counter() - start
+    cpu_ms = (cpu_seconds(proxy.pid) - cpu) * 1000 / len(latencies)
     quantiles = statistics.quantiles(latencies, n=100)
-    return {"rps": len(latencies) / elapsed, "p50_ms": quantiles[49], "p99_ms": quantiles[98]}
+    return {
+        "rps": len(latencies) / elapsed,
+        "p50_ms": quantiles[49],
+        "p99_ms": quantiles[98],
+        "cpu_ms_per_call": cpu_ms,
+    }
 
 
 def bare_config(workdir: Path) -> Path:
@@ -97,12 +116,16 @@ def summary(load: dict, latency: dict) -> dict[str, float]:
         return statistics.median(run[metric] for run in runs)
 
     rps = {name: median(load[name], "rps") for name in load}
+    cpu = {name: median(load[name], "cpu_ms_per_call") for name in load}
     p50 = {name: median(latency[name], "p50_ms") for name in latency}
     p99 = {name: median(latency[name], "p99_ms") for name in latency}
     return {
         "rps_with_capture": round(rps["with"], 1),
         "rps_without_capture": round(rps["without"], 1),
         "throughput_ratio": round(rps["with"] / rps["without"], 3),
+        "cpu_ms_per_call_with": round(cpu["with"], 2),
+        "cpu_ms_per_call_without": round(cpu["without"], 2),
+        "cpu_ratio": round(cpu["without"] / cpu["with"], 3),
         "p50_ms_with": round(p50["with"], 2),
         "p50_ms_without": round(p50["without"], 2),
         "p99_ms_with": round(p99["with"], 2),
@@ -156,9 +179,9 @@ def main() -> None:
             latency: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
             for _ in range(args.rounds):
                 for name in ("without", "with"):
-                    url = proxies[name].url
-                    load[name].append(measure(url, key, route, args.requests, args.concurrency))
-                    latency[name].append(measure(url, key, route, args.latency_requests, 1))
+                    proxy = proxies[name]
+                    load[name].append(measure(proxy, key, route, args.requests, args.concurrency))
+                    latency[name].append(measure(proxy, key, route, args.latency_requests, 1))
             results[route] = summary(load, latency)
     finally:
         for service in reversed(services):
@@ -172,6 +195,7 @@ def main() -> None:
                 "latency_requests": args.latency_requests,
                 "rounds": args.rounds,
                 "worst_throughput_ratio": min(r["throughput_ratio"] for r in results.values()),
+                "worst_cpu_ratio": min(r["cpu_ratio"] for r in results.values()),
                 "worst_p99_added_ms": max(r["p99_added_ms"] for r in results.values()),
                 "cpu_count": os.cpu_count(),
                 "routes": results,
