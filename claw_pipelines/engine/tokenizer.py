@@ -263,3 +263,7 @@ def token_str(token_id: int) -> str:
 def decode(ids: list[int]) -> str:
     """The text of ``ids``; the inverse of ``encode``."""
     return b"".join(token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+
+
+MAX_CHARS_PER_TOKEN = max(len(token_str(i)) for i in range(VOCAB_SIZE))
+"""The most characters one token stands for (vLLM bounds untokenized prompt text with it)."""
