@@ -13,10 +13,11 @@ vLLM (``renderers/params.py`` ``TokenizeParams``, ``serve/utils/api_utils.py`` `
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from claw_pipelines.engine.errors import validation_error
-from claw_pipelines.engine.tokenizer import MAX_CHARS_PER_TOKEN, encode
+from claw_pipelines.engine.tokenizer import MAX_CHARS_PER_TOKEN, encode_turns
 
 DEFAULT_MAX_MODEL_LEN = 262_144
 """Twice the 131,072 of a typical served model: this tokenizer spends about three times the tokens
@@ -37,19 +38,21 @@ class ContextWindow:
                 requested,
             )
 
-    def encode_prompt(self, text: str) -> list[int]:
-        """Steps 2 and 3 for a text prompt: its token IDs, if they fit."""
+    def encode_prompt(self, turns: Sequence[str]) -> list[int]:
+        """Steps 2 and 3 for a text prompt, given as ``tokenizer.encode_turns`` takes it: its
+        token IDs, if they fit."""
+        chars = sum(map(len, turns))
         max_chars = self.max_model_len * MAX_CHARS_PER_TOKEN
-        if len(text) > max_chars:
+        if chars > max_chars:
             raise validation_error(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"your prompt contains {len(text)} characters (more than {max_chars} characters, "
+                f"your prompt contains {chars} characters (more than {max_chars} characters, "
                 f"which is the upper bound for {self.max_model_len} input tokens). Please reduce "
                 "the length of the input prompt.",
                 "input_text",
-                len(text),
+                chars,
             )
-        ids = encode(text)
+        ids = encode_turns(turns)
         self.check_prompt_ids(ids[: self.max_model_len + 1])
         return ids
 

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from claw_pipelines.engine.answer_log import AnswerLog
-from claw_pipelines.engine.chat_template import render
+from claw_pipelines.engine.chat_template import render, render_turns
 from claw_pipelines.engine.context import DEFAULT_MAX_MODEL_LEN, ContextWindow
 from claw_pipelines.engine.errors import BadRequest
 from claw_pipelines.engine.policy import respond_chat, respond_text
@@ -126,6 +126,11 @@ def _head(prefix: str, model: str | None) -> Head:
     return Head(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model or MODEL_NAME)
 
 
+def _json(body: BaseModel) -> Response:
+    """A JSON body serialized by pydantic (a 200k-token ``prompt_token_ids`` in a few ms)."""
+    return Response(body.model_dump_json(), media_type="application/json")
+
+
 def _sse(chunks: Iterator[BaseModel]) -> Iterator[str]:
     for chunk in chunks:
         yield f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
@@ -194,8 +199,8 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
         engine.window.check_output_request(body.output_limit, body.output_param)
-        text = render(body.messages, body.tools, body.add_generation_prompt)
-        prompt_ids = engine.window.encode_prompt(text)
+        turns = render_turns(body.messages, body.tools, body.add_generation_prompt)
+        prompt_ids = engine.window.encode_prompt(turns)
         budget = engine.window.output_budget(len(prompt_ids), body.output_limit)
         tool_choice = (
             body.tool_choice.function.name
@@ -216,7 +221,7 @@ def create_app(
         if not body.stream:
             engine.record(head, choices, stream=False)
             response = chat_response(head, prompt_ids, choices, top_k, with_ids)
-            return JSONResponse(response.model_dump())
+            return _json(response)
 
         async def stream() -> AsyncIterator[str]:
             for choice in choices:
@@ -252,7 +257,7 @@ def create_app(
         if not body.stream:
             engine.record(head, choices, stream=False)
             response = completion_response(head, prompt_tokens, choices, top_k, with_ids)
-            return JSONResponse(response.model_dump())
+            return _json(response)
 
         async def stream() -> AsyncIterator[str]:
             for choice in choices:
@@ -273,11 +278,11 @@ def _prompt_ids(
 ) -> list[list[int]]:
     """vLLM's prompt forms: text, token IDs, or a batch of either; each must fit the window."""
     if isinstance(prompt, str):
-        return [window.encode_prompt(prompt)]
+        return [window.encode_prompt([prompt])]
     if all(isinstance(item, int) for item in prompt):
         return [window.check_prompt_ids(check_token_ids(prompt))]
     return [
-        window.encode_prompt(item)
+        window.encode_prompt([item])
         if isinstance(item, str)
         else window.check_prompt_ids(check_token_ids(item))
         for item in prompt
