@@ -1,7 +1,8 @@
 """The arithmetic task format shared by the simulated policy and the demo agent.
 
-The demo asks questions in this format and scores answers with it; the engine's policy parses the
-same format. Keeping both directions here means the two can never drift apart.
+The demo asks questions in this format ("What is 17 + 25?") and scores answers with it; the
+engine's policy reads that format and the other usual ways of asking the same ("17 plus 25",
+"compute 6*7", "17+25=?"). Keeping both directions here means the two can never drift apart.
 """
 
 from __future__ import annotations
