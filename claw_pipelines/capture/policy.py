@@ -160,10 +160,12 @@ class ServedPolicy:
     async def admit(self) -> int | None:
         """Let a model call in, counting it in flight, and return the version it is served
         under; while paused, wait for the next announce, at most ``max_hold_s``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.max_hold_s
         with self._lock:
+            if not self.state.paused:
+                self.in_flight += 1
+                return self.state.version
             self.held += 1
+        deadline = asyncio.get_running_loop().time() + self.max_hold_s
         try:
             while True:
                 if not await self._wait(self._resumed, lambda: not self.state.paused, deadline):

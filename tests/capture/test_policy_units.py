@@ -157,6 +157,27 @@ def test_the_policy_routes_refuse_what_is_not_a_version(
         CaptureRuntime.shutdown_current()
 
 
+def test_a_white_box_step_keeps_its_agents_version_else_takes_the_announced_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = ClawSettings(lake_uri=str(tmp_path / "lake"), spool_dir=tmp_path / "spool")
+    runtime = CaptureRuntime(settings)
+    monkeypatch.setattr(CaptureRuntime, "_instance", runtime)
+    client = TestClient(build_control_app())
+    step = {"prompt_token_ids": [1, 2], "response_token_ids": [3]}
+    try:
+        before = client.post("/claw/v1/steps", json=step).json()["turn_id"]
+        assert client.post("/claw/v1/policy", json={"version": 4}).status_code == 200
+        unclaimed = client.post("/claw/v1/steps", json=step).json()["turn_id"]
+        claimed = client.post("/claw/v1/steps", json={**step, "policy_version": 2}).json()
+        runtime.flusher.flush()
+        turns = runtime.lake.scan("turns").collect()
+        versions = dict(zip(turns["turn_id"], turns["policy_version"], strict=True))
+        assert versions == {before: None, unclaimed: 4, claimed["turn_id"]: 2}
+    finally:
+        CaptureRuntime.shutdown_current()
+
+
 def test_the_lag_counts_from_the_highest_announced_version_else_the_newest_seen(
     tmp_path: Path,
 ) -> None:
