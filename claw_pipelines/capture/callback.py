@@ -27,6 +27,7 @@ from claw_pipelines.capture.apis import CALL_TYPE_APIS, NATIVE_APIS
 from claw_pipelines.capture.bridge import BRIDGES, BridgeRequestError
 from claw_pipelines.capture.identity import IdentityError, identity_from_request
 from claw_pipelines.capture.native import NativeStream, answer_json
+from claw_pipelines.capture.policy import stamp_served_version
 from claw_pipelines.capture.request_context import RequestContext, current_request
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.turns import (
@@ -64,9 +65,10 @@ class CaptureLogger(CustomLogger):
             )
         except IdentityError as error:
             raise HTTPException(status_code=400, detail=str(error)) from error
+        identity, metadata = stamp_served_version(identity, context.body_metadata)
         client_stream = bool(data.get("stream")) or context.client_stream
         if api in NATIVE_APIS:
-            pending = self._native_pending(data, api, identity, context, client_stream)
+            pending = self._native_pending(data, api, identity, metadata, context, client_stream)
         else:
             self._ask_for_token_ids(data)
             bridge = context.bridge
@@ -74,7 +76,7 @@ class CaptureLogger(CustomLogger):
                 str(data["litellm_call_id"]),
                 data,
                 identity,
-                context.body_metadata,
+                metadata,
                 client_stream,
                 self.runtime.redactor,
                 api=bridge.api if bridge else None,
@@ -94,7 +96,13 @@ class CaptureLogger(CustomLogger):
                 data["top_logprobs"] = options.top_logprobs
 
     def _native_pending(
-        self, data: dict, api: AgentApi, identity, context: RequestContext, client_stream: bool
+        self,
+        data: dict,
+        api: AgentApi,
+        identity,
+        metadata: dict | None,
+        context: RequestContext,
+        client_stream: bool,
     ) -> PendingCall:
         """A Responses or Messages call LiteLLM serves itself: its normalized columns are the
         bridge's chat translation of the agent's request (kept by the edge, as sent)."""
@@ -108,7 +116,7 @@ class CaptureLogger(CustomLogger):
             str(data["litellm_call_id"]),
             chat,
             identity,
-            context.body_metadata,
+            metadata,
             client_stream,
             self.runtime.redactor,
             api=api,
