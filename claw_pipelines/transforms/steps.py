@@ -47,7 +47,7 @@ from claw_pipelines.transforms.prefixes import (
     PREV_SOURCE,
     check_prefixes,
 )
-from claw_pipelines.transforms.threads import split_threads
+from claw_pipelines.transforms.threads import regroup, side_threads
 
 
 @dataclass(frozen=True)
@@ -203,11 +203,14 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame, min_tokens: int) -> pl.D
     A turn without group_id takes its trajectory's (from a sibling turn, the emitted tail or
     the completion event), so agents may name the group once.
     """
-    tokens = pending.select(TOKEN_COLUMNS)
+    tokens, sources = pending.select(TOKEN_COLUMNS), pending.get_column("token_source")
     frame = (
         pending.drop(TOKEN_COLUMNS)
         .with_row_index("_row")
-        .with_columns(tokens.get_column("prompt_token_ids").is_not_null().alias("_tokens"))
+        .with_columns(
+            tokens.get_column("prompt_token_ids").is_not_null().alias("_tokens"),
+            pl.lit(None, pl.String).alias("parent_trajectory_id"),
+        )
         .join(closing, on="trajectory_id")
         .sort("trajectory_id", "started_at", "turn_id")
         .with_columns(
@@ -219,11 +222,15 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame, min_tokens: int) -> pl.D
             ).alias("group_id"),
         )
     )
-    frame = split_threads(frame, tokens, min_tokens=min_tokens).sort(
-        "trajectory_id", "started_at", "turn_id"
-    )
-    linked = _link(frame, tokens, pending.get_column("token_source"))
-    return fit(check_prefixes(linked).with_columns(token_lengths()), STEPS)
+    steps = check_prefixes(_link(frame, tokens, sources))
+    moved = side_threads(steps, tokens, min_tokens=min_tokens)
+    if moved.height:
+        split, regrouped = regroup(frame, moved)
+        steps = pl.concat([
+            steps.join(split, on="trajectory_id", how="anti"),
+            check_prefixes(_link(regrouped, tokens, sources)),
+        ])  # fmt: skip
+    return fit(steps.with_columns(token_lengths()), STEPS)
 
 
 def _link(frame: pl.DataFrame, tokens: pl.DataFrame, sources: pl.Series) -> pl.DataFrame:

@@ -9,8 +9,9 @@ start order) are split into threads:
 - a step continues the step before it when its prompt extends that step's prompt + response,
   or differs from it only in the response's rendering or by a ``tail_edit``
   (``prefixes.check_prefixes``);
-- a ``context_edit`` step continues instead the latest earlier step it extends or tail-edits
-  and that nothing continues yet (``inference.continuation_links``, one successor per step);
+- a ``context_edit`` step continues instead an earlier step that nothing continues yet, when
+  its prompt extends that step's prompt + response (the longest such) or tail-edits it
+  (``inference.continuation_links``: one successor per step, the earliest);
 - else it stays a ``context_edit`` of the step before it, when nothing continues that step and
   the edit kept the conversation's opening: both requests start with the same first message
   (system prompt), or the step shares at least half its prompt with that step (a trimmed or
@@ -32,13 +33,8 @@ from __future__ import annotations
 import polars as pl
 
 from claw_pipelines.transforms.inference import chain_roots, continuation_links
-from claw_pipelines.transforms.prefixes import (
-    PREV_PROMPT,
-    PREV_RESPONSE,
-    PREV_SOURCE,
-    check_prefixes,
-)
 
+_MOVED = ["turn_id", "trajectory_id", "parent_trajectory_id"]
 CONTINUING = [None, "tail_edit", "template_change", "retokenized"]
 """Break reasons of a step that still continues the step before it (the history was kept)."""
 
@@ -47,65 +43,54 @@ def side_trajectory_id(parent: pl.Expr, first_turn: pl.Expr) -> pl.Expr:
     return parent + pl.lit("/side-") + first_turn
 
 
-def split_threads(frame: pl.DataFrame, tokens: pl.DataFrame, *, min_tokens: int) -> pl.DataFrame:
-    """``frame`` with ``trajectory_id`` of side steps replaced and ``parent_trajectory_id``.
+def side_threads(checked: pl.DataFrame, tokens: pl.DataFrame, *, min_tokens: int) -> pl.DataFrame:
+    """``(turn_id, trajectory_id, parent_trajectory_id)`` of the steps that move to a side
+    trajectory (none when no trajectory has a ``context_edit``).
 
-    ``frame``: the steps to emit (``_row`` indexes ``tokens``, the token lists), sorted by
-    trajectory_id, started_at, turn_id, with ``trajectory_inferred``, ``_tail_step_index``
-    (>= 0 when the trajectory was emitted before), ``_tokens`` (prompt IDs present),
-    ``request_messages`` and ``token_source``.
+    ``checked``: the steps to emit with their verdict against the step before them
+    (``prefixes.check_prefixes``), and ``_row`` (indexes ``tokens``, the token lists),
+    ``_prev`` (the ``_row`` of the step before), ``_tokens`` (prompt IDs present),
+    ``trajectory_inferred``, ``reopened``, ``request_messages``.
     """
-    frame = frame.with_columns(pl.lit(None, pl.String).alias("parent_trajectory_id"))
     splittable = (
-        ~pl.col("trajectory_inferred").fill_null(False)
-        & (pl.col("_tail_step_index").fill_null(-1) < 0)
-        & pl.col("_tokens")
+        ~pl.col("trajectory_inferred").fill_null(False) & ~pl.col("reopened") & pl.col("_tokens")
     )
-    steps = _with_previous(frame.filter(splittable), tokens)
+    steps = checked.filter(splittable).select(
+        "turn_id", "trajectory_id", "started_at", "_row", "_prev", "request_messages",
+        "prefix_break_reason", "shared_prefix_tokens",
+        pl.col("prompt_token_ids").list.len().alias("_prompt_len"),
+    )  # fmt: skip
     broken = steps.filter(pl.col("prefix_break_reason") == "context_edit")
     if broken.is_empty():
-        return frame
+        return pl.DataFrame(schema=dict.fromkeys(_MOVED, pl.String))
     steps = steps.join(broken.select("trajectory_id").unique(), on="trajectory_id", how="semi")
     links = _links(steps, broken, tokens, min_tokens)
     threads = _threads(steps, chain_roots(links, steps["turn_id"]))
-    moved = threads.filter(~pl.col("_main")).select(
+    return threads.filter(~pl.col("_main")).select(
         "turn_id",
-        side_trajectory_id(pl.col("trajectory_id"), pl.col("root")).alias("_side"),
+        side_trajectory_id(pl.col("trajectory_id"), pl.col("root")).alias("trajectory_id"),
+        pl.col("trajectory_id").alias("parent_trajectory_id"),
     )
-    return (
-        frame.join(moved, on="turn_id", how="left")
+
+
+def regroup(frame: pl.DataFrame, moved: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The trajectories ``moved`` (from ``side_threads``) splits, and their rows of ``frame``
+    with the side steps in their side trajectories (no group), sorted for numbering."""
+    split = moved.select(pl.col("parent_trajectory_id").alias("trajectory_id")).unique()
+    side = pl.col("_side")
+    regrouped = (
+        frame.join(split, on="trajectory_id", how="semi")
+        .join(moved.select("turn_id", pl.col("trajectory_id").alias("_side")), on="turn_id",
+              how="left")
         .with_columns(
-            pl.when(pl.col("_side").is_not_null())
-            .then(pl.col("trajectory_id"))
-            .alias("parent_trajectory_id"),
-            pl.coalesce("_side", "trajectory_id").alias("trajectory_id"),
-            pl.when(pl.col("_side").is_null()).then(pl.col("group_id")).alias("group_id"),
+            pl.when(side.is_not_null()).then("trajectory_id").alias("parent_trajectory_id"),
+            pl.when(side.is_null()).then("group_id").alias("group_id"),
+            pl.coalesce(side, "trajectory_id").alias("trajectory_id"),
         )
         .drop("_side")
-    )
-
-
-def _gather(tokens: pl.DataFrame, rows: pl.Series, name: str, alias: str) -> pl.Series:
-    return tokens.get_column(name).gather(rows).alias(alias)
-
-
-def _with_previous(steps: pl.DataFrame, tokens: pl.DataFrame) -> pl.DataFrame:
-    """Each step with the prefix verdict against the step before it (``_pred_row``)."""
-    steps = steps.with_columns(pl.col("_row").shift(1).over("trajectory_id").alias("_pred_row"))
-    rows, previous = steps["_row"], steps["_pred_row"]
-    return (
-        check_prefixes(
-            steps.with_columns(
-                _gather(tokens, rows, "prompt_token_ids", "prompt_token_ids"),
-                _gather(tokens, rows, "response_token_ids", "response_token_ids"),
-                _gather(tokens, previous, "prompt_token_ids", PREV_PROMPT),
-                _gather(tokens, previous, "response_token_ids", PREV_RESPONSE),
-                pl.col("token_source").shift(1).over("trajectory_id").alias(PREV_SOURCE),
-            )
-        )
-        .with_columns(pl.col("prompt_token_ids").list.len().alias("_prompt_len"))
-        .drop("prompt_token_ids", "response_token_ids", PREV_PROMPT, PREV_RESPONSE, PREV_SOURCE)
-    )
+        .sort("trajectory_id", "started_at", "turn_id")
+    )  # fmt: skip
+    return split, regrouped
 
 
 def _links(
@@ -113,8 +98,8 @@ def _links(
 ) -> pl.DataFrame:
     """``(turn_id, pred)`` for every step that continues or edits an earlier one."""
     continuing = steps.filter(pl.col("prefix_break_reason").is_in(CONTINUING, nulls_equal=True))
-    adjacent = continuing.filter(pl.col("_pred_row").is_not_null()).select(
-        "turn_id", pl.col("_pred_row").alias("_pred")
+    adjacent = continuing.filter(pl.col("_prev").is_not_null()).select(
+        "turn_id", pl.col("_prev").alias("_pred")
     )
     by_row = steps.select(pl.col("_row").alias("_pred"), pl.col("turn_id").alias("pred"))
     adjacent = adjacent.join(by_row, on="_pred").select("turn_id", "pred")
@@ -129,7 +114,7 @@ def _links(
     opening = pl.col("request_messages").str.json_path_match("$[0]")
     edits = (
         broken.join(found, on="turn_id", how="anti")
-        .with_columns(opening.alias("_opening"), pl.col("_pred_row").alias("_pred"))
+        .with_columns(opening.alias("_opening"), pl.col("_prev").alias("_pred"))
         .join(
             steps.select(
                 pl.col("_row").alias("_pred"),
@@ -151,8 +136,7 @@ def _links(
 def _tokens_of(steps: pl.DataFrame, tokens: pl.DataFrame) -> pl.DataFrame:
     rows = steps["_row"]
     return steps.with_columns(
-        _gather(tokens, rows, "prompt_token_ids", "prompt_token_ids"),
-        _gather(tokens, rows, "response_token_ids", "response_token_ids"),
+        tokens.get_column(name).gather(rows) for name in ("prompt_token_ids", "response_token_ids")
     )
 
 

@@ -56,7 +56,7 @@ def _shared_with_previous(rows: list[dict]) -> list[int]:
 def test_a_trailing_context_message_moved_on_every_call_is_a_tail_edit():
     """OpenClaw: one trajectory; every later step is a tail_edit that keeps nearly all of the
     previous prompt, also when the context message's text changed."""
-    rows = trailing_context_session("oc", trajectory_id="oc-1")
+    rows = trailing_context_session("oc", start=at(0), trajectory_id="oc-1")
     steps = _steps(*rows, evts=events(event("oc-1")))
     assert _by_trajectory(steps) == {"oc-1": [r["turn_id"] for r in rows]}
     assert steps["prefix_break_reason"].to_list() == [None, "tail_edit", "tail_edit", "tail_edit"]
@@ -72,8 +72,8 @@ def test_a_trailing_context_message_moved_on_every_call_is_a_tail_edit():
 def test_identity_less_trailing_context_sessions_are_inferred_one_trajectory_each():
     """Two OpenClaw sessions without identity, same system prompt, at the same time: each is
     one inferred trajectory, linked through its tail edits."""
-    a = trailing_context_session("a", start=0)
-    b = trailing_context_session("b", start=1, task="List the photos.", listing="cat.png")
+    a = trailing_context_session("a", start=at(0))
+    b = trailing_context_session("b", start=at(1), task="List the photos.", listing="cat.png")
     steps = _steps(*a, *b)
     assert _by_trajectory(steps) == {
         "inferred-a-0": [r["turn_id"] for r in a],
@@ -88,8 +88,8 @@ def test_identity_less_trailing_context_sessions_are_inferred_one_trajectory_eac
 def test_identical_trailing_context_rollouts_are_continued_once_each():
     """Rollouts of one task whose first calls are identical: each first call is continued by
     one rollout's tail-edited second call (GRPO groups of identity-less agents)."""
-    first = trailing_context_session("r0")[:2]
-    other = trailing_context_session("r1", start=1, listing="todo.txt")[:2]
+    first = trailing_context_session("r0", start=at(0))[:2]
+    other = trailing_context_session("r1", start=at(1), listing="todo.txt")[:2]
     steps = _steps(*first, *other)
     assert sorted(_by_trajectory(steps).values()) == [["r0-0", "r0-1"], ["r1-0", "r1-1"]]
 
@@ -98,7 +98,7 @@ def test_side_calls_of_a_claude_code_session_are_linked_side_trajectories():
     """The title call and the sub-agent carry the session's identity but not its conversation:
     each becomes a side trajectory of the session, without its group; the main conversation
     stays whole and prefix-consistent."""
-    session = claude_code_session("cc", "cc-1", group_id="g")
+    session = claude_code_session("cc", "cc-1", start=at(0), group_id="g")
     rows = [*session["title"], *session["main"], *session["helper"]]
     steps = _steps(*rows, evts=events(event("cc-1", group_id="g")))
     assert _by_trajectory(steps) == {
@@ -122,7 +122,7 @@ def test_a_sub_agent_that_shares_the_system_prompt_is_split_off_where_it_forks()
     """Codex: the sub-agent starts from the main conversation's developer and environment
     messages and interleaves with it; the main conversation goes on past the fork, so the
     sub-agent is a side trajectory and both stay prefix-consistent."""
-    session = codex_session("cx", "cx-1")
+    session = codex_session("cx", "cx-1", start=at(0))
     steps = _steps(*session["main"], *session["helper"], evts=events(event("cx-1")))
     assert _by_trajectory(steps) == {
         "cx-1": ["cx-main-0", "cx-main-1", "cx-main-2"],
@@ -138,11 +138,11 @@ def test_a_context_edit_that_keeps_the_system_prompt_stays_in_the_trajectory():
     head = [system("You are a file assistant."), user("Tidy the folder.")]
     ls, rm = calls("c1", "shell", command="ls"), calls("c2", "shell", command="rm a.tmp")
     rows = [
-        call("t-0", head, ls, start=0, tools=[SHELL], trajectory_id="t"),
-        call("t-1", [*head, ls, result("c1", "a.tmp b.txt " * 40)], rm, start=10, tools=[SHELL],
+        call("t-0", head, ls, start=at(0), tools=[SHELL], trajectory_id="t"),
+        call("t-1", [*head, ls, result("c1", "a.tmp b.txt " * 40)], rm, start=at(10), tools=[SHELL],
              trajectory_id="t"),
         call("t-2", [*head, ls, result("c1", "(trimmed)"), rm, result("c2", "ok")],
-             says("Done."), start=20, tools=[SHELL], trajectory_id="t"),
+             says("Done."), start=at(20), tools=[SHELL], trajectory_id="t"),
     ]  # fmt: skip
     steps = _steps(*rows, evts=events(event("t")))
     assert _by_trajectory(steps) == {"t": ["t-0", "t-1", "t-2"]}
@@ -151,7 +151,7 @@ def test_a_context_edit_that_keeps_the_system_prompt_stays_in_the_trajectory():
 
 def test_a_failed_call_is_no_step_and_the_next_is_checked_against_the_last_with_tokens():
     """The call after a failed one (no token IDs) is step 1, prefix-checked against step 0."""
-    rows = trailing_context_session("f", trajectory_id="f")[:2]
+    rows = trailing_context_session("f", start=at(0), trajectory_id="f")[:2]
     failed = {**rows[1], "turn_id": "f-failed", "status": "error", "error": "upstream 500",
               "prompt_token_ids": None, "response_token_ids": None, "response_logprobs": None,
               "started_at": at(5), "ended_at": at(6)}  # fmt: skip
@@ -165,7 +165,7 @@ def test_a_failed_call_is_no_step_and_the_next_is_checked_against_the_last_with_
 def test_a_step_without_tokens_stays_but_is_no_predecessor():
     """A successful call without token IDs is a step (missing_tokens); the step after it is
     checked against the step before it."""
-    rows = trailing_context_session("n", trajectory_id="n")[:3]
+    rows = trailing_context_session("n", start=at(0), trajectory_id="n")[:3]
     blind = {**rows[1], "token_source": "none", "prompt_token_ids": None,
              "response_token_ids": None, "response_logprobs": None}  # fmt: skip
     steps = _steps(rows[0], blind, rows[2], evts=events(event("n")))
@@ -179,7 +179,7 @@ def test_side_trajectories_neither_join_nor_break_their_parents_group():
     group) and are dropped; rewards and summaries carry the parent link."""
     rows, evts = [], []
     for i, reward in enumerate([1.0, 0.0]):
-        session = claude_code_session(f"r{i}", f"r{i}", group_id="g", start=i)
+        session = claude_code_session(f"r{i}", f"r{i}", start=at(i), group_id="g")
         rows += [*session["title"], *session["main"]]
         evts.append(event(f"r{i}", reward=reward, group_id="g"))
     extracted = extract_steps(turns(*rows), None, events(*evts), now=at(5000)).steps
@@ -205,7 +205,7 @@ def test_side_trajectories_neither_join_nor_break_their_parents_group():
 
 def test_late_turns_are_not_split_and_stay_in_the_main_trajectory():
     """A turn landing after its trajectory was emitted continues the emitted tail."""
-    session = claude_code_session("late", "late-1")
+    session = claude_code_session("late", "late-1", start=at(0))
     first = extract_steps(turns(*session["main"][:1]), None, events(event("late-1")),
                           now=at(100))  # fmt: skip
     late = extract_steps(turns(session["main"][1]), first.open_state, None, now=at(200),
@@ -221,8 +221,8 @@ def test_a_reply_of_the_previous_call_alone_does_not_make_a_tail_edit():
     head = [system("You are a file assistant."), user("Read the long report. " * 200)]
     ls = calls("c1", "shell", command="ls")
     rows = [
-        call("e-0", head, ls, start=0, tools=[SHELL], trajectory_id="e"),
-        call("e-1", [head[0], ls, result("c1", "x")], says("ok"), start=10, tools=[SHELL],
+        call("e-0", head, ls, start=at(0), tools=[SHELL], trajectory_id="e"),
+        call("e-1", [head[0], ls, result("c1", "x")], says("ok"), start=at(10), tools=[SHELL],
              trajectory_id="e"),
     ]  # fmt: skip
     steps = _steps(*rows, evts=events(event("e")))

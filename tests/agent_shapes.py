@@ -11,9 +11,8 @@ relate token for token as they would through ``claw proxy`` + ``claw sim``.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 from typing import Any
-
-from transform_rows import turn
 
 from claw_pipelines.engine.chat_template import assistant_text, render
 from claw_pipelines.engine.protocol import Message, Tool
@@ -36,25 +35,29 @@ def call(
     messages: list[dict[str, Any]],
     reply: dict[str, Any],
     *,
-    start: float,
+    start: datetime,
     tools: list[dict[str, Any]] | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
-    """A turn row: the engine's prompt for ``messages`` and ``tools``, ``reply`` generated."""
+    """A successful engine turn (``turns`` row fields): the engine's prompt for ``messages``
+    and ``tools``, ``reply`` generated; it took one second."""
     prompt = render([Message(**m) for m in messages], [Tool(**t) for t in tools or []])
-    text = assistant_text(Message(**reply))
-    return turn(
-        turn_id,
-        encode(prompt),
-        [*encode(text), IM_END_ID],
-        start=start,
-        request_messages=json.dumps(messages),
-        request_tools=json.dumps(tools) if tools else None,
-        response_message=json.dumps(reply),
-        response_text=reply.get("content"),
-        finish_reason="tool_calls" if reply.get("tool_calls") else "stop",
-        **fields,
-    )
+    response = [*encode(assistant_text(Message(**reply))), IM_END_ID]
+    return {
+        "turn_id": turn_id, "trajectory_id": None, "agent": "agent", "channel": "train",
+        "policy_version": 1, "model": "policy", "token_source": "engine",
+        "prompt_token_ids": encode(prompt), "response_token_ids": response,
+        "response_logprobs": [-0.25] * len(response),
+        "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop",
+        "request_messages": json.dumps(messages),
+        "request_tools": json.dumps(tools) if tools else None,
+        "response_message": json.dumps(reply), "response_text": reply.get("content"),
+        "started_at": start, "ended_at": start + timedelta(seconds=1), **fields,
+    }  # fmt: skip
+
+
+def _at(start: datetime, seconds: float) -> datetime:
+    return start + timedelta(seconds=seconds)
 
 
 def says(text: str) -> dict[str, Any]:
@@ -88,8 +91,8 @@ def context(jobs: str) -> dict[str, Any]:
 def trailing_context_session(
     prefix: str,
     *,
+    start: datetime,
     trajectory_id: str | None = None,
-    start: float = 0.0,
     task: str = "List the files in the work folder.",
     listing: str = "notes.txt",
     **fields: Any,
@@ -111,14 +114,14 @@ def trailing_context_session(
           result("call2", "buy milk"), context("none")], says("It says: buy milk.")),
     ]  # fmt: skip
     return [
-        call(f"{prefix}-{i}", messages, reply, start=start + 10 * i, tools=[SHELL],
+        call(f"{prefix}-{i}", messages, reply, start=_at(start, 10 * i), tools=[SHELL],
              trajectory_id=trajectory_id, **fields)
         for i, (messages, reply) in enumerate(history)
     ]  # fmt: skip
 
 
 def claude_code_session(
-    prefix: str, trajectory_id: str, *, group_id: str | None = None, start: float = 0.0
+    prefix: str, trajectory_id: str, *, start: datetime, group_id: str | None = None
 ) -> dict[str, list[dict[str, Any]]]:
     """Claude Code with one identity header on every call: a title call on the small model first
     (own system prompt, no tools), the main conversation (a user message of reminder + task, a
@@ -140,21 +143,22 @@ def claude_code_session(
     return {
         "title": [title],
         "main": [
-            call(f"{prefix}-main-0", main, start_helper, start=start + 1, tools=[SHELL, AGENT],
-                 **ids),
+            call(f"{prefix}-main-0", main, start_helper, start=_at(start, 1),
+                 tools=[SHELL, AGENT], **ids),
             call(f"{prefix}-main-1", [*main, start_helper, result("toolu_1", report)],
-                 says("The helper found one failing test: test_sum."), start=start + 30,
+                 says("The helper found one failing test: test_sum."), start=_at(start, 30),
                  tools=[SHELL, AGENT], **ids),
         ],
         "helper": [
-            call(f"{prefix}-helper-0", helper, run_tests, start=start + 10, tools=[SHELL], **ids),
+            call(f"{prefix}-helper-0", helper, run_tests, start=_at(start, 10), tools=[SHELL],
+                 **ids),
             call(f"{prefix}-helper-1", [*helper, run_tests, result("toolu_2", "1 failed")],
-                 says(report), start=start + 20, tools=[SHELL], **ids),
+                 says(report), start=_at(start, 20), tools=[SHELL], **ids),
         ],
     }  # fmt: skip
 
 
-def codex_session(prefix: str, trajectory_id: str, *, start: float = 0.0):
+def codex_session(prefix: str, trajectory_id: str, *, start: datetime):
     """Codex CLI with a sub-agent: the sub-agent starts from the same developer messages and
     environment message as the main conversation, with its own task; the two interleave."""
     opening = [{"role": "developer", "content": "You are a coding agent working in a terminal."},
@@ -176,8 +180,9 @@ def codex_session(prefix: str, trajectory_id: str, *, start: float = 0.0):
                                       says(counted))]  # fmt: skip
     tools = [SHELL, SPAWN, WAIT]
     return {
-        "main": [call(f"{prefix}-main-{i}", m, r, start=start + 20 * i, tools=tools,
+        "main": [call(f"{prefix}-main-{i}", m, r, start=_at(start, 20 * i), tools=tools,
                       trajectory_id=trajectory_id) for i, (m, r) in enumerate(main_calls)],
-        "helper": [call(f"{prefix}-helper-{i}", m, r, start=start + 5 + 20 * i, tools=tools,
-                        trajectory_id=trajectory_id) for i, (m, r) in enumerate(helper_calls)],
+        "helper": [call(f"{prefix}-helper-{i}", m, r, start=_at(start, 5 + 20 * i),
+                        tools=tools, trajectory_id=trajectory_id)
+                   for i, (m, r) in enumerate(helper_calls)],
     }  # fmt: skip
