@@ -12,9 +12,10 @@ Matching is a hash join, linear in the tokens of the successors: every token get
 (token, position), and the running sum of those hashes along a sequence is a prefix hash. A
 candidate predecessor is keyed by (length, hash) of its full sequence; a successor's prompt
 offers (p, prefix hash at p) for every position p, and the join yields the turns whose prompt
-could extend it. For tail edits a predecessor also offers the prefix hashes of the last
-``MAX_TAIL_TOKENS`` + ``HEADER_TOKENS`` positions of its prompt: the join yields the shared
-prefix, and the exact tail-edit test decides. Candidates are then checked token by token. (A
+could extend it. For tail edits the predecessors' prompt prefixes ending in their last
+``MAX_TAIL_TOKENS`` + ``HEADER_TOKENS`` positions form a prefix tree; walking a successor's
+prompt through it names the predecessors whose shared prefix with it ends there
+(``_tail_matches``). Candidates are then checked token by token. (A
 first-tokens key does not work: agents share long system prompts, which would put every turn in
 one bucket.)
 
@@ -47,10 +48,15 @@ from claw_pipelines.transforms.prefixes import (
 _MAX_JUMPS = 64
 _SEED = 0x5EED
 SCOPE = "_scope"
-"""Successors and predecessors match only within the same value of this column."""
+"""Successors and predecessors match only within the same value of this column (a hash)."""
 _BUCKET = [SCOPE, "end", "prefix_hash"]
 """The key of a full sequence: predecessors with the same key are interchangeable."""
 _CANDIDATE = ["turn_id", SCOPE, "prompt_token_ids", "response_token_ids", "started_at"]
+TAIL_GROUP_LIMIT = 256
+"""The most turns that may share the prefix a tail edit keeps (identical rollouts of one task
+do); a prefix shared by more is common to many sessions (a system prompt), no evidence."""
+TAIL_DEPTHS = 4
+"""How many of the points where predecessors leave a successor's prefix are looked at."""
 
 
 def _before(at: pl.Expr, key: pl.Expr, other_at: pl.Expr, other_key: pl.Expr) -> pl.Expr:
@@ -72,24 +78,25 @@ def _prefix_hashes(sequences: pl.DataFrame, column: str) -> pl.DataFrame:
 
 
 def _scoped(frame: pl.DataFrame, scope: str | None) -> pl.DataFrame:
-    return frame.with_columns(
-        (pl.col(scope) if scope else pl.lit("")).cast(pl.String).fill_null("").alias(SCOPE)
-    )
+    """``frame`` with ``SCOPE``: a hash of the ``scope`` column (numeric join keys are cheap)."""
+    value = pl.col(scope).hash(_SEED) if scope else pl.lit(0, pl.UInt64)
+    return frame.with_columns(value.alias(SCOPE))
 
 
 def _offers(successors: pl.DataFrame, candidates: pl.DataFrame, hashes: pl.DataFrame):
-    """(turn_id, scope, end, prefix hash) of every prefix of the successors' prompts; those of
-    successors that are candidates too are read off the candidates' hashes, not hashed again."""
+    """(turn_id, scope, end, prefix hash) of every prefix of the successors' prompts, each
+    turn's rows together and in ``end`` order; those of successors that are candidates too are
+    read off the candidates' hashes, not hashed again."""
     prompts = successors.select("turn_id", SCOPE, "prompt_token_ids")
     hashed = prompts.join(candidates, on="turn_id", how="semi")
     rest = prompts.join(candidates, on="turn_id", how="anti")
     return pl.concat(
         [
-            hashes.join(hashed.select("turn_id"), on="turn_id")
+            hashes.join(hashed.select("turn_id"), on="turn_id", maintain_order="left")
             .filter(pl.col("end") <= pl.col("_prompt_len"))
             .select("turn_id", SCOPE, "end", "prefix_hash"),
             _prefix_hashes(rest, "prompt_token_ids")
-            .join(rest.select("turn_id", SCOPE), on="turn_id")
+            .join(rest.select("turn_id", SCOPE), on="turn_id", maintain_order="left")
             .select("turn_id", SCOPE, "end", "prefix_hash"),
         ]
     )
@@ -108,37 +115,104 @@ def _exact_matches(offers: pl.DataFrame, keys: pl.DataFrame, successors: pl.Data
 
 def _tail_matches(
     offers: pl.DataFrame,
-    hashes: pl.DataFrame,
+    tail_hashes: pl.DataFrame,
     keys: pl.DataFrame,
     candidates: pl.DataFrame,
     successors: pl.DataFrame,
 ) -> pl.DataFrame:
-    """Successor prompts that are tail edits of a predecessor (``prefixes.tail_edit``): the
-    shared prefix is the longest prompt prefix of the predecessor the successor offers too."""
+    """Successor prompts that are tail edits of a predecessor (``prefixes.tail_edit``).
+
+    The prefix a tail edit keeps ends in the last ``MAX_TAIL_TOKENS`` + ``HEADER_TOKENS``
+    positions of the predecessor's prompt (``tail_hashes``: the prefix hashes of those
+    positions). They are grouped by (position, hash), a prefix tree of the predecessors' tails.
+    Along a successor's prompt, a predecessor leaves
+    the tree where the member count drops: there its shared prefix with the successor ends. The
+    ``TAIL_DEPTHS`` deepest such points with an earlier member name the candidates (a sibling
+    that shares even more, e.g. another rollout's later call, leaves deeper and does not hide
+    the true predecessor). Points of more than ``TAIL_GROUP_LIMIT`` members (a system prompt
+    common to many sessions) are passed over, so no successor is paired with every session."""
+    node = [SCOPE, "end", "prefix_hash"]
+    members = tail_hashes.select(pl.col("turn_id").alias("pred"), *node).join(
+        keys.select("pred", "pred_started"), on="pred"
+    )
+    nodes = members.group_by(node).agg(
+        pl.len().alias("_members"), pl.col("pred_started").min().alias("_first")
+    )
+    count = pl.col("_members")
+    next_node = (pl.col("turn_id").shift(-1) == pl.col("turn_id")) & (
+        pl.col("end").shift(-1) == pl.col("end") + 1
+    )
+    after = pl.when(next_node).then(count.shift(-1)).otherwise(0)
+    leaving = (
+        offers.join(nodes, on=node, maintain_order="left")
+        .filter((count > after) & (count <= TAIL_GROUP_LIMIT))
+        .join(successors.select("turn_id", "started_at"), on="turn_id")
+        .filter(pl.col("_first") < pl.col("started_at"))
+        .sort("end", descending=True)
+        .group_by("turn_id")
+        .head(TAIL_DEPTHS)
+        .select("turn_id", *node)
+    )
+    pairs = (
+        leaving.join(members.select("pred", *node), on=node)
+        .filter(pl.col("pred") != pl.col("turn_id"))
+        .group_by("turn_id", "pred")
+        .agg(pl.col("end").max())
+    )
+    return _verified_tails(pairs, keys, candidates, successors)
+
+
+def _tail_search(
+    offers: pl.DataFrame,
+    hashes: pl.DataFrame,
+    keys: pl.DataFrame,
+    candidates: pl.DataFrame,
+    successors: pl.DataFrame,
+    exact: pl.DataFrame,
+) -> pl.DataFrame:
+    """``_tail_matches`` between the successors without an exact match and the predecessors
+    nothing extends that started before one of them: when most turns append, the prefix
+    trees stay small (or empty, e.g. for first turns that started before any free end)."""
+    unmatched = successors.join(exact, on="turn_id", how="anti")
+    free = keys.select("pred", "pred_started").join(exact.select("pred"), on="pred", how="anti")
+    at = successors.schema["started_at"]
+    free = free.filter(pl.col("pred_started") <= pl.lit(unmatched["started_at"].max(), at))
+    unmatched = unmatched.filter(pl.col("started_at") >= pl.lit(free["pred_started"].min(), at))
     window = pl.col("end").is_between(
         pl.col("_prompt_len") - MAX_TAIL_TOKENS - HEADER_TOKENS, pl.col("_prompt_len") - 1
+    ) & (pl.col("_full_len") > pl.col("_prompt_len"))
+    tail_hashes = hashes.join(
+        free.select(pl.col("pred").alias("turn_id")), on="turn_id", how="semi"
+    ).filter(window)
+    return _tail_matches(
+        offers.join(unmatched.select("turn_id"), on="turn_id", maintain_order="left"),
+        tail_hashes,
+        keys,
+        candidates,
+        unmatched,
     )
-    tail_keys = hashes.filter(window & (pl.col("_full_len") > pl.col("_prompt_len"))).select(
-        pl.col("turn_id").alias("pred"), SCOPE, "end", "prefix_hash"
-    )
-    pred_tokens = candidates.select(
+
+
+def _verified_tails(
+    pairs: pl.DataFrame, keys: pl.DataFrame, candidates: pl.DataFrame, successors: pl.DataFrame
+) -> pl.DataFrame:
+    """The (successor, predecessor, shared length) ``pairs`` that are tail edits, token for
+    token, as matches."""
+    shared, query = pl.col("end"), pl.col("prompt_token_ids")
+    prompt, response = pl.col("_pred_prompt"), pl.col("_pred_response")
+    tokens = candidates.select(
         pl.col("turn_id").alias("pred"),
         pl.col("prompt_token_ids").alias("_pred_prompt"),
         pl.col("response_token_ids").alias("_pred_response"),
     )
-    shared = pl.col("end")
-    query = pl.col("prompt_token_ids")
-    pairs = (
-        offers.join(tail_keys, on=[SCOPE, "end", "prefix_hash"])
-        .filter(pl.col("pred") != pl.col("turn_id"))
-        .group_by("turn_id", "pred")
-        .agg(pl.col("end").max())
-        .join(successors.select("turn_id", "started_at", "prompt_token_ids"), on="turn_id")
-        .join(pred_tokens, on="pred")
-    )
-    verified = pairs.filter(
-        (query.list.get(shared, null_on_oob=True) != pl.col("_pred_prompt").list.get(shared))
-        & tail_edit(query, pl.col("_pred_prompt"), pl.col("_pred_response"), shared)
+    verified = (
+        pairs.join(successors.select("turn_id", "started_at", "prompt_token_ids"), on="turn_id")
+        .join(tokens, on="pred")
+        .filter(
+            (query.list.head(shared) == prompt.list.head(shared))
+            & (query.list.get(shared, null_on_oob=True) != prompt.list.get(shared))
+            & tail_edit(query, prompt, response, shared)
+        )
     )
     return verified.select("turn_id", "started_at", "pred", pl.col("end").alias("_length")).join(
         keys.select("pred", "pred_rank", *_BUCKET), on="pred"
@@ -170,7 +244,7 @@ def continuation_links(
         pl.col("_full").list.len().cast(pl.Int64).alias("_full_len"),
         pl.col("prompt_token_ids").list.len().cast(pl.Int64).alias("_prompt_len"),
     )
-    hashes = _prefix_hashes(candidates, "_full").join(lengths, on="turn_id")
+    hashes = _prefix_hashes(candidates, "_full").join(lengths, on="turn_id", maintain_order="left")
     keys = (
         hashes.filter(pl.col("end") == pl.col("_full_len"))
         .select("turn_id", SCOPE, "end", "prefix_hash")
@@ -180,14 +254,17 @@ def continuation_links(
         .with_columns(pl.int_range(1, pl.len() + 1).over(_BUCKET).alias("pred_rank"))
     )
     offers = _offers(successors, candidates, hashes).filter(pl.col("end") >= min_tokens)
+    earlier = _before(
+        pl.col("pred_started"), pl.col("pred"), pl.col("started_at"), pl.col("turn_id")
+    )
+    exact = (
+        _exact_matches(offers, keys, successors)
+        .join(keys.select("pred", "pred_started"), on="pred")
+        .filter(earlier)
+    )
+    tails = _tail_search(offers, hashes, keys, candidates, successors, exact)
     matches = pl.concat(
-        [
-            _exact_matches(offers, keys, successors),
-            _tail_matches(offers, hashes, keys, candidates, successors),
-        ]
-    ).join(keys.select("pred", "pred_started"), on="pred")
-    matches = matches.filter(
-        _before(pl.col("pred_started"), pl.col("pred"), pl.col("started_at"), pl.col("turn_id"))
+        [exact, tails.join(keys.select("pred", "pred_started"), on="pred").filter(earlier)]
     )
     best = (
         matches.sort("turn_id", "_kind", "_length", "end", "prefix_hash",

@@ -30,7 +30,7 @@ PREV_PROMPT = "_prev_prompt"
 PREV_RESPONSE = "_prev_response"
 PREV_SOURCE = "_prev_token_source"
 
-MAX_TAIL_TOKENS = 1024
+MAX_TAIL_TOKENS = 512
 """The longest trailing span of the previous prompt a ``tail_edit`` may drop."""
 HEADER_TOKENS = 16
 """The most tokens of the generation prompt that may follow the shared prefix in a
