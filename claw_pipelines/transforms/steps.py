@@ -20,6 +20,10 @@ Rules:
   starts a new emission with step_index 0 of the same trajectory_id.
 - An event for a trajectory with no turns yet leaves a closed tail with step_index -1, so turns
   that land after their completion event are emitted as soon as they arrive.
+- A failed call without token IDs (``FAILED``) is no step; a step's prefix is checked against
+  the latest earlier step with token IDs.
+- Side calls inside a session with identity become side trajectories when it is emitted
+  (``threads``); the closed tail and its emitted turn ids stay the session's.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ _PENDING = [*STEP_SOURCE_COLUMNS, "source_version", "trajectory_inferred"]
 
 FAILED = (pl.col("status") == "error") & pl.col("response_token_ids").is_null()
 """A failed call: the policy produced nothing, so it is no step (and no step's predecessor)."""
+
 _TAIL = ["prompt_token_ids", "response_token_ids", "token_source", "step_index", "close_reason",
          "group_id"]  # fmt: skip
 
