@@ -3,9 +3,10 @@
 Recorded from Claude Code 2.1.197, Codex CLI 0.171.0 and OpenClaw 2026.9.6 against a local
 server: which messages each call carries, in which order, what moves between calls, which side
 calls share a session. Each call's prompt IDs are the embedded engine's chat template over the
-messages the agent sent, tokenized by the engine's tokenizer; the response IDs are what the
-engine generates for the reply (its text, then the end-of-turn token). So consecutive calls
-relate token for token as they would through ``claw proxy`` + ``claw sim``.
+messages the agent sent, tokenized by the engine's tokenizer as the engine does (turn by turn);
+the response IDs are what the engine generates for the reply (its text, then the end-of-turn
+token). So consecutive calls relate token for token as they would through ``claw proxy`` +
+``claw sim``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from claw_pipelines.engine.chat_template import assistant_text, render
+from claw_pipelines.engine.chat_template import assistant_text, render_turns
 from claw_pipelines.engine.protocol import Message, Tool
-from claw_pipelines.engine.tokenizer import IM_END_ID, encode
+from claw_pipelines.engine.tokenizer import IM_END_ID, encode, encode_turns
 
 
 def _tool(name: str, **properties: str) -> dict[str, Any]:
@@ -41,12 +42,12 @@ def call(
 ) -> dict[str, Any]:
     """A successful engine turn (``turns`` row fields): the engine's prompt for ``messages``
     and ``tools``, ``reply`` generated; it took one second."""
-    prompt = render([Message(**m) for m in messages], [Tool(**t) for t in tools or []])
+    prompt = render_turns([Message(**m) for m in messages], [Tool(**t) for t in tools or []])
     response = [*encode(assistant_text(Message(**reply))), IM_END_ID]
     return {
         "turn_id": turn_id, "trajectory_id": None, "agent": "agent", "channel": "train",
         "policy_version": 1, "model": "policy", "token_source": "engine",
-        "prompt_token_ids": encode(prompt), "response_token_ids": response,
+        "prompt_token_ids": encode_turns(prompt), "response_token_ids": response,
         "response_logprobs": [-0.25] * len(response),
         "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop",
         "request_messages": json.dumps(messages),
