@@ -26,6 +26,7 @@ from assets.incremental import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, markdown_table, table_metadata
 from assets.quality import curated_steps
+from claw_pipelines.batch_tables import batches_table, exports_folder, ledger_table
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
 from claw_pipelines.exporters import Destination, export_batch
 from claw_pipelines.lake import Lake, compact, sql_in
@@ -88,7 +89,7 @@ def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
     file, so the table is compacted as batches pile up. The schema is merged: a table from
     before a batch column (``request_tools``) gains it, null in older batches' rows."""
     schema = batch_schema(recipe)
-    table = lake.ensure(ledger.batches_table(recipe.name), schema)
+    table = lake.ensure(batches_table(recipe.name), schema)
     chunks = (conform(rows, schema) for rows in plan.row_chunks())
     batches = (b for chunk in _prefetched(chunks) for b in chunk.to_batches())
     try:
@@ -102,7 +103,7 @@ def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
         )
     except CommitFailedError as error:  # e.g. another batch's compaction merged the files read
         raise ConcurrentRun(
-            f"another batch of {recipe.name} changed {ledger.batches_table(recipe.name)} "
+            f"another batch of {recipe.name} changed {batches_table(recipe.name)} "
             f"while {plan.batch_id} was written"
         ) from error
     compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
@@ -129,7 +130,7 @@ def _group_check(recipe: Recipe, rows: pl.DataFrame) -> dg.AssetCheckResult:
 
 def _consumed_once_check(lake: Lake, recipe: str, turn_ids: pl.Series) -> dg.AssetCheckResult:
     """No turn of this batch is in the recipe's ledger twice (within or across batches)."""
-    reused = repeated_ids(lake.scan(ledger.ledger_table(recipe)), "turn_id", turn_ids)
+    reused = repeated_ids(lake.scan(ledger_table(recipe)), "turn_id", turn_ids)
     return dg.AssetCheckResult(
         check_name="no_step_consumed_twice",
         passed=reused.is_empty(),
@@ -214,7 +215,7 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
             raise dg.Failure(f"re-planning {batch_id} from its pins did not reproduce its ledger")
         rows = plan.planned
         _write_batch(the_lake, planned_under, plan)
-        table = the_lake.open(ledger.batches_table(name))
+        table = the_lake.open(batches_table(name))
         message = "chosen_message" if recipe.algorithm == "dpo" else "response_message"
         sample = _decoded(rows, message).select(
             [c for c in ("group_id", "trajectory_id", "step_index", "reward", "chosen_reward")
@@ -223,7 +224,7 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
         reward = "chosen_reward" if recipe.algorithm == "dpo" else "reward"
         return dg.MaterializeResult(
             metadata={
-                **table_metadata(table, the_lake.uri(ledger.batches_table(name))),
+                **table_metadata(table, the_lake.uri(batches_table(name))),
                 "dagster/partition_row_count": rows.height,
                 "batch_id": batch_id,
                 "pinned_versions": dg.MetadataValue.json(pins),
@@ -264,11 +265,7 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
     def export_asset(context: dg.AssetExecutionContext, lake: LakeResource):
         the_lake = lake.lake()
         batch_id = context.partition_key
-        rows = (
-            the_lake.scan(ledger.batches_table(name))
-            .filter(pl.col("batch_id") == batch_id)
-            .collect()
-        )
+        rows = the_lake.scan(batches_table(name)).filter(pl.col("batch_id") == batch_id).collect()
         if rows.is_empty():
             raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
         pins = ledger.pins_of(the_lake, name, batch_id) or {}
@@ -286,7 +283,7 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
             raise dg.Failure(
                 f"batch {batch_id} fails {', '.join(failed)}: not exported", allow_retries=False
             )
-        folder = f"{ledger.exports_folder(name)}/{batch_id}"
+        folder = f"{exports_folder(name)}/{batch_id}"
         out = Destination(the_lake.uri(folder), the_lake.storage_options)
         manifest = export_batch(
             recipe,
@@ -359,7 +356,7 @@ def build_planner_sensor(
         seen = json.loads(context.cursor) if context.cursor else {}
         inputs = {
             "curated_steps": the_lake.version("curated_steps"),
-            "batch_ledger": the_lake.version(ledger.ledger_table(name)),
+            "batch_ledger": the_lake.version(ledger_table(name)),
         }
         now = utc_now()
         recent = seen.get("planned_at") and (
@@ -378,7 +375,7 @@ def build_planner_sensor(
                 raced = True
                 break
             reserved.append(batch_id)
-        inputs["batch_ledger"] = the_lake.version(ledger.ledger_table(name))
+        inputs["batch_ledger"] = the_lake.version(ledger_table(name))
         planned = None if raced else inputs  # a raced tick did not plan everything: no skip next
         cursor = json.dumps({"inputs": planned, "planned_at": now.isoformat()})
         if not reserved:

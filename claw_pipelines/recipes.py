@@ -32,9 +32,12 @@ from claw_pipelines.derived_schemas import (
 )
 from claw_pipelines.lake import keyed
 from claw_pipelines.transforms.credit import CreditAssignment, assign_credit
+from claw_pipelines.transforms.group_stats import trajectory_advantages
 
 Algorithm = Literal["grpo", "rloo", "ppo", "reinforce_pp", "dpo", "sft"]
 ExportFormat = Literal["verl", "trl", "jsonl"]
+Truncation = Literal["error", "left", "right"]
+GroupStatistics = Literal["per_step", "per_trajectory"]
 
 
 GROUPED: frozenset[str] = frozenset({"grpo", "rloo"})
@@ -90,6 +93,32 @@ class Recipe(BaseModel):
     credit_assignment: CreditAssignment = CreditAssignment()
     exports: list[ExportFormat] = ["verl", "trl", "jsonl"]
     min_reward_gap: float = Field(default=0.1, ge=0.0, description="dpo: chosen - rejected reward.")
+    keep_truncated: bool = Field(
+        default=False,
+        description="dpo: also pair replies cut off at max_tokens (finish_reason length); "
+        "conversational files still leave such pairs out, as a chat template would close them.",
+    )
+    prompt_length: int | None = Field(
+        default=None, ge=1, description="verl: fixed prompt width (left-padded); default per batch."
+    )
+    response_length: int | None = Field(
+        default=None, ge=1, description="verl: fixed response width (right-padded)."
+    )
+    pad_token_id: int | None = Field(
+        default=None, ge=0, description="verl: the tokenizer's pad id (default 0)."
+    )
+    truncation: Truncation = Field(
+        default="error",
+        description="A step longer than prompt_length / response_length: error = the planner "
+        "leaves it out (reason prompt_too_long / response_too_long); left / right = keep the "
+        "prompt's last / first tokens and the response's first ones.",
+    )
+    group_statistics: GroupStatistics = Field(
+        default="per_step",
+        description="grpo/rloo: per_step leaves the advantage to the trainer (every step is a "
+        "sample, so a trajectory of k steps counts k times in its group); per_trajectory "
+        "computes it over trajectory scores and broadcasts it to the steps (rows' advantage).",
+    )
 
     @model_validator(mode="after")
     def _refuse_useless(self, info: ValidationInfo) -> Recipe:
@@ -114,6 +143,11 @@ class Recipe(BaseModel):
                 "straggler_timeout_s",
                 self.straggler_timeout_s > MAX_STRAGGLER_TIMEOUT_S,
                 f"must be a finite number of seconds, at most {MAX_STRAGGLER_TIMEOUT_S:.0f}",
+            ),
+            (
+                "group_statistics",
+                self.group_statistics == "per_trajectory" and self.algorithm not in GROUPED,
+                "per_trajectory group statistics are for grpo and rloo (groups of rollouts)",
             ),
             (
                 "filters.min_reward",
@@ -214,6 +248,28 @@ class BatchPlan:
         )
 
 
+TRUNCATED = "length"
+"""The finish reason of a reply cut off at max_tokens: it has no end-of-turn token."""
+
+
+def _length_limits(recipe: Recipe) -> list[tuple[str, int, str]]:
+    """(length column, limit, reason): the length filters, and the fixed widths when the recipe
+    does not truncate (so every exported batch fits its widths)."""
+    f = recipe.filters
+    fits = recipe.truncation == "error"
+    prompt_width = recipe.prompt_length if fits else None
+    response_width = recipe.response_length if fits else None
+    limits = [
+        ("prompt_len", [f.max_prompt_len, prompt_width], "prompt_too_long"),
+        ("response_len", [f.max_response_len, response_width], "response_too_long"),
+    ]
+    return [
+        (column, min(given), reason)
+        for column, bounds, reason in limits
+        if (given := [b for b in bounds if b is not None])
+    ]
+
+
 def _step_reasons(recipe: Recipe, latest_policy: pl.Expr) -> pl.Expr:
     """The first filter a step fails (null = eligible)."""
     f = recipe.filters
@@ -224,10 +280,10 @@ def _step_reasons(recipe: Recipe, latest_policy: pl.Expr) -> pl.Expr:
         checks.append((~pl.col("reward_present").fill_null(False), "no_reward"))
     if f.max_policy_lag is not None:
         checks.append(((latest_policy - pl.col("policy_version")) > f.max_policy_lag, "stale"))
-    if f.max_prompt_len is not None:
-        checks.append((pl.col("prompt_len") > f.max_prompt_len, "prompt_too_long"))
-    if f.max_response_len is not None:
-        checks.append((pl.col("response_len") > f.max_response_len, "response_too_long"))
+    for column, limit, reason in _length_limits(recipe):
+        checks.append((pl.col(column) > limit, reason))
+    if recipe.algorithm == "dpo" and not recipe.keep_truncated:
+        checks.append((pl.col("finish_reason") == TRUNCATED, "truncated"))
     checks.append((pl.col("response_len").is_null(), "no_tokens"))
     reason = pl.lit(None, pl.String)
     for failed, name in reversed(checks):
@@ -361,8 +417,13 @@ def _trajectory_batch(
     chosen, reasons, ready = _select_units(recipe, units, now)
     drops.append(_dropped(steps.join(reasons, on="trajectory_id"), pl.col("reason")))
     group_size = chosen.group_by("group_id").agg(pl.len().alias("group_size"))
+    scores = chosen.select("trajectory_id", pl.col("_score").alias("trajectory_score"))
+    if recipe.group_statistics == "per_trajectory":
+        advantages = trajectory_advantages(recipe.algorithm, chosen)
+        scores = scores.join(advantages, on="trajectory_id", maintain_order="left")
     rows = (
         steps.join(chosen.select("trajectory_id", "_unit"), on="trajectory_id")
+        .join(scores, on="trajectory_id")
         .join(units.select("trajectory_id", "_started"), on="trajectory_id")
         .join(group_size, on="group_id", how="left")
         .sort("_unit", "_started", "trajectory_id", "step_index")
@@ -450,6 +511,9 @@ def _dpo_batch(
         pl.col("reward").alias("chosen_reward"),
         pl.col("reward_r").alias("rejected_reward"),
         "policy_version",
+        "model",
+        pl.col("finish_reason").alias("chosen_finish_reason"),
+        pl.col("finish_reason_r").alias("rejected_finish_reason"),
         "request_messages",
         "request_tools",
         pl.col("response_message").alias("chosen_message"),
@@ -485,6 +549,7 @@ FINAL_REASONS = frozenset(
         "stale",
         "prompt_too_long",
         "response_too_long",
+        "truncated",
         "no_tokens",
         "trajectory_filtered",
         "below_min_reward",
