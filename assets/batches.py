@@ -269,10 +269,11 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
         if rows.is_empty():
             raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
         pins = ledger.pins_of(the_lake, name, batch_id) or {}
+        planned_under = ledger.pinned_recipe(recipe, pins)
         failed = [
             check.check_name
             for check in (
-                _group_check(ledger.pinned_recipe(recipe, pins), rows),
+                _group_check(planned_under, rows),
                 _consumed_once_check(
                     the_lake, name, pl.Series(ledger.consumed_turns(the_lake, name, batch_id))
                 ),
@@ -286,7 +287,7 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
         folder = f"{exports_folder(name)}/{batch_id}"
         out = Destination(the_lake.uri(folder), the_lake.storage_options)
         manifest = export_batch(
-            recipe,
+            planned_under,  # its widths and pad id, with today's export formats
             rows,
             out,
             source_versions=json.loads(rows["source_versions"][0]),

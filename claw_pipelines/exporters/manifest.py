@@ -45,6 +45,14 @@ class Manifest(BaseModel):
     files: list[ExportedFile]
 
 
+def in_export_order(algorithm: str, rows: pl.DataFrame) -> pl.DataFrame:
+    """A batch's rows in (group, trajectory, step) order (pairs: group, turn), the order of
+    every export file, so exporting the same batch twice writes the same files."""
+    if algorithm == "dpo":
+        return rows.sort("group_id", "turn_id")
+    return rows.sort("group_id", "trajectory_id", "step_index")
+
+
 def verl_layout(recipe: Recipe, pad_to_multiple: int = 1) -> VerlLayout:
     """The recipe's verl widths, pad id and truncation rule."""
     return VerlLayout(
@@ -67,16 +75,14 @@ def export_batch(
     """Write ``rows`` (one batch) for each of ``recipe.exports`` under ``out``; return and write
     ``manifest.json``.
 
-    Rows are put in (group, trajectory, step) order first, so exporting the same batch twice
-    writes the same files. verl needs per-step token rows and is skipped for dpo pairs.
+    Rows are put in ``in_export_order`` first. verl needs per-step token rows and is skipped
+    for dpo pairs.
     """
     batch_ids = rows["batch_id"].unique().to_list()
     if len(batch_ids) != 1:
         raise ValueError(f"export_batch takes the rows of exactly one batch, got {batch_ids}")
     dpo = recipe.algorithm == "dpo"
-    rows = rows.sort(
-        *(["group_id", "turn_id"] if dpo else ["group_id", "trajectory_id", "step_index"])
-    )
+    rows = in_export_order(recipe.algorithm, rows)
     files: list[ExportedFile] = []
     layout = verl_layout(recipe) if not dpo else None
     if "verl" in recipe.exports and not dpo:
