@@ -1,0 +1,153 @@
+"""Benchmark: from the last trajectory of a batch completing to ``BatchConsumer.next()`` returning it.
+
+Starts what ``claw up`` starts (embedded engine, capture proxy, ``dagster dev`` with the
+repository's dagster.yaml and default sensor intervals) in a temporary folder, plays ``claw
+demo`` rounds back to back in a second process (real agents through the proxy, trajectories
+completed with rule rewards), and consumes the GRPO batches with a ``BatchConsumer``. For each
+batch, the latency is the time ``next()`` returned minus the latest ``created_at`` of its
+trajectories' completion events (stamped by the proxy when the last completion arrived; same
+machine clock). The first ``--warmup`` batches (Dagster's first runs) are left out.
+
+Each latency is split where the lake records a time: ``to_reserved`` (completion -> the
+batch's reservation by the planner, i.e. landing, the ingest and automation sensors and the
+steps -> curated run), ``reserved_to_exported`` (reservation -> manifest written: the batch run
+launch, the batch and its export) and ``exported_to_next`` (manifest -> next() returned).
+The bare baseline ``demo_round_s`` (one demo round, the traffic's own pace) sets the scale.
+
+Prints one JSON object: ``p50_s``, ``p95_s``, ``max_s``, ``batches``, ``latencies_s``,
+``stages_p50_s``, ``sensor_interval_s``, ``demo_round_s``.
+
+    .venv/bin/python bench/batch_latency.py [--batches 10] [--warmup 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+
+from claw_pipelines.lake import Lake
+from claw_pipelines.processes import free_port
+from claw_pipelines.settings import LOCAL_MASTER_KEY
+from claw_pipelines.stack import CLI, start_dagster, start_engine, start_proxy
+from claw_pipelines.trainer import Batch, BatchConsumer
+
+RECIPE = "grpo"
+
+
+def _traffic(proxy_url: str, env: dict[str, str], stop: threading.Event, rounds: list) -> None:
+    """``claw demo`` rounds until ``stop``; each round's duration goes to ``rounds``."""
+    command = [*CLI, "demo", "--proxy-url", proxy_url, "--prompts", "8", "--rollouts", "4"]
+    while not stop.is_set():
+        started = time.monotonic()
+        subprocess.run(command, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False, timeout=600)  # fmt: skip
+        rounds.append(time.monotonic() - started)
+
+
+def _completed_at(lake: Lake, batch: Batch) -> datetime:
+    """When the batch's last trajectory completed (its first completion event)."""
+    trajectories = batch.rows.get_column("trajectory_id").unique().implode()
+    events = lake.scan("trajectory_events").filter(pl.col("trajectory_id").is_in(trajectories))
+    firsts = events.group_by("trajectory_id").agg(pl.col("created_at").min()).collect()
+    return firsts.get_column("created_at").max()
+
+
+def _stages(lake: Lake, batch: Batch, completed: datetime, returned: datetime) -> dict:
+    planned = datetime.fromisoformat(batch.manifest.planned_with["planned_at"])
+    manifest = Path(lake.uri(f"exports/{RECIPE}/{batch.batch_id}/manifest.json"))
+    exported = datetime.fromtimestamp(manifest.stat().st_mtime, UTC)
+    return {
+        "to_reserved": (planned - completed).total_seconds(),
+        "reserved_to_exported": (exported - planned).total_seconds(),
+        "exported_to_next": (returned - exported).total_seconds(),
+    }
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def measure(batches: int, warmup: int, workdir: Path, sensor_interval: int | None) -> dict:
+    lake = Lake(str(workdir / "lake"))
+    env = {
+        "CLAW_LAKE_URI": lake.root,
+        "CLAW_SPOOL_DIR": str(workdir / "spool"),
+        "LITELLM_MASTER_KEY": LOCAL_MASTER_KEY,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    if sensor_interval is not None:
+        env["CLAW_DAGSTER_SENSOR_INTERVAL_S"] = str(sensor_interval)
+    services = []
+    stop, rounds = threading.Event(), []
+    try:
+        engine = start_engine(free_port(), workdir, env)
+        services.append(engine)
+        engine.wait_ready("/health", timeout_s=60)
+        proxy = start_proxy(free_port(), workdir, f"{engine.url}/v1", env)
+        services.append(proxy)
+        dagster = start_dagster(free_port(), workdir, env)
+        services.append(dagster)
+        proxy.wait_ready("/health/liveliness", timeout_s=240)
+        dagster.wait_ready("/server_info", timeout_s=240)
+        traffic = threading.Thread(target=_traffic, args=(proxy.url, env, stop, rounds))
+        traffic.start()
+        consumer = BatchConsumer(RECIPE, consumer="bench", lake_uri=lake.root)
+        latencies, stages = [], []
+        for index in range(warmup + batches):
+            batch = consumer.next(timeout_s=600)
+            returned = datetime.now(UTC)
+            if batch is None:
+                raise SystemExit(f"no batch within 600 s; logs in {workdir / 'logs'}")
+            consumer.ack(batch.batch_id, trainer_step=index)
+            completed = _completed_at(lake, batch)
+            if index >= warmup:
+                latencies.append((returned - completed).total_seconds())
+                stages.append(_stages(lake, batch, completed, returned))
+            print(f"{batch.batch_id}: {(returned - completed).total_seconds():.1f} s",
+                  file=sys.stderr)  # fmt: skip
+    finally:
+        stop.set()
+        for service in reversed(services):
+            service.stop(grace_s=5)
+    return {
+        "p50_s": round(statistics.median(latencies), 2),
+        "p95_s": round(_percentile(latencies, 0.95), 2),
+        "max_s": round(max(latencies), 2),
+        "batches": len(latencies),
+        "latencies_s": [round(x, 2) for x in latencies],
+        "stages_p50_s": {
+            name: round(statistics.median(s[name] for s in stages), 2) for name in stages[0]
+        },
+        "sensor_interval_s": sensor_interval,
+        "demo_round_s": round(statistics.median(rounds), 2) if rounds else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=10, help="batches measured")
+    parser.add_argument("--warmup", type=int, default=1, help="first batches left out")
+    parser.add_argument(
+        "--sensor-interval", type=int, default=None,
+        help="CLAW_DAGSTER_SENSOR_INTERVAL_S (default: claw up's own default)",
+    )  # fmt: skip
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="claw-latency-") as folder:
+        result = measure(args.batches, args.warmup, Path(folder), args.sensor_interval)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
