@@ -1,9 +1,11 @@
 """One batch asset and one export asset per recipe in assets/batches.yaml, plus the planner sensor.
 
-Each batch is a dynamic partition: the sensor reserves the next batch in the recipe's ledger
-when enough ready data exists, adds the partition and launches it; a user can also add a
-partition in the UI and materialize it (the asset then reserves it itself). Re-materializing a
-partition re-plans from its pinned versions, so it rewrites exactly the same rows.
+Each batch is a dynamic partition. Batches are mostly built by the refresh run that made them
+ready (``assets.release``), which records their partitions; the planner sensor reserves the next
+batch when enough ready data exists that no refresh run built (a straggler timeout), adds the
+partition and launches it; a user can also add a partition in the UI and materialize it (the
+asset then reserves it itself). Re-materializing a partition re-plans from its pinned versions,
+so it rewrites exactly the same rows.
 """
 
 import json
@@ -20,6 +22,8 @@ from assets.configs import recipes
 from assets.incremental import ConcurrentRun
 from assets.landing import OWNERS
 from assets.quality import curated_steps
+from assets.release import RELEASE
+from assets.runs import TO_COME, has_run
 from claw_pipelines.batch_tables import ledger_table
 from claw_pipelines.recipes import Recipe
 from claw_pipelines.schemas import utc_now
@@ -27,6 +31,11 @@ from resources.lake import LakeResource
 
 REPLAN_AFTER_S = 60.0
 """Re-plan at least this often with unchanged inputs, so straggler timeouts can fire."""
+
+PLAN_EVERY_S = 30
+"""The planner's interval: every refresh run builds the batches it made ready
+(``assets.release``), so the planner only catches what no new data triggers (straggler
+timeouts) and batches whose release lost a race."""
 
 MAX_BATCHES_PER_TICK = 8
 
@@ -144,7 +153,7 @@ def build_planner_sensor(
     @dg.sensor(
         name=f"batch_{name}_planner",
         asset_selection=[batch_asset, export_asset],
-        minimum_interval_seconds=interval_s,
+        minimum_interval_seconds=max(interval_s, PLAN_EVERY_S),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Reserves and launches the next `{name}` batch once enough data is ready.",
     )
@@ -161,6 +170,8 @@ def build_planner_sensor(
         )
         if inputs["curated_steps"] is None or (seen.get("inputs") == inputs and recent):
             return dg.SkipReason("no new curated steps since the last plan")
+        if has_run(context.instance, RELEASE, TO_COME):
+            return dg.SkipReason("a refresh run is on its way: its batch_release plans")
         reserved, raced = [], False
         for _ in range(MAX_BATCHES_PER_TICK):
             batch_id = ledger.next_batch_id(the_lake, name)

@@ -1,4 +1,4 @@
-"""Benchmark: from the last trajectory of a batch completing to ``BatchConsumer.next()`` returning it.
+"""Benchmark: the last trajectory of a batch completing -> ``BatchConsumer.next()`` returning it.
 
 Starts what ``claw up`` starts (embedded engine, capture proxy, ``dagster dev`` with the
 repository's dagster.yaml and default sensor intervals) in a temporary folder, plays ``claw

@@ -1,0 +1,17 @@
+"""What the instance's run queue holds, for sensors that must not launch work already coming."""
+
+import dagster as dg
+
+QUEUED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
+"""Runs that have not read anything yet: whatever lands now, they will see."""
+
+TO_COME = [*QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+
+RECENT_RUNS = 25
+"""How many of the newest runs in those states are looked at (the queue is a handful)."""
+
+
+def has_run(instance: dg.DagsterInstance, key: str, statuses: list[dg.DagsterRunStatus]) -> bool:
+    """Whether a run that materializes asset ``key`` is in one of ``statuses``."""
+    runs = instance.get_runs(filters=dg.RunsFilter(statuses=statuses), limit=RECENT_RUNS)
+    return any(dg.AssetKey(key) in (run.asset_selection or ()) for run in runs)
