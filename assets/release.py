@@ -24,8 +24,10 @@ from resources.lake import LakeResource
 
 RELEASE = "batch_release"
 
-MAX_BATCHES_PER_RUN = 8
-"""Batches of one recipe built per run; the next run goes on with the rest."""
+BATCHES_PER_RUN = 1
+"""Batches of one recipe built per run: the one its new data made ready. A backlog (traffic
+that made several at once) is left to the next runs and the planner, so a refresh run stays
+short and the next one, which holds the next batch, does not wait for this one's pool."""
 
 
 def _record(context: dg.AssetExecutionContext, recipe: Recipe, batch_id: str, built) -> None:
@@ -48,7 +50,7 @@ def _record(context: dg.AssetExecutionContext, recipe: Recipe, batch_id: str, bu
 def release(context: dg.AssetExecutionContext, lake: Lake, recipe: Recipe) -> list[str]:
     """Reserve, write, check and export ``recipe``'s ready batches; their ids."""
     released = []
-    for _ in range(MAX_BATCHES_PER_RUN):
+    for _ in range(BATCHES_PER_RUN):
         batch_id = ledger.next_batch_id(lake, recipe.name)
         try:
             built = build_batch(lake, recipe, batch_id, context.log)
