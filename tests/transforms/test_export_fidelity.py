@@ -32,8 +32,8 @@ QWEN3_STYLE = """{%- for message in messages -%}
 {% endfor -%}"""
 """The shape of Qwen3-Coder / Qwen3.5 templates: arguments must be a mapping."""
 
-CALL = {"id": "c1", "type": "function",
-        "function": {"name": "calculator", "arguments": json.dumps({"expression": "6*7"})}}  # fmt: skip
+ARGUMENTS = json.dumps({"expression": "6*7"})
+CALL = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": ARGUMENTS}}
 TOOL_REPLY = json.dumps({"role": "assistant", "content": None, "tool_calls": [CALL]})
 
 
@@ -45,8 +45,11 @@ def _rendered(path) -> str:
 
 
 def test_a_tool_call_renders_through_a_template_that_iterates_its_arguments(tmp_path):
-    history = [{"role": "user", "content": "6*7?"}, {"role": "assistant", "content": None,
-               "tool_calls": [CALL]}, {"role": "tool", "tool_call_id": "c1", "content": "42"}]  # fmt: skip
+    history = [
+        {"role": "user", "content": "6*7?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
     rows = [
         turn("s0", [*SYSTEM, 1], [5, 6], trajectory_id="s", response_message=TOOL_REPLY,
              request_messages=json.dumps(history[:1])),
