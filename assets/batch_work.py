@@ -147,6 +147,8 @@ class Built:
 
     metadata: dict
     checks: list[dg.AssetCheckResult]
+    planned_under: Recipe
+    pins: dict
 
     @property
     def passed(self) -> bool:
@@ -155,15 +157,16 @@ class Built:
 
 def _planned(
     lake: Lake, recipe: Recipe, batch_id: str, log
-) -> tuple[BatchPlan, Recipe, dict] | None:
-    """The plan of ``batch_id``: reserved now if it never was (None when not enough is ready),
-    else re-planned from its pins under the recipe it was planned with."""
+) -> tuple[BatchPlan, Recipe, dict, bool] | None:
+    """The plan of ``batch_id``, the recipe and pins it was planned with, and whether it was
+    reserved just now (None: it never was, and not enough is ready for it); a batch reserved
+    before is re-planned from its pins under the recipe it was planned with."""
     pins = ledger.pins_of(lake, recipe.name, batch_id)
     if pins is None:
         plan = ledger.reserve(lake, recipe, batch_id, utc_now())
         if plan is None:
             return None
-        return plan, recipe, ledger.pins_of(lake, recipe.name, batch_id)
+        return plan, recipe, ledger.pins_of(lake, recipe.name, batch_id), True
     planned_under = ledger.pinned_recipe(recipe, pins)
     if planned_under != recipe:
         log.info(
@@ -171,19 +174,20 @@ def _planned(
             "assets/batches.yaml apply to new batches",
             batch_id,
         )
-    return ledger.plan_from_pins(lake, planned_under, batch_id, pins), planned_under, pins
+    return ledger.plan_from_pins(lake, planned_under, batch_id, pins), planned_under, pins, False
 
 
 def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
-    """Plan and write ``batch_id`` (None: not reserved and not enough ready data for it)."""
+    """Plan and write ``batch_id`` (None: not reserved and not enough ready data for it). A
+    batch re-planned from its pins must reproduce the steps its reservation consumed."""
     name = recipe.name
     found = _planned(lake, recipe, batch_id, log)
     if found is None:
         return None
-    plan, planned_under, pins = found
+    plan, planned_under, pins, reserved_now = found
     planned_at = datetime.fromisoformat(pins["planned_at"])
     planned = plan.ledger_rows(name, planned_at).get_column("turn_id").sort().to_list()
-    if planned != ledger.consumed_turns(lake, name, batch_id):
+    if not reserved_now and planned != ledger.consumed_turns(lake, name, batch_id):
         raise dg.Failure(f"re-planning {batch_id} from its pins did not reproduce its ledger")
     rows = plan.planned
     _write_batch(lake, planned_under, plan)
@@ -211,25 +215,35 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
         _group_check(planned_under, rows),
         _consumed_once_check(lake, name, pl.Series(planned, dtype=pl.String)),
     ]
-    return Built(metadata, checks)
+    return Built(metadata, checks, planned_under, pins)
 
 
-def export_written(lake: Lake, recipe: Recipe, batch_id: str) -> dict:
-    """Export the written ``batch_id`` (re-checked first: an export launched alone is not gated
-    by its batch's run) and return its materialization metadata."""
-    name = recipe.name
-    rows = lake.scan(batches_table(name)).filter(pl.col("batch_id") == batch_id).collect()
-    if rows.is_empty():
-        raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
-    pins = ledger.pins_of(lake, name, batch_id) or {}
+def _recheck(lake: Lake, recipe: Recipe, batch_id: str, rows: pl.DataFrame) -> tuple[Recipe, dict]:
+    """The batch's pinned recipe and pins, once its checks pass again (an export launched alone
+    is not gated by its batch's run)."""
+    pins = ledger.pins_of(lake, recipe.name, batch_id) or {}
     planned_under = ledger.pinned_recipe(recipe, pins)
-    consumed = pl.Series(ledger.consumed_turns(lake, name, batch_id))
-    checks = (_group_check(planned_under, rows), _consumed_once_check(lake, name, consumed))
+    consumed = pl.Series(ledger.consumed_turns(lake, recipe.name, batch_id))
+    checks = (_group_check(planned_under, rows), _consumed_once_check(lake, recipe.name, consumed))
     failed = [check.check_name for check in checks if not check.passed]
     if failed:
         raise dg.Failure(
             f"batch {batch_id} fails {', '.join(failed)}: not exported", allow_retries=False
         )
+    return planned_under, pins
+
+
+def export_written(lake: Lake, recipe: Recipe, batch_id: str, built: Built | None = None) -> dict:
+    """Export the written ``batch_id`` and return its materialization metadata; ``built``: the
+    batch was just built and checked in this step, so it is not checked again."""
+    name = recipe.name
+    rows = lake.scan(batches_table(name)).filter(pl.col("batch_id") == batch_id).collect()
+    if rows.is_empty():
+        raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
+    if built is None:
+        planned_under, pins = _recheck(lake, recipe, batch_id, rows)
+    else:
+        planned_under, pins = built.planned_under, built.pins
     out = Destination(lake.uri(f"{exports_folder(name)}/{batch_id}"), lake.storage_options)
     manifest = export_batch(
         planned_under,  # its widths and pad id, with today's export formats

@@ -22,7 +22,7 @@ from assets.configs import recipes
 from assets.incremental import ConcurrentRun
 from assets.landing import OWNERS
 from assets.quality import curated_steps
-from assets.release import RELEASE
+from assets.release import release_key
 from assets.runs import TO_COME, has_run
 from claw_pipelines.batch_tables import ledger_table
 from claw_pipelines.recipes import Recipe
@@ -170,8 +170,10 @@ def build_planner_sensor(
         )
         if inputs["curated_steps"] is None or (seen.get("inputs") == inputs and recent):
             return dg.SkipReason("no new curated steps since the last plan")
-        if has_run(context.instance, RELEASE, TO_COME):
-            return dg.SkipReason("a refresh run is on its way: its batch_release plans")
+        if has_run(context.instance, release_key(name), TO_COME):
+            return dg.SkipReason(
+                "a refresh run is on its way: it builds the batches it makes ready"
+            )
         reserved, raced = [], False
         for _ in range(MAX_BATCHES_PER_TICK):
             batch_id = ledger.next_batch_id(the_lake, name)

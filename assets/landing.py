@@ -13,6 +13,7 @@ import json
 import dagster as dg
 from deltalake import DeltaTable
 
+from assets.configs import recipes
 from assets.runs import QUEUED, has_run
 from claw_pipelines.lake import data_commits
 from claw_pipelines.schemas import LANDING_MODELS
@@ -30,8 +31,8 @@ _DESCRIPTIONS = {
 LANDING_TABLES = list(LANDING_MODELS)
 
 REFRESH = ["steps", "trajectories", "rewarded_steps", "scored_steps", "curated_steps",
-           "batch_release"]  # fmt: skip
-"""What new landing data refreshes, in one run."""
+           *(f"release_{name}" for name in recipes())]  # fmt: skip
+"""What new landing data refreshes, in one run (``assets.release`` builds the batches)."""
 
 LANDING_READERS: dict[str, list[str]] = {
     "turns": ["steps"],

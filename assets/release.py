@@ -1,4 +1,4 @@
-"""``batch_release``: the refresh run builds the batches its new curated steps completed.
+"""``release_<recipe>``: the refresh run builds the batches its new curated steps completed.
 
 It runs right after ``curated_steps`` in the same run (the ingest sensor requests the whole
 chain at once), so a batch is reserved, written, checked and exported seconds after its last
@@ -22,12 +22,12 @@ from claw_pipelines.lake import Lake
 from claw_pipelines.recipes import Recipe
 from resources.lake import LakeResource
 
-RELEASE = "batch_release"
+MAX_BATCHES_PER_RUN = 8
+"""Batches of one recipe built per run; the next run goes on with the rest."""
 
-BATCHES_PER_RUN = 1
-"""Batches of one recipe built per run: the one its new data made ready. A backlog (traffic
-that made several at once) is left to the next runs and the planner, so a refresh run stays
-short and the next one, which holds the next batch, does not wait for this one's pool."""
+
+def release_key(recipe: str) -> str:
+    return f"release_{recipe}"
 
 
 def _record(context: dg.AssetExecutionContext, recipe: Recipe, batch_id: str, built) -> None:
@@ -50,7 +50,7 @@ def _record(context: dg.AssetExecutionContext, recipe: Recipe, batch_id: str, bu
 def release(context: dg.AssetExecutionContext, lake: Lake, recipe: Recipe) -> list[str]:
     """Reserve, write, check and export ``recipe``'s ready batches; their ids."""
     released = []
-    for _ in range(BATCHES_PER_RUN):
+    for _ in range(MAX_BATCHES_PER_RUN):
         batch_id = ledger.next_batch_id(lake, recipe.name)
         try:
             built = build_batch(lake, recipe, batch_id, context.log)
@@ -62,7 +62,7 @@ def release(context: dg.AssetExecutionContext, lake: Lake, recipe: Recipe) -> li
         context.instance.add_dynamic_partitions(partitions(recipe.name).name, [batch_id])
         _record(context, recipe, batch_id, built)
         if built.passed:  # the blocking checks gate the export, as in a batch's own run
-            metadata = export_written(lake, recipe, batch_id)
+            metadata = export_written(lake, recipe, batch_id, built)
             export = dg.AssetKey(f"export_{recipe.name}")
             context.log_event(
                 dg.AssetMaterialization(export, partition=batch_id, metadata=metadata)
@@ -71,25 +71,35 @@ def release(context: dg.AssetExecutionContext, lake: Lake, recipe: Recipe) -> li
     return released
 
 
-@dg.asset(
-    name=RELEASE,
-    group_name="batches",
-    kinds={"deltalake", "parquet"},
-    owners=OWNERS,
-    deps=[curated_steps],
-    pool="claw_batch_release",
-    automation_condition=on_new_data(),
-    description=(
-        "Builds every recipe's batches that the new curated steps made ready, in the refresh "
-        "run itself: each is recorded as its batch_<recipe> and export_<recipe> partition."
-    ),
-)
-def batch_release(context: dg.AssetExecutionContext, lake: LakeResource):
-    the_lake = lake.lake()
-    released = {name: release(context, the_lake, recipe) for name, recipe in recipes().items()}
-    return dg.MaterializeResult(
-        metadata={
-            "batches": dg.MetadataValue.json(released),
-            "released": sum(len(ids) for ids in released.values()),
-        }
+def build_release_asset(recipe: Recipe, priority: int) -> dg.AssetsDefinition:
+    """One per recipe, each in its recipe's batch pool: a recipe with a backlog (many batches
+    at once) never holds up another's next batch, and a release never races a UI launch of the
+    same recipe. ``priority``: the recipe's rank in batches.yaml (the run's order)."""
+
+    @dg.asset(
+        name=release_key(recipe.name),
+        group_name="batches",
+        kinds={"deltalake", "parquet"},
+        owners=OWNERS,
+        deps=[curated_steps],
+        pool=f"claw_batch_{recipe.name}",
+        op_tags={"dagster/priority": str(priority)},
+        automation_condition=on_new_data(),
+        description=(
+            f"Builds the `{recipe.name}` batches the new curated steps made ready, in the "
+            f"refresh run itself: each is recorded as its batch_{recipe.name} and "
+            f"export_{recipe.name} partition."
+        ),
     )
+    def release_asset(context: dg.AssetExecutionContext, lake: LakeResource):
+        released = release(context, lake.lake(), recipe)
+        return dg.MaterializeResult(
+            metadata={"batches": dg.MetadataValue.json(released), "released": len(released)}
+        )
+
+    return release_asset
+
+
+def release_assets() -> list[dg.AssetsDefinition]:
+    listed = list(recipes().values())
+    return [build_release_asset(r, len(listed) - rank) for rank, r in enumerate(listed)]

@@ -29,7 +29,7 @@ def build_definitions(
             rewards.rewarded_steps,
             quality.scored_steps,
             quality.curated_steps,
-            release.batch_release,
+            *release.release_assets(),
         ],
         sensors=[landing.build_ingest_sensor(interval), build_automation_sensor(interval)],
         jobs=[maintenance.landing_maintenance],
