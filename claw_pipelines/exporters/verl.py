@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.exporters.padding import left_mask, lengths, pad, right_mask
+from claw_pipelines.recipes import Truncation
 from claw_pipelines.transforms.messages import claw_field
 
 PAD_UID = "__pad__"
@@ -47,7 +48,7 @@ class VerlLayout(BaseModel):
     prompt_length: int | None = Field(default=None, ge=1)
     response_length: int | None = Field(default=None, ge=1)
     pad_token_id: int = Field(default=0, ge=0)
-    truncation: str = "error"
+    truncation: Truncation = "error"
     pad_to_multiple: int = Field(default=1, ge=1)
 
 

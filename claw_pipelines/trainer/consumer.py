@@ -28,7 +28,9 @@ POLL_INTERVAL_S = 0.5
 """How often a waiting ``next()`` looks: a batch is seen within this of its manifest landing."""
 
 MANIFESTS_PER_LOOK = 64
-"""Manifests checked per look, oldest unexported batch first, until a look finds one."""
+"""Manifests a poll checks at each end of the reservations not known exported: the oldest (a
+consumer working through history) and the newest (where a new export lands). So a poll costs at
+most twice this many existence checks, however many batches the lake holds."""
 
 
 class BatchConsumer:
@@ -62,12 +64,11 @@ class BatchConsumer:
     def _look(self, candidates: list[str]) -> str | None:
         """The oldest of ``candidates`` whose export finished (its manifest exists)."""
         unexported = [b for b in candidates if b not in self._exported]
-        for start in range(0, len(unexported), MANIFESTS_PER_LOOK):
-            chunk = unexported[start : start + MANIFESTS_PER_LOOK]
-            found = self.lake.files_exist([manifest_path(self.recipe, b) for b in chunk])
-            self._exported.update(b for b, exists in zip(chunk, found, strict=True) if exists)
-            if any(found):
-                break
+        probe = list(
+            dict.fromkeys(unexported[:MANIFESTS_PER_LOOK] + unexported[-MANIFESTS_PER_LOOK:])
+        )
+        found = self.lake.files_exist([manifest_path(self.recipe, b) for b in probe])
+        self._exported.update(b for b, exists in zip(probe, found, strict=True) if exists)
         return next((b for b in candidates if b in self._exported), None)
 
     def next(self, timeout_s: float | None = None) -> Batch | None:
@@ -99,9 +100,12 @@ class BatchConsumer:
 
     def batches(self) -> pl.DataFrame:
         """Every reserved batch, oldest first: batch_id, planned_at, exported, and whether and
-        at which trainer step this consumer acked it."""
+        at which trainer step this consumer acked it (one existence check per batch not known
+        exported: a listing, not a poll)."""
         reserved = self._reservations.refresh()
-        self._look(reserved)  # every manifest once; later calls check only the unexported
+        unexported = [b for b in reserved if b not in self._exported]
+        found = self.lake.files_exist([manifest_path(self.recipe, b) for b in unexported])
+        self._exported.update(b for b, exists in zip(unexported, found, strict=True) if exists)
         mine = acks_of(self.lake, self.recipe).filter(pl.col("consumer") == self.consumer)
         listed = pl.DataFrame(
             {
