@@ -22,16 +22,13 @@ from assets.checks import repeated_ids
 from assets.incremental import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
 from assets.metadata import counts, histogram, markdown_table, table_metadata
 from claw_pipelines.batch_tables import batches_table, exports_folder, ledger_table
+from claw_pipelines.batch_units import GROUPED
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
 from claw_pipelines.exporters import Destination, export_batch
 from claw_pipelines.lake import Lake, compact, sql_in
 from claw_pipelines.recipes import BatchPlan, Recipe
 from claw_pipelines.retired import retired_table
 from claw_pipelines.schemas import utc_now
-
-GROUPED = {"grpo", "rloo"}
-"""Algorithms whose batches are made of complete groups (several rollouts of one prompt); DPO
-pairs come from one group by construction, other algorithms take single trajectories."""
 
 
 def partitions(recipe: str) -> dg.DynamicPartitionsDefinition:
