@@ -8,11 +8,13 @@ batch, the latency is the time ``next()`` returned minus the latest ``created_at
 trajectories' completion events (stamped by the proxy when the last completion arrived; same
 machine clock). The first ``--warmup`` batches (Dagster's first runs) are left out.
 
-Each latency is split where the lake records a time: ``to_reserved`` (completion -> the
-batch's reservation by the planner, i.e. landing, the ingest and automation sensors and the
-steps -> curated run), ``reserved_to_exported`` (reservation -> manifest written: the batch run
-launch, the batch and its export) and ``exported_to_next`` (manifest -> next() returned).
-The bare baseline ``demo_round_s`` (one demo round, the traffic's own pace) sets the scale.
+Each latency is split where the lake and Dagster record a time (medians in ``stages_p50_s``):
+``to_run_created`` (completion -> the run that built the batch was created: landing, the
+sensor's daemon tick, the sensor and the run's creation), ``to_run_started`` (the run queue and
+the run process's start), ``to_curated`` (the run's steps up to ``curated_steps``; zero for a
+batch the planner launched), ``to_exported`` (curated -> manifest: planning, writing, checks,
+export) and ``exported_to_next`` (manifest -> next() returned). The bare baseline
+``demo_round_s`` (one demo round, the traffic's own pace) sets the scale.
 
 Prints one JSON object: ``p50_s``, ``p95_s``, ``max_s``, ``batches``, ``latencies_s``,
 ``stages_p50_s``, ``sensor_interval_s``, ``demo_round_s``.
@@ -34,6 +36,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import polars as pl
 
 from claw_pipelines.lake import Lake
@@ -63,15 +66,43 @@ def _completed_at(lake: Lake, batch: Batch) -> datetime:
     return firsts.get_column("created_at").max()
 
 
-def _stages(lake: Lake, batch: Batch, completed: datetime, returned: datetime) -> dict:
-    planned = datetime.fromisoformat(batch.manifest.planned_with["planned_at"])
+RUN_OF_BATCH = """
+query Run($partition: String!) {
+  assetOrError(assetKey: {path: ["batch_grpo"]}) {
+    ... on Asset { assetMaterializations(partitions: [$partition], limit: 1) { runId } }
+  }
+}
+"""
+RUN_TIMES = """
+query Times($runId: ID!) {
+  runOrError(runId: $runId) {
+    ... on Run { creationTime startTime stepStats { stepKey endTime } }
+  }
+}
+"""
+
+
+def _graphql(url: str, query: str, variables: dict) -> dict:
+    response = httpx.post(
+        f"{url}/graphql", json={"query": query, "variables": variables}, timeout=30
+    )
+    response.raise_for_status()
+    return response.json()["data"]
+
+
+def _stages(lake: Lake, dagster_url: str, batch: Batch, completed: datetime, returned: datetime):
+    """The latency split at the run that built the batch (Dagster's times) and the manifest."""
+    found = _graphql(dagster_url, RUN_OF_BATCH, {"partition": batch.batch_id})
+    (materialization,) = found["assetOrError"]["assetMaterializations"]
+    run = _graphql(dagster_url, RUN_TIMES, {"runId": materialization["runId"]})["runOrError"]
+    ends = {step["stepKey"]: step["endTime"] for step in run["stepStats"]}
+    created, started = run["creationTime"], run["startTime"]
+    curated = ends.get("curated_steps", started)
     manifest = Path(lake.uri(f"exports/{RECIPE}/{batch.batch_id}/manifest.json"))
-    exported = datetime.fromtimestamp(manifest.stat().st_mtime, UTC)
-    return {
-        "to_reserved": (planned - completed).total_seconds(),
-        "reserved_to_exported": (exported - planned).total_seconds(),
-        "exported_to_next": (returned - exported).total_seconds(),
-    }
+    exported = manifest.stat().st_mtime
+    moments = [completed.timestamp(), created, started, curated, exported, returned.timestamp()]
+    names = ["to_run_created", "to_run_started", "to_curated", "to_exported", "exported_to_next"]
+    return {name: b - a for name, a, b in zip(names, moments, moments[1:], strict=True)}
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -114,7 +145,7 @@ def measure(batches: int, warmup: int, workdir: Path, sensor_interval: int | Non
             completed = _completed_at(lake, batch)
             if index >= warmup:
                 latencies.append((returned - completed).total_seconds())
-                stages.append(_stages(lake, batch, completed, returned))
+                stages.append(_stages(lake, dagster.url, batch, completed, returned))
             print(f"{batch.batch_id}: {(returned - completed).total_seconds():.1f} s",
                   file=sys.stderr)  # fmt: skip
     finally:
