@@ -102,7 +102,7 @@ def _stages(lake: Lake, dagster_url: str, batch: Batch, completed: datetime, ret
     exported = manifest.stat().st_mtime
     moments = [completed.timestamp(), created, started, curated, exported, returned.timestamp()]
     names = ["to_run_created", "to_run_started", "to_curated", "to_exported", "exported_to_next"]
-    return {name: b - a for name, a, b in zip(names, moments, moments[1:], strict=True)}
+    return {name: b - a for name, a, b in zip(names, moments[:-1], moments[1:], strict=True)}
 
 
 def _percentile(values: list[float], q: float) -> float:

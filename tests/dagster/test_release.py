@@ -25,8 +25,13 @@ def test_the_refresh_run_builds_and_exports_the_batch_it_made_ready(bound, insta
     driver = Driver(bound, instance)
     land_rollouts(bound.lake, groups=4, group_size=4, steps=2, seed=5)
     (request,) = driver.tick("landing_ingest_sensor").run_requests
-    assert [key.to_user_string() for key in request.asset_selection] == REFRESH
+    assert [key.to_user_string() for key in request.asset_selection] == [*REFRESH]
     result = driver.materialize(REFRESH)
+    started = [
+        e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_START
+    ]
+    assert started.index("release_grpo") < started.index("trajectories")  # batches first
+    assert started.index("release_grpo") < started.index("release_sft")  # batches.yaml order
 
     recorded = instance.fetch_materializations(dg.AssetKey("batch_grpo"), limit=5).records
     (batch,) = [r.event_log_entry.asset_materialization for r in recorded]
