@@ -84,8 +84,13 @@ def test_a_truncated_reply_is_never_closed_and_pairs_leave_it_out(tmp_path):
 
     cut = [turn("c0", [*SYSTEM, 1], [5, 6], trajectory_id="c", finish_reason="length"),
            turn("e0", [*SYSTEM, 3], [8], trajectory_id="e", start=1)]  # fmt: skip
-    sft = Recipe(name="sft", algorithm="sft", group_size=1, groups_per_batch=2, exports=["trl"])
+    sft = Recipe(name="sft", algorithm="sft", group_size=1, groups_per_batch=2,
+                 exports=["trl", "jsonl"])  # fmt: skip
     export_batch(sft, _plan(sft, cut, {"c": 1.0, "e": 1.0}).rows, Destination(str(tmp_path / "s")))
+    lines = (tmp_path / "s/jsonl/trajectories.jsonl").read_text().splitlines()
+    reasons = {json.loads(line)["trajectory_id"]: json.loads(line)["steps"][0]["finish_reason"]
+               for line in lines}  # fmt: skip
+    assert reasons == {"c": "length", "e": "stop"}
     chats = pl.read_parquet(tmp_path / "s/trl/sft_messages.parquet")
     assert chats["trajectory_id"].to_list() == ["e"]
     steps = pl.read_parquet(tmp_path / "s/trl/sft_tokens.parquet").sort("trajectory_id")
