@@ -14,7 +14,7 @@ import dagster as dg
 from deltalake import DeltaTable
 
 from assets.configs import recipes
-from assets.runs import QUEUED, has_run
+from assets.runs import has_run_before
 from claw_pipelines.lake import data_commits
 from claw_pipelines.schemas import LANDING_MODELS
 from resources.lake import LakeResource
@@ -74,7 +74,7 @@ def build_ingest_sensor(interval_s: int) -> dg.SensorDefinition:
         default_status=dg.DefaultSensorStatus.RUNNING,
         asset_selection=dg.AssetSelection.assets(*REFRESH),
         description="Reports a landing table materialization when its Delta version moves and "
-        "launches the refresh run (unless one is queued: it will read the new versions).",
+        "launches the refresh run (unless one has yet to start: it will read the new versions).",
     )
     def landing_ingest_sensor(
         context: dg.SensorEvaluationContext, lake: LakeResource
@@ -106,7 +106,7 @@ def build_ingest_sensor(interval_s: int) -> dg.SensorDefinition:
             return dg.SkipReason("no new data in the landing tables")
         refresh = (
             []
-            if has_run(context.instance, REFRESH[0], QUEUED)
+            if has_run_before(context.instance, REFRESH[0])
             else [dg.RunRequest(asset_selection=[dg.AssetKey(key) for key in REFRESH])]
         )
         return dg.SensorResult(

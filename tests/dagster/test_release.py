@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dagster as dg
 import polars as pl
+import pytest
 from dagster._core.test_utils import create_run_for_test
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
@@ -13,11 +14,13 @@ from dagster_rollouts import land_rollouts
 from assets.landing import REFRESH
 
 
-def _queued_refresh(instance: dg.DagsterInstance) -> None:
+def _queued_refresh(
+    instance: dg.DagsterInstance, status: dg.DagsterRunStatus = dg.DagsterRunStatus.NOT_STARTED
+) -> None:
+    """A refresh run that has not started its steps: not started (queued), or started and
+    waiting for the ``steps`` pool slot (no step began)."""
     create_run_for_test(
-        instance,
-        status=dg.DagsterRunStatus.NOT_STARTED,  # queued, as a run the daemon has not started
-        asset_selection=frozenset(dg.AssetKey(key) for key in REFRESH),
+        instance, status=status, asset_selection=frozenset(dg.AssetKey(key) for key in REFRESH)
     )
 
 
@@ -51,9 +54,10 @@ def test_the_refresh_run_builds_and_exports_the_batch_it_made_ready(bound, insta
     assert isinstance(driver.tick("batch_grpo_planner"), dg.SkipReason)  # nothing left to plan
 
 
-def test_no_second_refresh_run_while_one_is_queued(bound, instance):
+@pytest.mark.parametrize("status", [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED])
+def test_no_second_refresh_run_while_one_is_yet_to_start(bound, instance, status):
     driver = Driver(bound, instance)
-    _queued_refresh(instance)
+    _queued_refresh(instance, status)
     land_rollouts(bound.lake, groups=1, group_size=4, steps=1, seed=6)
     ticked = driver.tick("landing_ingest_sensor")
     assert ticked.run_requests == [] and {e.asset_key.path[0] for e in ticked.asset_events} == {
