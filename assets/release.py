@@ -13,7 +13,7 @@ import dagster as dg
 
 from assets import ledger
 from assets.automation import on_new_data
-from assets.batch_work import build_batch, export_written, partitions
+from assets.batch_work import Built, build_batch, export_written, partitions
 from assets.configs import recipes
 from assets.incremental import ConcurrentRun
 from assets.landing import OWNERS
@@ -30,7 +30,7 @@ def release_key(recipe: str) -> str:
     return f"release_{recipe}"
 
 
-def _record(context: dg.AssetExecutionContext, recipe: Recipe, batch_id: str, built) -> None:
+def _record(context: dg.AssetExecutionContext, recipe: Recipe, batch_id: str, built: Built) -> None:
     """The batch's partition materialization and checks, as its own asset would record them."""
     key = dg.AssetKey(f"batch_{recipe.name}")
     context.log_event(dg.AssetMaterialization(key, partition=batch_id, metadata=built.metadata))
