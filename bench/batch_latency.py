@@ -8,13 +8,13 @@ batch, the latency is the time ``next()`` returned minus the latest ``created_at
 trajectories' completion events (stamped by the proxy when the last completion arrived; same
 machine clock). The first ``--warmup`` batches (Dagster's first runs) are left out.
 
-Each latency is split where the lake and Dagster record a time (medians in ``stages_p50_s``):
-``to_run_created`` (completion -> the run that built the batch was created: landing, the
-sensor's daemon tick, the sensor and the run's creation), ``to_run_started`` (the run queue and
-the run process's start), ``to_curated`` (the run's steps up to ``curated_steps``; zero for a
-batch the planner launched), ``to_exported`` (curated -> manifest: planning, writing, checks,
-export) and ``exported_to_next`` (manifest -> next() returned). The bare baseline
-``demo_round_s`` (one demo round, the traffic's own pace) sets the scale.
+Where the time goes (medians in ``stages_p50_s``, each in seconds after the last completion,
+from Dagster's and the lake's own times): ``run_created`` and ``run_started`` (the run that built
+the batch: created by the ingest sensor, started once the run queue launched its process; a
+run created before the completion, queued or waiting for its slot, reads it too),
+``curated`` (its steps up to ``curated_steps``), ``exported`` (its release wrote the manifest)
+and ``returned`` (``next()`` returned: the latency). The bare baseline ``demo_round_s`` (one
+demo round, the traffic's own pace) sets the scale.
 
 Prints one JSON object: ``p50_s``, ``p95_s``, ``max_s``, ``batches``, ``latencies_s``,
 ``stages_p50_s``, ``sensor_interval_s``, ``demo_round_s``.
@@ -100,9 +100,9 @@ def _stages(lake: Lake, dagster_url: str, batch: Batch, completed: datetime, ret
     curated = ends.get("curated_steps", started)
     manifest = Path(lake.uri(f"exports/{RECIPE}/{batch.batch_id}/manifest.json"))
     exported = manifest.stat().st_mtime
-    moments = [completed.timestamp(), created, started, curated, exported, returned.timestamp()]
-    names = ["to_run_created", "to_run_started", "to_curated", "to_exported", "exported_to_next"]
-    return {name: b - a for name, a, b in zip(names, moments[:-1], moments[1:], strict=True)}
+    moments = {"run_created": created, "run_started": started, "curated": curated,
+               "exported": exported, "returned": returned.timestamp()}  # fmt: skip
+    return {name: moment - completed.timestamp() for name, moment in moments.items()}
 
 
 def _percentile(values: list[float], q: float) -> float:
