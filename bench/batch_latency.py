@@ -2,8 +2,10 @@
 
 Starts what ``claw up`` starts (embedded engine, capture proxy, ``dagster dev`` with the
 repository's dagster.yaml and default sensor intervals) in a temporary folder, plays ``claw
-demo`` rounds back to back in a second process (real agents through the proxy, trajectories
-completed with rule rewards), and consumes the GRPO batches with a ``BatchConsumer``. For each
+demo`` rounds in a second process (real agents through the proxy, trajectories completed with
+rule rewards) with ``--pause-s`` between them, as a user runs ``claw demo`` now and then
+(``--pause-s 0``: back to back, the two cores saturated by the traffic alone), and consumes the
+GRPO batches with a ``BatchConsumer``. For each
 batch, the latency is the time ``next()`` returned minus the latest ``created_at`` of its
 trajectories' completion events (stamped by the proxy when the last completion arrived; same
 machine clock). The first ``--warmup`` batches (Dagster's first runs) are left out.
@@ -17,7 +19,7 @@ and ``returned`` (``next()`` returned: the latency). The bare baseline ``demo_ro
 demo round, the traffic's own pace) sets the scale.
 
 Prints one JSON object: ``p50_s``, ``p95_s``, ``max_s``, ``batches``, ``latencies_s``,
-``stages_p50_s``, ``sensor_interval_s``, ``demo_round_s``.
+``stages_p50_s``, ``sensor_interval_s``, ``pause_s``, ``demo_round_s``.
 
     .venv/bin/python bench/batch_latency.py [--batches 10] [--warmup 1]
 """
@@ -48,7 +50,9 @@ from claw_pipelines.trainer import Batch, BatchConsumer
 RECIPE = "grpo"
 
 
-def _traffic(proxy_url: str, env: dict[str, str], stop: threading.Event, rounds: list) -> None:
+def _traffic(
+    proxy_url: str, env: dict[str, str], pause_s: float, stop: threading.Event, rounds: list
+) -> None:
     """``claw demo`` rounds until ``stop``; each round's duration goes to ``rounds``."""
     command = [*CLI, "demo", "--proxy-url", proxy_url, "--prompts", "8", "--rollouts", "4"]
     while not stop.is_set():
@@ -56,6 +60,7 @@ def _traffic(proxy_url: str, env: dict[str, str], stop: threading.Event, rounds:
         subprocess.run(command, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, check=False, timeout=600)  # fmt: skip
         rounds.append(time.monotonic() - started)
+        stop.wait(pause_s)
 
 
 def _completed_at(lake: Lake, batch: Batch) -> datetime:
@@ -110,7 +115,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def measure(batches: int, warmup: int, workdir: Path, sensor_interval: int | None) -> dict:
+def measure(
+    batches: int, warmup: int, workdir: Path, sensor_interval: int | None, pause_s: float
+) -> dict:
     lake = Lake(str(workdir / "lake"))
     env = {
         "CLAW_LAKE_URI": lake.root,
@@ -132,7 +139,7 @@ def measure(batches: int, warmup: int, workdir: Path, sensor_interval: int | Non
         services.append(dagster)
         proxy.wait_ready("/health/liveliness", timeout_s=240)
         dagster.wait_ready("/server_info", timeout_s=240)
-        traffic = threading.Thread(target=_traffic, args=(proxy.url, env, stop, rounds))
+        traffic = threading.Thread(target=_traffic, args=(proxy.url, env, pause_s, stop, rounds))
         traffic.start()
         consumer = BatchConsumer(RECIPE, consumer="bench", lake_uri=lake.root)
         latencies, stages = [], []
@@ -162,6 +169,7 @@ def measure(batches: int, warmup: int, workdir: Path, sensor_interval: int | Non
             name: round(statistics.median(s[name] for s in stages), 2) for name in stages[0]
         },
         "sensor_interval_s": sensor_interval,
+        "pause_s": pause_s,
         "demo_round_s": round(statistics.median(rounds), 2) if rounds else None,
     }
 
@@ -174,9 +182,12 @@ def main() -> None:
         "--sensor-interval", type=int, default=None,
         help="CLAW_DAGSTER_SENSOR_INTERVAL_S (default: claw up's own default)",
     )  # fmt: skip
+    parser.add_argument("--pause-s", type=float, default=20.0, help="pause between demo rounds")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="claw-latency-") as folder:
-        result = measure(args.batches, args.warmup, Path(folder), args.sensor_interval)
+        result = measure(
+            args.batches, args.warmup, Path(folder), args.sensor_interval, args.pause_s
+        )
     print(json.dumps(result))
 
 
