@@ -26,6 +26,7 @@ _DESCRIPTIONS = {
     "rewards": "Rewards and feedback that arrive after the turn, trajectory or group they score.",
     "trajectory_events": "Trajectory lifecycle events (completed, aborted) with optional outcome.",
     "labels": "Human curation decisions (quality label, trainable, tags); latest label wins.",
+    "policy_versions": "Policy versions the trainer announced and its weight-sync pauses.",
 }
 
 LANDING_TABLES = list(LANDING_MODELS)
@@ -39,6 +40,7 @@ LANDING_READERS: dict[str, list[str]] = {
     "trajectory_events": ["steps", "trajectories", "rewarded_steps"],
     "rewards": ["rewarded_steps"],
     "labels": ["curated_steps"],
+    "policy_versions": [],
 }
 """The incremental assets that read each landing table by Delta version: each records how far it
 read as the app transaction ``claw/<asset>/<table>`` on its own output table (``Increment``), and

@@ -2,9 +2,9 @@
 
 ``batch_ledger/<recipe>`` holds one row per consumed step. A batch's rows are appended in one
 commit together with its pins (the curated_steps, steps (token lists), ledger and retirement
-versions it was planned from and the planning time), so the ledger is both the "at most one
-batch per step" guarantee and the partition's record: re-planning from the pins reproduces the
-batch exactly.
+versions it was planned from, the policy version announced then and the planning time), so the
+ledger is both the "at most one batch per step" guarantee and the partition's record:
+re-planning from the pins reproduces the batch exactly.
 Reservations carry a ``claw/plan/<recipe>`` app transaction taken from the snapshot the plan was
 made on, so two planners racing on the same ledger cannot both commit: the loser's step is
 retried (``ConcurrentRun``) and plans again from the ledger the winner left.
@@ -24,7 +24,8 @@ from assets.incremental import COMPACT_AFTER_FILES, ConcurrentRun
 from assets.retirements import Retirements
 from claw_pipelines.batch_tables import batches_table, ledger_table, manifest_path
 from claw_pipelines.derived_schemas import LEDGER, conform
-from claw_pipelines.lake import Lake, column_bound, compact, keyed
+from claw_pipelines.lake import Lake, compact, keyed
+from claw_pipelines.policy_versions import highest_announced_version, lag_reference
 from claw_pipelines.recipes import PINNED, BatchPlan, Recipe, plan_batch
 from claw_pipelines.retired import retired_table
 
@@ -68,7 +69,7 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
         retired=retired,
         open_from=pins.get("open_from"),
         batch_id=batch_id,
-        latest_policy_version=column_bound(curated, "policy_version", "max"),
+        latest_policy_version=lag_reference(pins.get("announced_policy_version"), curated),
         source_versions={
             "curated_steps": pins["curated_steps"],
             "steps": pins["steps"],
@@ -172,6 +173,7 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
         "batch_ledger": -1 if snapshot is None else snapshot.version(),
         "batch_retired": retirements.version,
         "open_from": retirements.open_from,
+        "announced_policy_version": highest_announced_version(lake),
         "planned_at": now.isoformat(),
         "recipe": recipe.model_dump(mode="json", exclude={"exports"}),
     }

@@ -23,11 +23,19 @@ def sim(
     latency_ms: Annotated[
         float | None, typer.Option(help="Simulated generation time per answer.")
     ] = None,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Context window in tokens, prompt plus answer "
+            "(default: $CLAW_ENGINE_MAX_MODEL_LEN, else 262144).",
+        ),
+    ] = None,
 ) -> None:
     """Run the embedded engine: a vLLM-shaped simulator (no GPU, not a real model)."""
     from claw_pipelines.engine.server import serve
 
-    serve(host=host, port=port, seed=seed, log_file=log_file, latency_ms=latency_ms)
+    serve(host, port, seed, log_file, latency_ms, max_model_len)
 
 
 @app.command()

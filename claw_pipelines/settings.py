@@ -49,6 +49,11 @@ class ClawSettings(BaseSettings):
     flush_interval_s: float = Field(default=1.0, gt=0, description="Commit at least this often.")
     max_commit_retries: int = Field(default=100, ge=0)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    pause_max_hold_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a model call is held by a weight-sync pause before a 503.",
+    )
 
     @field_validator("storage_options", mode="before")
     @classmethod

@@ -1,8 +1,9 @@
-"""Lifecycle, reward and white-box step endpoints served on the proxy port (``/claw/v1/...``).
+"""Lifecycle, reward, white-box step and policy endpoints on the proxy port (``/claw/v1/...``).
 
 The HTTP edge (``asgi.CaptureApp``) authenticates them with the proxy key before they are
 reached. They land rows through the same spool as the captured turns, so they share its
-durability: a 200 means the row is in this process's spool and will reach Delta.
+durability: a 200 means the row is in this process's spool and will reach Delta. The policy
+routes (``capture.policy``) commit to Delta before answering, as other workers read them there.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from claw_pipelines.capture.identity import (
     PolicyVersion,
     identity_from_request,
 )
+from claw_pipelines.capture.policy import policy_router, with_announced_version
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.schemas import Reward, RewardSource, TrajectoryEventRow, Turn, new_id, utc_now
 
@@ -135,6 +137,7 @@ def build_control_app() -> FastAPI:
             )
         except IdentityError as error:
             raise HTTPException(400, str(error)) from error
+        identity = with_announced_version(identity, runtime.policy.state.version)
         now = utc_now()
         message = {"role": "assistant", "content": body.response_text}
         row = Turn(
@@ -168,4 +171,5 @@ def build_control_app() -> FastAPI:
             "committed_rows": runtime.flusher.committed_rows,
         }
 
+    control.include_router(policy_router(lambda: CaptureRuntime.current().policy))
     return control

@@ -16,6 +16,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from claw_pipelines.capture.policy import ServedPolicy
 from claw_pipelines.capture.redact import Redactor
 from claw_pipelines.capture.spool import SpoolFlusher, SpoolWriter
 from claw_pipelines.capture.turns import PendingCall
@@ -83,6 +84,8 @@ class CaptureRuntime:
         )
         self.pending: OrderedDict[str, PendingCall] = OrderedDict()
         self.flusher.start()
+        self.policy = ServedPolicy(self.lake, self.writer.writer_id, settings.pause_max_hold_s)
+        self.policy.start()
 
     @classmethod
     def current(cls) -> CaptureRuntime:
@@ -96,6 +99,7 @@ class CaptureRuntime:
         """Commit everything spooled (graceful stop); what cannot be committed stays spooled."""
         with cls._instance_lock:
             if cls._instance is not None:
+                cls._instance.policy.stop()
                 cls._instance.flusher.stop()
                 cls._instance.writer.close()
                 cls._instance = None

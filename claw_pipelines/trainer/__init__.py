@@ -1,4 +1,5 @@
-"""A small client for trainers: take the next exported batch, train on it, say so.
+"""A small client for trainers: take the next exported batch, train on it, say so; announce the
+policy version served (``PolicyClient``, around a weight sync).
 
 ```python
 from claw_pipelines.trainer import BatchConsumer
@@ -13,5 +14,6 @@ while (batch := consumer.next(timeout_s=600)) is not None:
 
 from claw_pipelines.trainer.batch import Batch
 from claw_pipelines.trainer.consumer import BatchConsumer
+from claw_pipelines.trainer.policy import PolicyClient
 
-__all__ = ["Batch", "BatchConsumer"]
+__all__ = ["Batch", "BatchConsumer", "PolicyClient"]

@@ -36,10 +36,9 @@ most twice this many existence checks, however many batches the lake holds."""
 class BatchConsumer:
     """The exported batches of ``recipe`` that ``consumer`` has not trained on yet.
 
-    It reads and writes only the lake, so a trainer needs no service to take batches. Telling
-    the proxies which policy version is served (``POST /claw/v1/policy``, ``/policy/pause``
-    around a weight sync) is a separate concern with its own address and key, for a method
-    beside ``ack``.
+    It reads and writes only the lake, so a trainer needs no service to take batches; telling
+    the proxies which policy version is served, around a weight sync, is ``PolicyClient``'s
+    (the proxy's address and key).
     """
 
     def __init__(
