@@ -190,7 +190,11 @@ BATCH_ROWS = pa.schema(
         pa.field("response_logprobs", _LOGPROBS),
         pa.field("reward", pa.float64()),
         pa.field("outcome_reward", pa.float64()),
+        pa.field("trajectory_score", pa.float64()),
+        pa.field("advantage", pa.float64()),
         pa.field("policy_version", pa.int64()),
+        pa.field("model", pa.string()),
+        pa.field("finish_reason", pa.string()),
         pa.field("request_messages", pa.string()),
         pa.field("request_tools", pa.string()),
         pa.field("response_message", pa.string()),
@@ -200,9 +204,13 @@ BATCH_ROWS = pa.schema(
     ]
 )
 """Framework-neutral rows of one batch (grpo, rloo, ppo, reinforce_pp, sft): one per step,
-contiguous per trajectory in step order. No advantages: the trainer computes them.
-``source_version``: turns version the step came from; ``source_versions``: JSON of the
-input table versions the batch was planned from."""
+contiguous per trajectory in step order. ``trajectory_score``: the trajectory's return (outcome
+plus step rewards, whatever the credit assignment); ``advantage``: null unless the recipe's
+``group_statistics`` is ``per_trajectory`` (then the group-relative advantage of the
+trajectory's score, broadcast to its steps); otherwise the trainer computes advantages.
+``model``: the model that answered (whose tokenizer made the IDs); ``finish_reason``: ``length``
+for a reply cut off at max_tokens. ``source_version``: turns version the step came from;
+``source_versions``: JSON of the input table versions the batch was planned from."""
 
 DPO_PAIRS = pa.schema(
     [
@@ -219,6 +227,9 @@ DPO_PAIRS = pa.schema(
         pa.field("chosen_reward", pa.float64()),
         pa.field("rejected_reward", pa.float64()),
         pa.field("policy_version", pa.int64()),
+        pa.field("model", pa.string()),
+        pa.field("chosen_finish_reason", pa.string()),
+        pa.field("rejected_finish_reason", pa.string()),
         pa.field("request_messages", pa.string()),
         pa.field("request_tools", pa.string()),
         pa.field("chosen_message", pa.string()),
