@@ -22,8 +22,8 @@ from deltalake.exceptions import CommitFailedError
 
 from assets.incremental import COMPACT_AFTER_FILES, ConcurrentRun
 from assets.retirements import Retirements
+from claw_pipelines.batch_tables import batches_table, ledger_table, manifest_path
 from claw_pipelines.derived_schemas import LEDGER, conform
-from claw_pipelines.exporters.manifest import MANIFEST
 from claw_pipelines.lake import Lake, compact, keyed
 from claw_pipelines.policy_versions import highest_announced_version, lag_reference
 from claw_pipelines.recipes import PINNED, BatchPlan, Recipe, plan_batch
@@ -31,14 +31,6 @@ from claw_pipelines.retired import retired_table
 
 PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
 """The ledger as written here: each row also carries its batch's pins (JSON)."""
-
-
-def ledger_table(recipe: str) -> str:
-    return f"batch_ledger/{recipe}"
-
-
-def batches_table(recipe: str) -> str:
-    return f"batches/{recipe}"
 
 
 def _plan_app(recipe: str) -> str:
@@ -107,14 +99,10 @@ def pins_of(lake: Lake, recipe: str, batch_id: str) -> dict | None:
     return _recorded_pins(lake.scan(ledger_table(recipe)), batch_id)
 
 
-def exports_folder(recipe: str) -> str:
-    return f"exports/{recipe}"
-
-
 def exported_batches(lake: Lake, recipe: str, batch_ids: list[str]) -> set[str]:
     """Which of ``batch_ids`` finished their export (an export writes its manifest last): one
     existence check each, so the cost follows the batches asked about, not all exports."""
-    manifests = [f"{exports_folder(recipe)}/{batch_id}/{MANIFEST}" for batch_id in batch_ids]
+    manifests = [manifest_path(recipe, batch_id) for batch_id in batch_ids]
     return {b for b, found in zip(batch_ids, lake.files_exist(manifests), strict=True) if found}
 
 
