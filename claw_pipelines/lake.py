@@ -340,6 +340,9 @@ class TableWriter:
 
     Re-using the handle saves a log load per commit; re-opening bounds the snapshot a handle
     accumulates (delta-rs keeps every file it ever saw, and commit latency grows with it).
+    Appends merge the schema: a column added to a landing model (say ``turns.api``) is added to
+    a table written before it existed, whose older rows read it as null. A commit refused
+    because the handle predates another writer's schema change is retried once on a fresh one.
     """
 
     def __init__(self, lake: Lake, table: str, reopen_every: int = 100) -> None:
@@ -370,18 +373,23 @@ class TableWriter:
         app_version: int | None = None,
         metadata: dict[str, str] | None = None,
     ) -> None:
-        handle = self._open(data.schema)
         transactions = None
         if app_id is not None and app_version is not None:
             transactions = [Transaction(app_id=app_id, version=app_version)]
-        write_deltalake(
-            handle,
-            data,
-            mode="append",
-            commit_properties=CommitProperties(
-                max_commit_retries=self.lake.max_commit_retries,
-                app_transactions=transactions,
-                custom_metadata=metadata,
-            ),
+        properties = CommitProperties(
+            max_commit_retries=self.lake.max_commit_retries,
+            app_transactions=transactions,
+            custom_metadata=metadata,
         )
+        try:
+            self._write(data, properties)
+        except CommitFailedError:
+            self._handle = None
+            self._write(data, properties)
         self._commits += 1
+
+    def _write(self, data: pa.Table, properties: CommitProperties) -> None:
+        handle = self._open(data.schema)
+        write_deltalake(
+            handle, data, mode="append", schema_mode="merge", commit_properties=properties
+        )

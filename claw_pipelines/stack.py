@@ -44,9 +44,11 @@ def start_proxy(
     num_workers: int = 1,
     host: str = "127.0.0.1",
     capture: bool = True,
+    config: Path | None = None,
 ) -> Service:
     command = [*CLI, "proxy", "--host", host, "--port", str(port), "--backend", backend]
     command += ["--num-workers", str(num_workers), "--capture" if capture else "--no-capture"]
+    command += ["--config", str(config)] if config else []
     return start_service(
         "proxy" if capture else "plain-proxy",
         command,

@@ -115,7 +115,8 @@ def _header_value(field: str, raw: str) -> object:
 
 
 def split_identity_prefix(raw_path: str) -> tuple[str, str, str] | None:
-    """``/t/<trajectory>/<group>/v1/x`` -> (trajectory, group, "/v1/x"); None if no prefix.
+    """``/t/<trajectory>/<group>/v1/x`` -> (trajectory, group, "/v1/x"), ``/t/<t>/<g>`` -> (t, g,
+    "/"); None if no prefix.
 
     Takes the raw (still percent-encoded) path, so an id may contain an encoded ``/`` and is
     decoded exactly once; the rest of the path is returned still encoded.
@@ -123,6 +124,6 @@ def split_identity_prefix(raw_path: str) -> tuple[str, str, str] | None:
     if not raw_path.startswith("/t/"):
         return None
     parts = raw_path.split("/", 4)
-    if len(parts) < 5 or not parts[2] or not parts[3]:
+    if len(parts) < 4 or not parts[2] or not parts[3]:
         return None
-    return unquote(parts[2]), unquote(parts[3]), "/" + parts[4]
+    return unquote(parts[2]), unquote(parts[3]), "/" + (parts[4] if len(parts) == 5 else "")

@@ -37,13 +37,18 @@ class ModelCapture(BaseModel):
     logprobs: bool = False
     top_logprobs: int | None = None
     stream_mode: Literal["buffered", "passthrough"] = "passthrough"
+    api_mode: Literal["bridge", "native"] = "native"
+    """How Responses and Messages calls are served: ``bridge`` through the engine's chat
+    completions call (exact token IDs), ``native`` by LiteLLM's own route for them."""
 
 
 def model_capture_options(config_path: str | None) -> dict[str, ModelCapture]:
     """Options by served model name; token-returning backends (hosted_vllm/) default to exact mode.
 
     ``buffered`` streams are served from a non-streaming upstream call and re-streamed to the
-    client, because LiteLLM drops ``prompt_token_ids`` from streamed responses.
+    client, because LiteLLM drops ``prompt_token_ids`` from streamed responses; ``bridge``
+    serves Responses and Messages calls through chat, because vLLM's own routes for them return
+    no token IDs.
     """
     if not config_path or not Path(config_path).is_file():
         return {}
@@ -54,7 +59,12 @@ def model_capture_options(config_path: str | None) -> dict[str, ModelCapture]:
         declared = ((entry.get("model_info") or {}).get("claw")) or {}
         defaults = {}
         if upstream.startswith(TOKEN_RETURNING_PREFIXES):
-            defaults = {"return_token_ids": True, "logprobs": True, "stream_mode": "buffered"}
+            defaults = {
+                "return_token_ids": True,
+                "logprobs": True,
+                "stream_mode": "buffered",
+                "api_mode": "bridge",
+            }
         options[str(entry["model_name"])] = ModelCapture.model_validate(defaults | declared)
     return options
 
