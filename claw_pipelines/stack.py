@@ -44,9 +44,12 @@ def start_proxy(
     num_workers: int = 1,
     host: str = "127.0.0.1",
     capture: bool = True,
+    config: Path | None = None,
 ) -> Service:
     command = [*CLI, "proxy", "--host", host, "--port", str(port), "--backend", backend]
     command += ["--num-workers", str(num_workers), "--capture" if capture else "--no-capture"]
+    if config is not None:
+        command += ["--config", str(config)]
     return start_service(
         "proxy" if capture else "plain-proxy",
         command,

@@ -69,14 +69,18 @@ class CaptureStack:
         table: str = "turns",
         timeout_s: float = 60,
     ) -> pl.DataFrame:
-        """Poll a landing table until ``predicate`` holds (flushes are asynchronous)."""
+        """Poll a landing table until ``predicate`` holds (flushes are asynchronous); fail if it
+        does not within ``timeout_s``, saying how many rows there were."""
         deadline = time.monotonic() + timeout_s
         while True:
             rows = self.rows(table)
             if not rows.is_empty() and predicate(rows):
                 return rows
             if time.monotonic() > deadline:
-                return rows
+                raise AssertionError(
+                    f"{table} did not reach the expected rows in {timeout_s} s "
+                    f"({rows.height} rows there)"
+                )
             time.sleep(0.2)
 
 

@@ -26,6 +26,7 @@ from litellm.proxy.proxy_server import app as litellm_app
 
 from claw_pipelines.capture.control import build_control_app
 from claw_pipelines.capture.identity import split_identity_prefix
+from claw_pipelines.capture.request_body import BodyRejected, parse_json_object, read_body
 from claw_pipelines.capture.request_context import context_from_body, current_request
 from claw_pipelines.capture.restream import sse_from_completion, sse_from_text_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
@@ -152,50 +153,16 @@ class CaptureApp:
 
     async def _read_body(self, receive, send) -> tuple[bytes, dict[str, Any] | None] | None:
         """The whole body and its parsed JSON object (None if empty), or None after answering
-        413/400 for an oversize, non-UTF-8, malformed or non-object body."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                await _send_json(
-                    send,
-                    413,
-                    _error(
-                        f"request body exceeds {self.max_body_bytes} bytes", "request_too_large"
-                    ),
-                )
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
-        if not body:
-            return body, None
+        413/400 for a body ``request_body`` refuses (the message names the field)."""
         try:
-            request = json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError:
-            await _send_json(
-                send, 400, _error("request body is not valid UTF-8", "invalid_request_error")
-            )
+            body = await read_body(receive, self.max_body_bytes)
+            if body is None:
+                return None
+            return body, parse_json_object(body)
+        except BodyRejected as rejected:
+            kind = "request_too_large" if rejected.status == 413 else "invalid_request_error"
+            await _send_json(send, rejected.status, _error(rejected.message, kind))
             return None
-        except json.JSONDecodeError as error:
-            await _send_json(
-                send,
-                400,
-                _error(f"request body is not valid JSON: {error}", "invalid_request_error"),
-            )
-            return None
-        if not isinstance(request, dict):
-            await _send_json(
-                send, 400, _error("request body must be a JSON object", "invalid_request_error")
-            )
-            return None
-        return body, request
 
     @staticmethod
     def _should_buffer_stream(request: dict[str, Any] | None) -> bool:

@@ -17,7 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from claw_pipelines.capture.redact import Redactor
-from claw_pipelines.capture.spool import SpoolFlusher, SpoolWriter
+from claw_pipelines.capture.spool import SpoolWriter
+from claw_pipelines.capture.spool_flusher import SpoolFlusher
 from claw_pipelines.capture.turns import PendingCall
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import LandingRow
@@ -67,7 +68,7 @@ class CaptureRuntime:
     def __init__(self, settings: ClawSettings) -> None:
         self.settings = settings
         self.lake = Lake.from_settings(settings)
-        self.redactor = Redactor([os.environ.get("LITELLM_MASTER_KEY", "")])
+        self.redactor = Redactor.from_environment()
         self.models = model_capture_options(os.environ.get("CONFIG_FILE_PATH"))
         self.writer = SpoolWriter(
             settings.spool_dir.absolute(), fsync_per_answer=settings.fsync == "answer"

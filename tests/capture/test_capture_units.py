@@ -33,12 +33,8 @@ from claw_pipelines.capture.launcher import (
 from claw_pipelines.capture.redact import REDACTED, Redactor
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
-from claw_pipelines.capture.spool import (
-    QUARANTINE_DIR,
-    SpoolCommitError,
-    SpoolFlusher,
-    SpoolWriter,
-)
+from claw_pipelines.capture.spool import SpoolWriter
+from claw_pipelines.capture.spool_flusher import QUARANTINE_DIR, SpoolCommitError, SpoolFlusher
 from claw_pipelines.capture.turns import StreamAccumulator, pending_call, turns_from_response
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import free_port
@@ -352,7 +348,7 @@ def test_undecodable_rows_are_quarantined_and_block_nothing(tmp_path: Path) -> N
     quarantined = sorted((tmp_path / "spool" / QUARANTINE_DIR).iterdir())
     assert len(quarantined) == 2
     for path in quarantined:
-        assert len(spool_codec._frames(path.read_bytes())) == 1
+        assert len(spool_codec.scan(path.read_bytes()).frames) == 1
 
 
 def test_a_failing_flush_backs_off_and_never_stops_startup(tmp_path: Path) -> None:
