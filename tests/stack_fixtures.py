@@ -94,9 +94,12 @@ def capture_env(workdir: Path, key: str) -> dict[str, str]:
     }
 
 
-def launch_stack(workdir: Path, num_workers: int = 1) -> CaptureStack:
+def launch_stack(
+    workdir: Path, num_workers: int = 1, env: dict[str, str] | None = None
+) -> CaptureStack:
+    """Engine and proxy over ``workdir`` (``env`` adds to or overrides the capture settings)."""
     key = "sk-test-" + secrets.token_hex(16)
-    env = capture_env(workdir, key)
+    env = {**capture_env(workdir, key), **(env or {})}
     engine = start_engine(free_port(), workdir, env)
     engine.wait_ready("/health", timeout_s=60)
     proxy = start_proxy(free_port(), workdir, f"{engine.url}/v1", env, num_workers=num_workers)

@@ -7,6 +7,7 @@ which first replays whatever stopped processes left in the spool.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -17,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from claw_pipelines.capture.redact import Redactor
-from claw_pipelines.capture.spool import SpoolWriter
+from claw_pipelines.capture.spool import SpoolErrorsLoggedOnce, SpoolWriter
 from claw_pipelines.capture.spool_flusher import SpoolFlusher
 from claw_pipelines.capture.turns import PendingCall
 from claw_pipelines.lake import Lake
@@ -83,6 +84,7 @@ class CaptureRuntime:
             else None,
         )
         self.pending: OrderedDict[str, PendingCall] = OrderedDict()
+        logging.getLogger("LiteLLM Proxy").addFilter(SpoolErrorsLoggedOnce())
         self.flusher.start()
 
     @classmethod

@@ -73,6 +73,16 @@ class SpoolUnavailable(RuntimeError):
         super().__init__(self.message)
 
 
+class SpoolErrorsLoggedOnce(logging.Filter):
+    """Drops another logger's record of a ``SpoolUnavailable`` (LiteLLM logs every failed call
+    with its traceback): the spool logs a shortage once when it starts and once when it ends."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        raised = record.exc_info[1] if record.exc_info else None
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(isinstance(value, SpoolUnavailable) for value in (raised, *args))
+
+
 class _Episode:
     """Logs a run of spool failures once when it starts and once when it ends, not per call."""
 

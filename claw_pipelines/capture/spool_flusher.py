@@ -72,6 +72,31 @@ def dedupe_on_key(data: pa.Table, key: str) -> pa.Table:
     return data.take(pc.take(first, pc.sort_indices(first)))
 
 
+@dataclass
+class Schedule:
+    """When the flusher flushes and adopts: each on its own period from ``start``, whether or
+    not its last attempt failed, so a failing flush never skips adoption and is retried once per
+    interval rather than on every tick."""
+
+    interval_s: float
+    adopt_every_s: float
+    start: float
+
+    def __post_init__(self) -> None:
+        self._next_flush = self.start + self.interval_s
+        self._next_adopt = self.start + self.adopt_every_s
+
+    def due(self, now: float, woken: bool) -> tuple[bool, bool]:
+        """Whether to flush (its interval passed, or a nudge) and whether to adopt, at ``now``."""
+        flush = woken or now >= self._next_flush
+        if flush:
+            self._next_flush = now + self.interval_s
+        adopt = now >= self._next_adopt
+        if adopt:
+            self._next_adopt = now + self.adopt_every_s
+        return flush, adopt
+
+
 class SpoolCommitError(RuntimeError):
     """Some tables of a spool directory could not be committed; their segments stay on disk."""
 
@@ -109,13 +134,9 @@ class SpoolFlusher:
             self._wake.set()
 
     def _run(self) -> None:
-        """Flush every interval (or when nudged) and adopt orphans every ``adopt_every_s``.
-
-        Each keeps its own schedule whether or not its last attempt failed: a failing flush
-        never skips adoption, and is retried once per interval rather than on every tick.
-        """
-        next_flush = time.monotonic() + self.interval_s
-        next_adopt = time.monotonic() + self.adopt_every_s
+        """Flush every interval (or when nudged) and adopt orphans every ``adopt_every_s``,
+        on the ``Schedule``, which no attempt's outcome changes."""
+        schedule = Schedule(self.interval_s, self.adopt_every_s, time.monotonic())
         tick = self.fsync_interval_s or self.interval_s
         while not self._stop.is_set():
             self._wake.wait(timeout=min(tick, self.interval_s))
@@ -124,12 +145,10 @@ class SpoolFlusher:
             if self.fsync_interval_s is not None:
                 with contextlib.suppress(SpoolUnavailable):  # logged once per episode
                     self.writer.sync()
-            now = time.monotonic()
-            if woken or now >= next_flush:
-                next_flush = now + self.interval_s
+            flush, adopt = schedule.due(time.monotonic(), woken)
+            if flush:
                 _logging_failure(self.flush, "spool flush")
-            if now >= next_adopt:
-                next_adopt = now + self.adopt_every_s
+            if adopt:
                 _logging_failure(self.adopt_orphans, "orphan adoption")
 
     def flush(self) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -14,7 +13,6 @@ from deltalake.exceptions import DeltaError
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from claw_pipelines.capture import spool_codec
 from claw_pipelines.capture.control import RewardIn, StepIn, build_control_app
 from claw_pipelines.capture.identity import (
     IdentityError,
@@ -33,12 +31,9 @@ from claw_pipelines.capture.launcher import (
 from claw_pipelines.capture.redact import REDACTED, Redactor
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
-from claw_pipelines.capture.spool import SpoolWriter
-from claw_pipelines.capture.spool_flusher import QUARANTINE_DIR, SpoolCommitError, SpoolFlusher
 from claw_pipelines.capture.turns import StreamAccumulator, pending_call, turns_from_response
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import free_port
-from claw_pipelines.schemas import Reward, Turn, utc_now
 from claw_pipelines.settings import LOCAL_MASTER_KEY, ClawSettings
 
 
@@ -256,122 +251,6 @@ def test_each_choice_is_its_own_rollout_of_the_group(trajectory: str | None) -> 
         assert {t.group_id for t in turns} == {"g"}
 
 
-def _turn(turn_id: str) -> Turn:
-    now = utc_now()
-    return Turn(turn_id=turn_id, model="m", started_at=now, ended_at=now, prompt_token_ids=[1])
-
-
-def test_torn_last_frame_is_ignored(tmp_path: Path) -> None:
-    writer = SpoolWriter(tmp_path / "spool")
-    writer.append(_turn("a"))
-    writer.append(_turn("b"))
-    writer.seal()
-    segment = next(writer.directory.glob("turns-*"))
-    segment.write_bytes(segment.read_bytes()[:-20])
-    assert spool_codec.decode(segment.read_bytes(), "turns").column("turn_id").to_pylist() == ["a"]
-
-
-def test_commit_is_never_applied_twice(tmp_path: Path) -> None:
-    """A crash after the Delta commit but before the segment is deleted must not duplicate it."""
-    lake = Lake(str(tmp_path / "lake"))
-    writer = SpoolWriter(tmp_path / "spool")
-    flusher = SpoolFlusher(writer, lake)
-    writer.append(_turn("a"))
-    writer.append(_turn("a"))
-    writer.seal()
-    segment = next(writer.directory.glob("turns-*"))
-    kept = segment.read_bytes()
-    assert flusher.flush() == 1
-    segment.write_bytes(kept)
-    assert flusher.flush() == 0
-    assert not segment.exists()
-    assert lake.scan("turns").collect().height == 1
-
-
-def test_orphaned_spool_is_adopted(tmp_path: Path) -> None:
-    lake = Lake(str(tmp_path / "lake"))
-    dead = SpoolWriter(tmp_path / "spool")
-    dead.append(_turn("left-behind"))
-    dead.close()
-    live = SpoolWriter(tmp_path / "spool")
-    assert SpoolFlusher(live, lake).adopt_orphans() == 1
-    assert not dead.directory.exists()
-    assert lake.scan("turns").collect()["turn_id"].to_list() == ["left-behind"]
-
-
-def test_spool_codec_round_trips_null_empty_and_long_lists() -> None:
-    now = utc_now()
-    turns = [
-        Turn(turn_id="none", model="m", started_at=now, ended_at=now),
-        Turn(turn_id="empty", model="m", started_at=now, ended_at=now, prompt_token_ids=[]),
-        Turn(
-            turn_id="long",
-            model="m",
-            started_at=now,
-            ended_at=now,
-            prompt_token_ids=list(range(2**31 - 3000, 2**31 - 1)),
-            response_token_ids=[0, 1],
-            response_logprobs=[-0.25, -1.5],
-        ),
-    ]
-    decoded = spool_codec.decode(b"".join(spool_codec.encode(t) for t in turns), "turns")
-    for turn, row in zip(turns, decoded.to_pylist(), strict=True):
-        assert row["turn_id"] == turn.turn_id
-        assert row["prompt_token_ids"] == turn.prompt_token_ids
-        assert row["response_token_ids"] == turn.response_token_ids
-        assert row["response_logprobs"] == turn.response_logprobs
-        assert row["started_at"] == turn.started_at
-
-
-def _nan_reward() -> Reward:
-    """A row the boundary now refuses, as an older proxy could still have spooled it."""
-    return Reward.model_construct(reward_id="bad", trajectory_id="t", value=float("nan"))
-
-
-def test_undecodable_rows_are_quarantined_and_block_nothing(tmp_path: Path) -> None:
-    lake = Lake(str(tmp_path / "lake"))
-    dead = SpoolWriter(tmp_path / "spool")
-    dead.append(Reward(reward_id="orphan-ok", trajectory_id="t", value=1.0))
-    dead.append(_nan_reward())
-    dead.close()
-    writer = SpoolWriter(tmp_path / "spool")
-    writer.append(Reward(reward_id="ok", trajectory_id="t", value=0.5))
-    writer.append(_nan_reward())
-    writer.append(_turn("turn-after"))
-    flusher = SpoolFlusher(writer, lake)
-    flusher.start()
-    flusher.stop()
-    rewards = lake.scan("rewards").collect()["reward_id"].to_list()
-    assert sorted(rewards) == ["ok", "orphan-ok"]
-    assert lake.scan("turns").collect()["turn_id"].to_list() == ["turn-after"]
-    assert not any(writer.directory.glob("*.spool")) and not dead.directory.exists()
-    quarantined = sorted((tmp_path / "spool" / QUARANTINE_DIR).iterdir())
-    assert len(quarantined) == 2
-    for path in quarantined:
-        assert len(spool_codec.scan(path.read_bytes()).frames) == 1
-
-
-def test_a_failing_flush_backs_off_and_never_stops_startup(tmp_path: Path) -> None:
-    dead = SpoolWriter(tmp_path / "spool")
-    dead.append(_turn("orphan"))
-    dead.close()
-    flusher = SpoolFlusher(
-        SpoolWriter(tmp_path / "spool"), Lake(str(tmp_path / "lake")), interval_s=0.5
-    )
-    attempts = []
-
-    def failing_commit(directory: Path, writer_id: str) -> int:
-        attempts.append(directory)
-        raise OSError("lake unreachable")
-
-    flusher.commit_directory = failing_commit  # type: ignore[method-assign]
-    flusher.start()
-    time.sleep(1.2)
-    flusher.stop()
-    own = [d for d in attempts if d == flusher.writer.directory]
-    assert 2 <= len(own) <= 4, f"{len(own)} flush attempts in 1.2 s at a 0.5 s interval"
-
-
 def test_lake_write_probe_leaves_nothing_and_fails_on_what_cannot_be_written(
     tmp_path: Path,
 ) -> None:
@@ -385,36 +264,6 @@ def test_lake_write_probe_leaves_nothing_and_fails_on_what_cannot_be_written(
         Lake(str(in_the_way / "lake")).check_writable()
     with pytest.raises(DeltaError, match="Unknown scheme"):
         Lake("no-such-store://bucket/lake").check_writable()
-
-
-def test_status_counts_spooled_rows_until_they_land(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Rows of sealed segments whose commit failed are still waiting: an operator reading
-    spooled_rows == 0 must be able to trust that everything answered has landed."""
-    in_the_way = tmp_path / "a-file-where-the-lake-should-go"
-    in_the_way.write_text("")
-    settings = ClawSettings(
-        lake_uri=str(in_the_way / "lake"), spool_dir=tmp_path / "spool", flush_interval_s=3600
-    )
-    runtime = CaptureRuntime(settings)
-    monkeypatch.setattr(CaptureRuntime, "_instance", runtime)
-    client = TestClient(build_control_app())
-
-    def spooled_rows() -> int:
-        return client.get("/claw/v1/status").json()["spooled_rows"]
-
-    try:
-        runtime.land([_turn(f"turn-{i}") for i in range(3)])
-        with pytest.raises(SpoolCommitError):
-            runtime.flusher.flush()
-        runtime.land([_turn("turn-3")])
-        assert spooled_rows() == 4
-        in_the_way.unlink()
-        assert runtime.flusher.flush() == 4
-        assert spooled_rows() == 0
-    finally:
-        CaptureRuntime.shutdown_current()
 
 
 def test_a_trajectory_whose_id_has_a_slash_can_be_completed(
