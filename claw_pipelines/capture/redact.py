@@ -4,13 +4,16 @@ inspector's label notes.
 
 Keys that name credentials lose their values; string values that look like credentials are
 replaced wherever they occur, including inside chat messages, and so is any secret registered at
-start-up (the master key). A key glued to other characters (``api_key_sk-…``, ``xsk-…``) counts
-too, when what follows ``sk-`` looks like key material (a run of 16+ letters and digits with a
-digit in it), which words and UUIDs glued to ``sk-`` (``task-3fa85f64-…``) do not.
+start-up (the master key, the backends' API keys). A key glued to other characters
+(``api_key_sk-…``, ``xsk-…``) counts too, when what follows ``sk-`` looks like key material (a
+run of 16+ letters and digits with a digit in it), which words and UUIDs glued to ``sk-``
+(``task-3fa85f64-…``) do not. ``ScrubbedLogs`` does the same to LiteLLM's log records, which
+quote errors a backend may have written a credential into.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -104,3 +107,37 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self.data(item) for item in value]
         return value
+
+
+LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Proxy", "LiteLLM Router")
+
+
+class ScrubbedLogs(logging.Filter):
+    """Rewrites a log record's message and traceback with the redactor's secrets taken out.
+
+    LiteLLM scrubs its own patterns from its logs, but not the secrets only this process knows
+    (a backend key that looks like nothing in particular, echoed in a backend's error).
+    """
+
+    _formatter = logging.Formatter()
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__()
+        self.redactor = redactor
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a malformed record: logging reports it as such
+            return True
+        record.msg = self.redactor.text(message)
+        record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redactor.text(record.exc_text)
+        return True
+
+    def install(self, names: Iterable[str] = LITELLM_LOGGERS) -> None:
+        for name in names:
+            logging.getLogger(name).addFilter(self)

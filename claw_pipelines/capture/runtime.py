@@ -17,7 +17,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from claw_pipelines.capture.redact import Redactor
+from claw_pipelines.capture.redact import Redactor, ScrubbedLogs
 from claw_pipelines.capture.spool import SpoolErrorsLoggedOnce, SpoolWriter
 from claw_pipelines.capture.spool_flusher import SpoolFlusher
 from claw_pipelines.capture.turns import PendingCall
@@ -85,6 +85,7 @@ class CaptureRuntime:
         )
         self.pending: OrderedDict[str, PendingCall] = OrderedDict()
         logging.getLogger("LiteLLM Proxy").addFilter(SpoolErrorsLoggedOnce())
+        ScrubbedLogs(self.redactor).install()
         self.flusher.start()
 
     @classmethod

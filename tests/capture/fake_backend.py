@@ -2,8 +2,8 @@
 embedded engine cannot be made to answer (a 3 MiB answer, an error that echoes the caller's key).
 
 ``big <n>``: an answer of ``n`` characters with token IDs and logprobs, as vLLM sends with
-``return_token_ids``; ``echo error``: a 400 whose message repeats the request's ``Authorization``
-header and the user's message, as careless servers do; anything else: a short answer.
+``return_token_ids``; ``echo error``: a 400 whose message repeats the API key the request came
+with and the user's message, as careless servers do; anything else: a short answer.
 
 Run as ``python fake_backend.py <port>``; it serves ``/v1/models`` and ``/v1/chat/completions``.
 """
@@ -33,8 +33,8 @@ async def chat(request: Request) -> JSONResponse:
     body = await request.json()
     asked = str(body["messages"][-1].get("content", ""))
     if asked.startswith("echo error"):
-        authorization = request.headers.get("authorization", "")
-        message = f"cannot serve {asked!r} for credentials {authorization!r}"
+        key = request.headers.get("authorization", "").removeprefix("Bearer ")
+        message = f"cannot serve {asked!r} for credentials {key!r}"
         error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
         return JSONResponse({"error": error}, status_code=400)
     content = "a" * int(asked.split()[1]) if asked.startswith("big ") else "ok"

@@ -54,6 +54,30 @@ def test_redactor_scrubs_credential_keys_and_values() -> None:
     assert scrubbed["prompt_token_ids"] == [1, 2]
 
 
+@pytest.mark.parametrize(
+    ("text", "scrubbed"),
+    [
+        ("api_key_sk-0a1b2c3d4e5f6a7b8c9d", "api_key_[REDACTED]"),
+        ("xsk-proj-4fQx9ZkLm2PaT7rW8eYc1Vb3", "x[REDACTED]"),
+        ("42sk-ant-api03-AbCdEf0123456789xyz", "42[REDACTED]"),
+        ("keyAKIAIOSFODNN7EXAMPLE!", "key[REDACTED]!"),
+        ("auth_Bearer abcdef123456", "auth_[REDACTED]"),
+        ("use sk-live-abcdef123456 now", "use [REDACTED] now"),
+    ],
+)
+def test_keys_glued_to_other_characters_are_scrubbed(text: str, scrubbed: str) -> None:
+    assert Redactor().text(text) == scrubbed
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["task-3fa85f64-5717-4562-b3fc-2c963f66afa6", "risk-averse", "desk-lamp-model-x1", "sk-learn"],
+)
+def test_words_and_ids_glued_to_sk_are_kept(text: str) -> None:
+    """Not key material after ``sk-``: no run of 16 letters and digits with a digit in it."""
+    assert Redactor().text(text) == text
+
+
 def test_identity_headers_win_over_metadata() -> None:
     identity = identity_from_request(
         {"x-claw-trajectory": "t-h", "x-claw-policy-version": "3"},
@@ -141,6 +165,9 @@ def test_master_key_rules() -> None:
         resolve_master_key("0.0.0.0", LOCAL_MASTER_KEY)
     strong = "sk-" + "x" * 40
     assert resolve_master_key("0.0.0.0", strong) == strong
+    with pytest.raises(ProxyStartError, match="weak"):
+        resolve_master_key("0.0.0.0", "k" * 23)
+    assert resolve_master_key("0.0.0.0", "k" * 24) == "k" * 24
 
 
 def test_restream_carries_prompt_and_response_ids() -> None:
