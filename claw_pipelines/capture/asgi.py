@@ -26,7 +26,12 @@ from litellm.proxy.proxy_server import app as litellm_app
 
 from claw_pipelines.capture.control import build_control_app
 from claw_pipelines.capture.identity import split_identity_prefix
-from claw_pipelines.capture.request_body import BodyRejected, parse_json_object, read_body
+from claw_pipelines.capture.request_body import (
+    BodyRejected,
+    parse_json_object,
+    read_body,
+    replay,
+)
 from claw_pipelines.capture.request_context import context_from_body, current_request
 from claw_pipelines.capture.restream import sse_from_completion, sse_from_text_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
@@ -122,7 +127,7 @@ class CaptureApp:
         if buffer_stream:
             await self._buffered_stream(scope, request, send, restream)
             return
-        await self.inner(scope, _replay(body), send)
+        await self.inner(scope, replay(body), send)
 
     def _watch_shutdown(self, receive):
         async def wrapped() -> dict[str, Any]:
@@ -180,7 +185,7 @@ class CaptureApp:
         upstream_body = json.dumps(request).encode()
         headers.append((b"content-length", str(len(upstream_body)).encode()))
         captured = _CapturedResponse()
-        await self.inner({**scope, "headers": headers}, _replay(upstream_body), captured.send)
+        await self.inner({**scope, "headers": headers}, replay(upstream_body), captured.send)
         if captured.status != 200:
             await captured.forward(send)
             return
@@ -222,19 +227,6 @@ class _CapturedResponse:
     async def forward(self, send) -> None:
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
         await send({"type": "http.response.body", "body": self.body})
-
-
-def _replay(body: bytes):
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if sent:
-            await asyncio.Event().wait()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
 
 
 app = CaptureApp(litellm_app, get_settings().max_body_bytes)

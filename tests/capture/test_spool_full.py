@@ -43,7 +43,7 @@ class Outcomes:
 async def _client(stack: CaptureStack, index: int, outcomes: Outcomes, stop: threading.Event):
     headers = {"authorization": f"Bearer {stack.key}"}
     chat = {"model": "policy", "messages": [{"role": "user", "content": "What is 5 + 6?"}]}
-    async with httpx.AsyncClient(base_url=stack.proxy_url, headers=headers, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=stack.proxy_url, headers=headers, timeout=300) as client:
         for call in itertools.count():
             if stop.is_set():
                 return
@@ -96,7 +96,7 @@ def test_a_full_spool_disk_answers_503_and_every_200_lands(tmp_path: Path) -> No
         finally:
             stop.set()
             clients.join(timeout=120)
-            stop_group(stack.proxy.process, grace_s=30)
+            stop_group(stack.proxy.process, grace_s=90)  # its last flush commits the spool
             stack.engine.stop()
 
     turns = stack.rows("turns")
@@ -107,7 +107,8 @@ def test_a_full_spool_disk_answers_503_and_every_200_lands(tmp_path: Path) -> No
     assert turns["turn_id"].n_unique() == turns.height
     assert answered_while_full > 40, "no call was answered while the disk was full"
     statuses = {(r.status_code, r.headers.get("retry-after")) for r in outcomes.refused}
-    assert statuses == {(503, "2")}, statuses
+    others = [r.text[:300] for r in outcomes.refused if r.status_code != 503]
+    assert statuses == {(503, "2")}, (statuses, others[:3])
     refused = {r.headers.get("x-litellm-call-id") for r in outcomes.refused} - {None}
     assert not refused & set(turns["turn_id"]), "a turn answered 503 landed"
 
@@ -115,5 +116,5 @@ def test_a_full_spool_disk_answers_503_and_every_200_lands(tmp_path: Path) -> No
     episodes = log.count("spool write failed")
     recovered = [int(n) for n in re.findall(r"spool write works again after (\d+) failure", log)]
     assert 1 <= episodes == len(recovered), (episodes, recovered)
-    assert sum(recovered) == len(outcomes.refused), "one failed write per 503"
+    assert sum(recovered) == len(outcomes.refused), ("one failed write per 503", recovered)
     assert "SpoolUnavailable" not in log, "a failed call was logged on its own"
