@@ -46,6 +46,8 @@ RESTREAMERS = {
     "/completions": sse_from_text_completion,
 }
 PUBLIC_PATHS = frozenset({"/health/liveliness", "/health/readiness"})
+BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Requests of any other method have their body checked (limit, JSON) on every route."""
 KEY_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-litellm-api-key")
 CALL_ID_HEADER = b"x-litellm-call-id"
 
@@ -114,7 +116,7 @@ class CaptureApp:
         if scope["path"].startswith("/claw/"):
             await self.control(scope, receive, send)
             return
-        if scope["method"] != "POST":
+        if scope["method"] in BODYLESS_METHODS:
             await self.inner(scope, receive, send)
             return
         read = await self._read_body(receive, send)

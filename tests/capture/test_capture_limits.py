@@ -105,19 +105,27 @@ def test_a_3_mib_answer_from_the_backend_lands(fake_backend_stack: CaptureStack)
 
 
 @pytest.mark.parametrize(
-    "path",
+    ("method", "path"),
     [
-        "/v1/chat/completions",
-        "/claw/v1/steps",
-        "/claw/v1/rewards",
-        "/claw/v1/trajectories/t-oversize/complete",
+        ("POST", "/v1/chat/completions"),
+        ("PUT", "/v1/chat/completions"),
+        ("PATCH", "/key/update"),
+        ("POST", "/claw/v1/steps"),
+        ("POST", "/claw/v1/rewards"),
+        ("POST", "/claw/v1/trajectories/t-oversize/complete"),
     ],
 )
 def test_a_body_over_the_limit_is_refused_on_every_route(
-    capture_stack: CaptureStack, path: str
+    capture_stack: CaptureStack, method: str, path: str
 ) -> None:
     body = json.dumps({"metadata": {"blob": "x" * LIMIT}}).encode()
-    response = post(capture_stack, path, body)
+    response = httpx.request(
+        method,
+        capture_stack.proxy_url + path,
+        content=body,
+        headers={"authorization": f"Bearer {capture_stack.key}"},
+        timeout=60,
+    )
     assert response.status_code == 413, response.text[:300]
     assert f"request body exceeds {LIMIT} bytes" in response.text
 

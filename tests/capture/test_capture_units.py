@@ -29,6 +29,7 @@ from claw_pipelines.capture.launcher import (
     served_model,
 )
 from claw_pipelines.capture.redact import REDACTED, Redactor
+from claw_pipelines.capture.request_body import BodyRejected, parse_json_object
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.turns import StreamAccumulator, pending_call, turns_from_response
@@ -351,3 +352,31 @@ def test_a_backend_that_does_not_answer_is_not_given_a_made_up_model(tmp_path: P
     dead = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(ProxyStartError, match=f"backend {dead}/models did not answer"):
         served_model(dead)
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "problem"),
+    [
+        (b'{"m": [{"c": 1e999}]}', "m[0].c", "not a finite number"),
+        (b'{"a": {"b": -Infinity}}', "a.b", "not a finite number"),
+        (b'{"a": 1' + b"0" * 400 + b".5}", "a", "not a finite number"),
+        (b'{"ids": [1, 2, 3, [' + b"[" * 70 + b"]" * 71 + b"]}", "ids[3]", "nested deeper"),
+        (b'{"\\udfff": 1}', "\\udfff", "lone UTF-16 surrogate"),
+    ],
+)
+def test_request_bodies_are_refused_naming_the_field(body: bytes, field: str, problem: str) -> None:
+    with pytest.raises(BodyRejected) as refused:
+        parse_json_object(body)
+    assert refused.value.status == 400
+    assert refused.value.message.startswith(field) and problem in refused.value.message
+
+
+def test_request_bodies_that_only_look_suspect_are_accepted() -> None:
+    """Brackets and escapes inside strings, a surrogate pair, big and tiny floats, long lists."""
+    body = {
+        "text": "[[[[" * 40 + "\\ud800 is written as text",
+        "pair": "\U0001f600",
+        "floats": [1.7e308, 5e-324, -0.0],
+        "ids": list(range(100_000)),
+    }
+    assert parse_json_object(json.dumps(body).encode()) == body
