@@ -1,45 +1,41 @@
 """One batch asset and one export asset per recipe in assets/batches.yaml, plus the planner sensor.
 
-Each batch is a dynamic partition: the sensor reserves the next batch in the recipe's ledger
-when enough ready data exists, adds the partition and launches it; a user can also add a
-partition in the UI and materialize it (the asset then reserves it itself). Re-materializing a
-partition re-plans from its pinned versions, so it rewrites exactly the same rows.
+Each batch is a dynamic partition. Batches are mostly built by the refresh run that made them
+ready (``assets.release``), which records their partitions; the planner sensor reserves the next
+batch when enough ready data exists that no refresh run built (a straggler timeout), adds the
+partition and launches it; a user can also add a partition in the UI and materialize it (the
+asset then reserves it itself). Re-materializing a partition re-plans from its pinned versions,
+so it rewrites exactly the same rows.
 """
 
 import json
-import warnings
-from collections.abc import Collection, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Collection
 from datetime import datetime, timedelta
 
 import dagster as dg
 import polars as pl
-import pyarrow as pa
-from deltalake import write_deltalake
-from deltalake.exceptions import CommitFailedError
 
 from assets import ledger
 from assets.automation import after_its_batch
-from assets.checks import repeated_ids
+from assets.batch_work import batch_checks, build_batch, export_written, partitions
 from assets.configs import recipes
-from assets.incremental import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
+from assets.incremental import ConcurrentRun
 from assets.landing import OWNERS
-from assets.metadata import counts, histogram, markdown_table, table_metadata
 from assets.quality import curated_steps
-from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
-from claw_pipelines.exporters import Destination, export_batch
-from claw_pipelines.lake import Lake, compact, sql_in
-from claw_pipelines.recipes import BatchPlan, Recipe
-from claw_pipelines.retired import retired_table
+from assets.release import release_key
+from assets.runs import TO_COME, has_run
+from claw_pipelines.batch_tables import ledger_table
+from claw_pipelines.recipes import Recipe
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
 
-GROUPED = {"grpo", "rloo"}
-"""Algorithms whose batches are made of complete groups (several rollouts of one prompt); DPO
-pairs come from one group by construction, other algorithms take single trajectories."""
-
 REPLAN_AFTER_S = 60.0
 """Re-plan at least this often with unchanged inputs, so straggler timeouts can fire."""
+
+PLAN_EVERY_S = 30
+"""The planner's interval: every refresh run builds the batches it made ready
+(``assets.release``), so the planner only catches what no new data triggers (straggler
+timeouts) and batches whose release lost a race."""
 
 MAX_BATCHES_PER_TICK = 8
 
@@ -63,113 +59,6 @@ PARTITION_TAG = "dagster/partition"
 """The system tag Dagster puts on every run of a partition."""
 
 
-def partitions(recipe: str) -> dg.DynamicPartitionsDefinition:
-    return dg.DynamicPartitionsDefinition(name=f"batches_{recipe}")
-
-
-def batch_schema(recipe: Recipe):
-    return DPO_PAIRS if recipe.algorithm == "dpo" else BATCH_ROWS
-
-
-def _prefetched(chunks: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """``chunks``, each produced on a worker thread while the previous one is consumed: reading
-    the next token lists overlaps writing the current ones (polars and delta-rs release the
-    GIL), with at most two chunks in memory."""
-    with ThreadPoolExecutor(max_workers=1) as worker:
-        pending = worker.submit(next, chunks, None)
-        while (chunk := pending.result()) is not None:
-            pending = worker.submit(next, chunks, None)
-            yield chunk
-
-
-def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
-    """Replace the batch's rows in one commit, so a re-run never duplicates them; the rows are
-    streamed a chunk at a time, so a big batch never holds all its token lists. A batch is one
-    file, so the table is compacted as batches pile up. The schema is merged: a table from
-    before a batch column (``request_tools``) gains it, null in older batches' rows."""
-    schema = batch_schema(recipe)
-    table = lake.ensure(ledger.batches_table(recipe.name), schema)
-    chunks = (conform(rows, schema) for rows in plan.row_chunks())
-    batches = (b for chunk in _prefetched(chunks) for b in chunk.to_batches())
-    try:
-        write_deltalake(
-            table,
-            pa.RecordBatchReader.from_batches(schema, batches),
-            mode="overwrite",
-            predicate=sql_in("batch_id", [plan.batch_id]),
-            schema_mode="merge",
-            writer_properties=WRITER,
-        )
-    except CommitFailedError as error:  # e.g. another batch's compaction merged the files read
-        raise ConcurrentRun(
-            f"another batch of {recipe.name} changed {ledger.batches_table(recipe.name)} "
-            f"while {plan.batch_id} was written"
-        ) from error
-    compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
-
-
-def _group_check(recipe: Recipe, rows: pl.DataFrame) -> dg.AssetCheckResult:
-    if recipe.algorithm not in GROUPED:
-        return dg.AssetCheckResult(
-            check_name="groups_complete", passed=True, metadata={"grouped": False}
-        )
-    sizes = rows.group_by("group_id").agg(pl.col("trajectory_id").n_unique().alias("size"))
-    minimum = 2 if recipe.straggler_policy == "emit" else recipe.group_size
-    bad = sizes.filter((pl.col("size") < minimum) | (pl.col("size") > recipe.group_size))
-    return dg.AssetCheckResult(
-        check_name="groups_complete",
-        passed=bad.is_empty() and sizes.height > 0,
-        metadata={
-            "groups": sizes.height,
-            "group_size": recipe.group_size,
-            "incomplete_groups": dg.MetadataValue.json(bad.get_column("group_id").to_list()),
-        },
-    )
-
-
-def _consumed_once_check(lake: Lake, recipe: str, turn_ids: pl.Series) -> dg.AssetCheckResult:
-    """No turn of this batch is in the recipe's ledger twice (within or across batches)."""
-    reused = repeated_ids(lake.scan(ledger.ledger_table(recipe)), "turn_id", turn_ids)
-    return dg.AssetCheckResult(
-        check_name="no_step_consumed_twice",
-        passed=reused.is_empty(),
-        metadata={
-            "checked": turn_ids.len(),
-            "turns_consumed_twice": reused.len(),
-            "examples": dg.MetadataValue.json(reused.head(20).to_list()),
-        },
-    )
-
-
-def _retired_before(lake: Lake, recipe: str, pins: dict) -> int:
-    """How many steps earlier plans retired (the plan left them out), from the file statistics
-    of the pinned version: no data read, however many there are."""
-    version = pins.get("batch_retired", -1)
-    if version < 0:
-        return 0
-    files = pl.DataFrame(lake.open(retired_table(recipe), version).get_add_actions(flatten=True))
-    return int(files.get_column("num_records").sum()) if files.height else 0
-
-
-def _decoded(rows: pl.DataFrame, message_column: str) -> pl.DataFrame:
-    text = pl.col(message_column).str.json_path_match("$.content").alias("response_text")
-    return rows.with_columns(text)
-
-
-def _batch_checks(recipe: str, parts: dg.PartitionsDefinition) -> list[dg.AssetCheckSpec]:
-    """Blocking checks kept per batch partition: each batch's result gates its own export.
-    Checks kept per asset gate every partition on the latest evaluation, which need not be of
-    the latest batch when batches run at once, and an export could then wait forever.
-    Partitioned checks are a Dagster preview feature; the lock pins Dagster's exact version,
-    so its preview warning is silenced here."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", dg.PreviewWarning)
-        return [
-            dg.AssetCheckSpec(check, asset=f"batch_{recipe}", blocking=True, partitions_def=parts)
-            for check in ("groups_complete", "no_step_consumed_twice")
-        ]
-
-
 def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
     name = recipe.name
     parts = partitions(name)
@@ -187,59 +76,13 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
             f"{recipe.group_size}, {recipe.groups_per_batch} per batch): framework-neutral rows "
             f"in `batches/{name}`, one partition per batch."
         ),
-        check_specs=_batch_checks(name, parts),
+        check_specs=batch_checks(name, parts),
     )
     def batch_asset(context: dg.AssetExecutionContext, lake: LakeResource):
-        the_lake = lake.lake()
-        batch_id = context.partition_key
-        pins = ledger.pins_of(the_lake, name, batch_id)
-        if pins is None:
-            plan = ledger.reserve(the_lake, recipe, batch_id, utc_now())
-            if plan is None:
-                raise dg.Failure(f"not enough ready curated steps for a full `{name}` batch yet")
-            pins = ledger.pins_of(the_lake, name, batch_id)
-            planned_under = recipe
-        else:
-            planned_under = ledger.pinned_recipe(recipe, pins)
-            if planned_under != recipe:
-                context.log.info(
-                    "%s is re-planned under the recipe it was planned with; the edits to "
-                    "assets/batches.yaml apply to new batches",
-                    batch_id,
-                )
-            plan = ledger.plan_from_pins(the_lake, planned_under, batch_id, pins)
-        planned_at = datetime.fromisoformat(pins["planned_at"])
-        planned = plan.ledger_rows(name, planned_at).get_column("turn_id").sort().to_list()
-        if planned != ledger.consumed_turns(the_lake, name, batch_id):
-            raise dg.Failure(f"re-planning {batch_id} from its pins did not reproduce its ledger")
-        rows = plan.planned
-        _write_batch(the_lake, planned_under, plan)
-        table = the_lake.open(ledger.batches_table(name))
-        message = "chosen_message" if recipe.algorithm == "dpo" else "response_message"
-        sample = _decoded(rows, message).select(
-            [c for c in ("group_id", "trajectory_id", "step_index", "reward", "chosen_reward")
-             if c in rows.columns] + ["response_text"]
-        ).head(8)  # fmt: skip
-        reward = "chosen_reward" if recipe.algorithm == "dpo" else "reward"
-        return dg.MaterializeResult(
-            metadata={
-                **table_metadata(table, the_lake.uri(ledger.batches_table(name))),
-                "dagster/partition_row_count": rows.height,
-                "batch_id": batch_id,
-                "pinned_versions": dg.MetadataValue.json(pins),
-                "groups": rows.get_column("group_id").n_unique(),
-                "trajectories": rows.get_column("trajectory_id").n_unique(),
-                "sample": dg.MetadataValue.md(markdown_table(sample)),
-                "reward_distribution": histogram(rows.get_column(reward)),
-                "dropped": dg.MetadataValue.json(counts(plan.dropped, "reason")),
-                "retired": dg.MetadataValue.json(counts(plan.final, "reason")),
-                "retired_before": _retired_before(the_lake, name, pins),
-            },
-            check_results=[
-                _group_check(planned_under, rows),
-                _consumed_once_check(the_lake, name, pl.Series(planned, dtype=pl.String)),
-            ],
-        )
+        built = build_batch(lake.lake(), recipe, context.partition_key, context.log)
+        if built is None:
+            raise dg.Failure(f"not enough ready curated steps for a full `{name}` batch yet")
+        return dg.MaterializeResult(metadata=built.metadata, check_results=built.checks)
 
     return batch_asset
 
@@ -262,48 +105,8 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
         ),
     )
     def export_asset(context: dg.AssetExecutionContext, lake: LakeResource):
-        the_lake = lake.lake()
-        batch_id = context.partition_key
-        rows = (
-            the_lake.scan(ledger.batches_table(name))
-            .filter(pl.col("batch_id") == batch_id)
-            .collect()
-        )
-        if rows.is_empty():
-            raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
-        pins = ledger.pins_of(the_lake, name, batch_id) or {}
-        failed = [
-            check.check_name
-            for check in (
-                _group_check(ledger.pinned_recipe(recipe, pins), rows),
-                _consumed_once_check(
-                    the_lake, name, pl.Series(ledger.consumed_turns(the_lake, name, batch_id))
-                ),
-            )
-            if not check.passed
-        ]
-        if failed:  # an export launched alone (UI, relauncher) is not gated by the batch's run
-            raise dg.Failure(
-                f"batch {batch_id} fails {', '.join(failed)}: not exported", allow_retries=False
-            )
-        folder = f"{ledger.exports_folder(name)}/{batch_id}"
-        out = Destination(the_lake.uri(folder), the_lake.storage_options)
-        manifest = export_batch(
-            recipe,
-            rows,
-            out,
-            source_versions=json.loads(rows["source_versions"][0]),
-            planned_with=pins or None,
-        )
-        files = pl.DataFrame([f.model_dump() for f in manifest.files])
-        return dg.MaterializeResult(
-            metadata={
-                "dagster/uri": dg.MetadataValue.path(out.root),
-                "dagster/partition_row_count": manifest.rows,
-                "files": dg.MetadataValue.md(markdown_table(files)),
-                "manifest": dg.MetadataValue.json(manifest.model_dump()),
-            }
-        )
+        metadata = export_written(lake.lake(), recipe, context.partition_key)
+        return dg.MaterializeResult(metadata=metadata)
 
     return export_asset
 
@@ -350,7 +153,7 @@ def build_planner_sensor(
     @dg.sensor(
         name=f"batch_{name}_planner",
         asset_selection=[batch_asset, export_asset],
-        minimum_interval_seconds=interval_s,
+        minimum_interval_seconds=max(interval_s, PLAN_EVERY_S),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Reserves and launches the next `{name}` batch once enough data is ready.",
     )
@@ -359,7 +162,7 @@ def build_planner_sensor(
         seen = json.loads(context.cursor) if context.cursor else {}
         inputs = {
             "curated_steps": the_lake.version("curated_steps"),
-            "batch_ledger": the_lake.version(ledger.ledger_table(name)),
+            "batch_ledger": the_lake.version(ledger_table(name)),
         }
         now = utc_now()
         recent = seen.get("planned_at") and (
@@ -367,6 +170,10 @@ def build_planner_sensor(
         )
         if inputs["curated_steps"] is None or (seen.get("inputs") == inputs and recent):
             return dg.SkipReason("no new curated steps since the last plan")
+        if has_run(context.instance, release_key(name), TO_COME):
+            return dg.SkipReason(
+                "a refresh run is on its way: it builds the batches it makes ready"
+            )
         reserved, raced = [], False
         for _ in range(MAX_BATCHES_PER_TICK):
             batch_id = ledger.next_batch_id(the_lake, name)
@@ -378,7 +185,7 @@ def build_planner_sensor(
                 raced = True
                 break
             reserved.append(batch_id)
-        inputs["batch_ledger"] = the_lake.version(ledger.ledger_table(name))
+        inputs["batch_ledger"] = the_lake.version(ledger_table(name))
         planned = None if raced else inputs  # a raced tick did not plan everything: no skip next
         cursor = json.dumps({"inputs": planned, "planned_at": now.isoformat()})
         if not reserved:

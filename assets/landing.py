@@ -3,6 +3,9 @@
 Dagster never writes their rows (only ``assets.maintenance`` compacts and vacuums their files), so
 they are external assets; the ingest sensor turns each new Delta version that changed data into a
 runless materialization, which is what declarative automation on the derived assets reacts to.
+It also launches the refresh run itself (steps to curated steps, then the batches they made
+ready, in one run): waiting for the automation sensor's next tick and a second run would add
+a daemon loop and a run launch to every batch's way to the trainer.
 """
 
 import json
@@ -10,6 +13,8 @@ import json
 import dagster as dg
 from deltalake import DeltaTable
 
+from assets.configs import recipes
+from assets.runs import has_run_before
 from claw_pipelines.lake import data_commits
 from claw_pipelines.schemas import LANDING_MODELS
 from resources.lake import LakeResource
@@ -21,15 +26,21 @@ _DESCRIPTIONS = {
     "rewards": "Rewards and feedback that arrive after the turn, trajectory or group they score.",
     "trajectory_events": "Trajectory lifecycle events (completed, aborted) with optional outcome.",
     "labels": "Human curation decisions (quality label, trainable, tags); latest label wins.",
+    "policy_versions": "Policy versions the trainer announced and its weight-sync pauses.",
 }
 
 LANDING_TABLES = list(LANDING_MODELS)
+
+REFRESH = ["steps", "trajectories", "rewarded_steps", "scored_steps", "curated_steps",
+           *(f"release_{name}" for name in recipes())]  # fmt: skip
+"""What new landing data refreshes, in one run (``assets.release`` builds the batches)."""
 
 LANDING_READERS: dict[str, list[str]] = {
     "turns": ["steps"],
     "trajectory_events": ["steps", "trajectories", "rewarded_steps"],
     "rewards": ["rewarded_steps"],
     "labels": ["curated_steps"],
+    "policy_versions": [],
 }
 """The incremental assets that read each landing table by Delta version: each records how far it
 read as the app transaction ``claw/<asset>/<table>`` on its own output table (``Increment``), and
@@ -63,7 +74,9 @@ def build_ingest_sensor(interval_s: int) -> dg.SensorDefinition:
         name="landing_ingest_sensor",
         minimum_interval_seconds=interval_s,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Reports a landing table materialization when its Delta version moves.",
+        asset_selection=dg.AssetSelection.assets(*REFRESH),
+        description="Reports a landing table materialization when its Delta version moves and "
+        "launches the refresh run (unless one has yet to start: it will read the new versions).",
     )
     def landing_ingest_sensor(
         context: dg.SensorEvaluationContext, lake: LakeResource
@@ -93,6 +106,13 @@ def build_ingest_sensor(interval_s: int) -> dg.SensorDefinition:
         if not events:
             context.update_cursor(json.dumps(seen, sort_keys=True))
             return dg.SkipReason("no new data in the landing tables")
-        return dg.SensorResult(asset_events=events, cursor=json.dumps(seen, sort_keys=True))
+        refresh = (
+            []
+            if has_run_before(context.instance, REFRESH[0])
+            else [dg.RunRequest(asset_selection=[dg.AssetKey(key) for key in REFRESH])]
+        )
+        return dg.SensorResult(
+            asset_events=events, run_requests=refresh, cursor=json.dumps(seen, sort_keys=True)
+        )
 
     return landing_ingest_sensor

@@ -2,9 +2,9 @@
 
 ``batch_ledger/<recipe>`` holds one row per consumed step. A batch's rows are appended in one
 commit together with its pins (the curated_steps, steps (token lists), ledger and retirement
-versions it was planned from and the planning time), so the ledger is both the "at most one
-batch per step" guarantee and the partition's record: re-planning from the pins reproduces the
-batch exactly.
+versions it was planned from, the policy version announced then and the planning time), so the
+ledger is both the "at most one batch per step" guarantee and the partition's record:
+re-planning from the pins reproduces the batch exactly.
 Reservations carry a ``claw/plan/<recipe>`` app transaction taken from the snapshot the plan was
 made on, so two planners racing on the same ledger cannot both commit: the loser's step is
 retried (``ConcurrentRun``) and plans again from the ledger the winner left.
@@ -22,22 +22,15 @@ from deltalake.exceptions import CommitFailedError
 
 from assets.incremental import COMPACT_AFTER_FILES, ConcurrentRun
 from assets.retirements import Retirements
+from claw_pipelines.batch_tables import batches_table, ledger_table, manifest_path
 from claw_pipelines.derived_schemas import LEDGER, conform
-from claw_pipelines.exporters.manifest import MANIFEST
-from claw_pipelines.lake import Lake, column_bound, compact, keyed
+from claw_pipelines.lake import Lake, compact, keyed
+from claw_pipelines.policy_versions import highest_announced_version, lag_reference
 from claw_pipelines.recipes import PINNED, BatchPlan, Recipe, plan_batch
 from claw_pipelines.retired import retired_table
 
 PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
 """The ledger as written here: each row also carries its batch's pins (JSON)."""
-
-
-def ledger_table(recipe: str) -> str:
-    return f"batch_ledger/{recipe}"
-
-
-def batches_table(recipe: str) -> str:
-    return f"batches/{recipe}"
 
 
 def _plan_app(recipe: str) -> str:
@@ -76,7 +69,7 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
         retired=retired,
         open_from=pins.get("open_from"),
         batch_id=batch_id,
-        latest_policy_version=column_bound(curated, "policy_version", "max"),
+        latest_policy_version=lag_reference(pins.get("announced_policy_version"), curated),
         source_versions={
             "curated_steps": pins["curated_steps"],
             "steps": pins["steps"],
@@ -106,14 +99,10 @@ def pins_of(lake: Lake, recipe: str, batch_id: str) -> dict | None:
     return _recorded_pins(lake.scan(ledger_table(recipe)), batch_id)
 
 
-def exports_folder(recipe: str) -> str:
-    return f"exports/{recipe}"
-
-
 def exported_batches(lake: Lake, recipe: str, batch_ids: list[str]) -> set[str]:
     """Which of ``batch_ids`` finished their export (an export writes its manifest last): one
     existence check each, so the cost follows the batches asked about, not all exports."""
-    manifests = [f"{exports_folder(recipe)}/{batch_id}/{MANIFEST}" for batch_id in batch_ids]
+    manifests = [manifest_path(recipe, batch_id) for batch_id in batch_ids]
     return {b for b, found in zip(batch_ids, lake.files_exist(manifests), strict=True) if found}
 
 
@@ -184,6 +173,7 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
         "batch_ledger": -1 if snapshot is None else snapshot.version(),
         "batch_retired": retirements.version,
         "open_from": retirements.open_from,
+        "announced_policy_version": highest_announced_version(lake),
         "planned_at": now.isoformat(),
         "recipe": recipe.model_dump(mode="json", exclude={"exports"}),
     }

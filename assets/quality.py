@@ -11,7 +11,7 @@ from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
 from assets.rewards import rewarded_steps
 from claw_pipelines.derived_schemas import CURATED_STEPS, SCORED_STEPS, empty
-from claw_pipelines.lake import column_bound
+from claw_pipelines.policy_versions import highest_announced_version, lag_reference
 from claw_pipelines.transforms.curation import curate_steps
 from claw_pipelines.transforms.quality import score_steps
 from resources.lake import LakeResource
@@ -37,7 +37,8 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     affected = trajectory_ids(increment.new_rows("rewarded_steps", ["trajectory_id"]))
     latest_policy = None
     if affected:
-        latest_policy = column_bound(increment.inputs["rewarded_steps"], "policy_version", "max")
+        announced = highest_announced_version(increment.lake)
+        latest_policy = lag_reference(announced, increment.inputs["rewarded_steps"])
 
     def build(keys: list[str]) -> pl.DataFrame:
         return score_steps(

@@ -264,6 +264,7 @@ def _trajectory_chunks(
     deps=[steps, "trajectory_events"],
     automation_condition=on_new_data(),
     pool="claw_trajectories",
+    op_tags={"dagster/priority": "-1"},  # off the way to a batch: after the releases in a run
     check_specs=[schema_spec("trajectories")],
 )
 def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):

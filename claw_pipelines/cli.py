@@ -23,11 +23,19 @@ def sim(
     latency_ms: Annotated[
         float | None, typer.Option(help="Simulated generation time per answer.")
     ] = None,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Context window in tokens, prompt plus answer "
+            "(default: $CLAW_ENGINE_MAX_MODEL_LEN, else 262144).",
+        ),
+    ] = None,
 ) -> None:
     """Run the embedded engine: a vLLM-shaped simulator (no GPU, not a real model)."""
     from claw_pipelines.engine.server import serve
 
-    serve(host=host, port=port, seed=seed, log_file=log_file, latency_ms=latency_ms)
+    serve(host, port, seed, log_file, latency_ms, max_model_len)
 
 
 @app.command()
@@ -120,6 +128,79 @@ def demo(
     )
     if summary.errors == summary.trajectories:
         raise typer.Exit(code=1)
+
+
+batches = typer.Typer(
+    no_args_is_help=True,
+    help="Take exported batches from any trainer: wait for the next, ack it, list them.",
+)
+app.add_typer(batches, name="batches")
+
+Recipe = Annotated[str, typer.Option("--recipe", help="The batch recipe (assets/batches.yaml).")]
+Consumer = Annotated[
+    str, typer.Option(help="The trainer's name: each name sees every batch, acks are its own.")
+]
+LakeUri = Annotated[
+    str | None, typer.Option("--lake", help="Lake root (default: CLAW_LAKE_URI or .claw/lake).")
+]
+
+
+def _consumer(recipe: str, consumer: str, lake: str | None):
+    from claw_pipelines.trainer import BatchConsumer
+
+    return BatchConsumer(recipe, consumer=consumer, lake_uri=lake)
+
+
+@batches.command("wait")
+def batches_wait(
+    recipe: Recipe,
+    consumer: Consumer = "default",
+    timeout: Annotated[
+        float | None, typer.Option(help="Give up after this many seconds (exit code 2).")
+    ] = None,
+    lake: LakeUri = None,
+) -> None:
+    """Print the oldest exported batch this consumer has not acked, as JSON (batch_id, export
+    folder, rows, manifest), waiting for one if need be."""
+    import json
+
+    batch = _consumer(recipe, consumer, lake).next(timeout_s=timeout)
+    if batch is None:
+        typer.echo(f"no unacked {recipe} batch within {timeout} s", err=True)
+        raise typer.Exit(code=2)
+    summary = {
+        "batch_id": batch.batch_id,
+        "export": batch.export_uri,
+        "rows": batch.rows.height,
+        "manifest": batch.manifest.model_dump(mode="json"),
+    }
+    typer.echo(json.dumps(summary))
+
+
+@batches.command("ack")
+def batches_ack(
+    recipe: Recipe,
+    batch: Annotated[str, typer.Option("--batch", help="The batch id `wait` printed.")],
+    consumer: Consumer = "default",
+    step: Annotated[int | None, typer.Option(help="The trainer step it was used in.")] = None,
+    lake: LakeUri = None,
+) -> None:
+    """Record durably that this consumer trained on a batch."""
+    try:
+        _consumer(recipe, consumer, lake).ack(batch, trainer_step=step)
+    except KeyError as error:
+        typer.echo(str(error.args[0]), err=True)
+        raise typer.Exit(code=1) from error
+
+
+@batches.command("list")
+def batches_list(recipe: Recipe, consumer: Consumer = "default", lake: LakeUri = None) -> None:
+    """Every reserved batch, oldest first: exported, and acked by this consumer."""
+    listed = _consumer(recipe, consumer, lake).batches()
+    for row in listed.iter_rows(named=True):
+        step = "" if row["trainer_step"] is None else f" step {row['trainer_step']}"
+        state = "acked" + step if row["acked"] else "exported" if row["exported"] else "pending"
+        typer.echo(f"{row['batch_id']}\t{row['planned_at']:%Y-%m-%dT%H:%M:%S}Z\t{state}")
 
 
 if __name__ == "__main__":

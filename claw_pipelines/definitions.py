@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import landing, maintenance, quality, rewards, steps
+from assets import landing, maintenance, quality, release, rewards, steps
 from assets.automation import build_automation_sensor
 from assets.batches import build_recipe_definitions
 from assets.executor import claw_executor
@@ -30,6 +30,7 @@ def build_definitions(
             rewards.rewarded_steps,
             quality.scored_steps,
             quality.curated_steps,
+            *release.release_assets(),
         ],
         sensors=[landing.build_ingest_sensor(interval), build_automation_sensor(interval)],
         jobs=[maintenance.landing_maintenance],

@@ -50,22 +50,27 @@ STEPS = pa.schema(
         pa.field("reopened", pa.bool_()),
         pa.field("close_reason", pa.string()),
         pa.field("source_version", pa.int64()),
+        pa.field("parent_trajectory_id", pa.string()),
     ]
 )
 """One row per LLM call of a closed trajectory (state = prompt ids, action = response ids).
+A failed call without token IDs is no step.
 
 ``shared_prefix_tokens``: tokens shared with the previous step's prompt + response (prefix-tree
-saving); ``prompt_len`` / ``response_len``: the token lists' lengths (null when the list is), so
-readers that need only lengths skip the lists; ``reopened``: emitted after its trajectory had
-already been emitted; ``close_reason``: completed | aborted | timeout (why the trajectory was
-closed)."""
+saving; with ``prefix_break_reason`` it says how much of the prompt a break kept);
+``prompt_len`` / ``response_len``: the token lists' lengths (null when the list is), so readers
+that need only lengths skip the lists; ``reopened``: emitted after its trajectory had already
+been emitted; ``close_reason``: completed | aborted | timeout (why the trajectory was closed);
+``parent_trajectory_id``: set on the steps of a side trajectory (a side call inside the
+parent's session, ``transforms.threads``), whose trajectory_id is
+``<parent>/side-<its first turn_id>``."""
 
 OPEN_STATE = pa.schema(
     [
         pa.field("state", pa.string(), nullable=False),
         *[f.with_nullable(True) for f in STEPS if f.name not in (
             "step_id", "is_last", "prefix_consistent", "prefix_break_reason",
-            "shared_prefix_tokens", "prompt_len", "response_len")],
+            "shared_prefix_tokens", "prompt_len", "response_len", "parent_trajectory_id")],
         pa.field("closed_at", _TS),
         pa.field("emitted_turn_ids", _STRINGS),
     ]
@@ -117,8 +122,11 @@ TRAJECTORIES = pa.schema(
         pa.field("shared_prefix_tokens_saved", pa.int64()),
         pa.field("trajectory_inferred", pa.bool_()),
         pa.field("prefix_consistent", pa.bool_()),
+        pa.field("parent_trajectory_id", pa.string()),
     ]
 )
+"""One row per trajectory (side trajectories included: ``parent_trajectory_id`` names the
+trajectory whose session they ran in)."""
 
 TOKEN_COLUMNS = ["prompt_token_ids", "response_token_ids", "response_logprobs"]
 """The heavy columns: only ``steps`` (and batch rows) carry them; downstream tables are narrow."""
@@ -182,7 +190,11 @@ BATCH_ROWS = pa.schema(
         pa.field("response_logprobs", _LOGPROBS),
         pa.field("reward", pa.float64()),
         pa.field("outcome_reward", pa.float64()),
+        pa.field("trajectory_score", pa.float64()),
+        pa.field("advantage", pa.float64()),
         pa.field("policy_version", pa.int64()),
+        pa.field("model", pa.string()),
+        pa.field("finish_reason", pa.string()),
         pa.field("request_messages", pa.string()),
         pa.field("request_tools", pa.string()),
         pa.field("response_message", pa.string()),
@@ -192,9 +204,13 @@ BATCH_ROWS = pa.schema(
     ]
 )
 """Framework-neutral rows of one batch (grpo, rloo, ppo, reinforce_pp, sft): one per step,
-contiguous per trajectory in step order. No advantages: the trainer computes them.
-``source_version``: turns version the step came from; ``source_versions``: JSON of the
-input table versions the batch was planned from."""
+contiguous per trajectory in step order. ``trajectory_score``: the trajectory's return (outcome
+plus step rewards, whatever the credit assignment); ``advantage``: null unless the recipe's
+``group_statistics`` is ``per_trajectory`` (then the group-relative advantage of the
+trajectory's score, broadcast to its steps); otherwise the trainer computes advantages.
+``model``: the model that answered (whose tokenizer made the IDs); ``finish_reason``: ``length``
+for a reply cut off at max_tokens. ``source_version``: turns version the step came from;
+``source_versions``: JSON of the input table versions the batch was planned from."""
 
 DPO_PAIRS = pa.schema(
     [
@@ -211,6 +227,9 @@ DPO_PAIRS = pa.schema(
         pa.field("chosen_reward", pa.float64()),
         pa.field("rejected_reward", pa.float64()),
         pa.field("policy_version", pa.int64()),
+        pa.field("model", pa.string()),
+        pa.field("chosen_finish_reason", pa.string()),
+        pa.field("rejected_finish_reason", pa.string()),
         pa.field("request_messages", pa.string()),
         pa.field("request_tools", pa.string()),
         pa.field("chosen_message", pa.string()),

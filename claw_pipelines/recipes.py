@@ -20,9 +20,9 @@ import polars as pl
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
+from claw_pipelines.batch_units import GROUPED, dpo_batch, trajectory_batch
 from claw_pipelines.derived_schemas import (
     BATCH_ROWS,
-    DPO_PAIRS,
     DROPPED,
     LEDGER,
     LENGTH_COLUMNS,
@@ -35,9 +35,9 @@ from claw_pipelines.transforms.credit import CreditAssignment, assign_credit
 
 Algorithm = Literal["grpo", "rloo", "ppo", "reinforce_pp", "dpo", "sft"]
 ExportFormat = Literal["verl", "trl", "jsonl"]
+Truncation = Literal["error", "left", "right"]
+GroupStatistics = Literal["per_step", "per_trajectory"]
 
-
-GROUPED: frozenset[str] = frozenset({"grpo", "rloo"})
 
 PINNED = {"pinned": True}
 """Validation context of a recipe a reserved batch was planned under: it is taken as it was, so
@@ -90,6 +90,32 @@ class Recipe(BaseModel):
     credit_assignment: CreditAssignment = CreditAssignment()
     exports: list[ExportFormat] = ["verl", "trl", "jsonl"]
     min_reward_gap: float = Field(default=0.1, ge=0.0, description="dpo: chosen - rejected reward.")
+    keep_truncated: bool = Field(
+        default=False,
+        description="dpo: also pair replies cut off at max_tokens (finish_reason length); "
+        "conversational files still leave such pairs out, as a chat template would close them.",
+    )
+    prompt_length: int | None = Field(
+        default=None, ge=1, description="verl: fixed prompt width (left-padded); default per batch."
+    )
+    response_length: int | None = Field(
+        default=None, ge=1, description="verl: fixed response width (right-padded)."
+    )
+    pad_token_id: int | None = Field(
+        default=None, ge=0, description="verl: the tokenizer's pad id (default 0)."
+    )
+    truncation: Truncation = Field(
+        default="error",
+        description="A step longer than prompt_length / response_length: error = the planner "
+        "leaves it out (reason prompt_too_long / response_too_long); left / right = keep the "
+        "prompt's last / first tokens and the response's first ones.",
+    )
+    group_statistics: GroupStatistics = Field(
+        default="per_step",
+        description="grpo/rloo: per_step leaves the advantage to the trainer (every step is a "
+        "sample, so a trajectory of k steps counts k times in its group); per_trajectory "
+        "computes it over trajectory scores and broadcasts it to the steps (rows' advantage).",
+    )
 
     @model_validator(mode="after")
     def _refuse_useless(self, info: ValidationInfo) -> Recipe:
@@ -114,6 +140,11 @@ class Recipe(BaseModel):
                 "straggler_timeout_s",
                 self.straggler_timeout_s > MAX_STRAGGLER_TIMEOUT_S,
                 f"must be a finite number of seconds, at most {MAX_STRAGGLER_TIMEOUT_S:.0f}",
+            ),
+            (
+                "group_statistics",
+                self.group_statistics == "per_trajectory" and self.algorithm not in GROUPED,
+                "per_trajectory group statistics are for grpo and rloo (groups of rollouts)",
             ),
             (
                 "filters.min_reward",
@@ -214,6 +245,28 @@ class BatchPlan:
         )
 
 
+TRUNCATED = "length"
+"""The finish reason of a reply cut off at max_tokens: it has no end-of-turn token."""
+
+
+def _length_limits(recipe: Recipe) -> list[tuple[str, int, str]]:
+    """(length column, limit, reason): the length filters, and the fixed widths when the recipe
+    does not truncate (so every exported batch fits its widths)."""
+    f = recipe.filters
+    fits = recipe.truncation == "error"
+    prompt_width = recipe.prompt_length if fits else None
+    response_width = recipe.response_length if fits else None
+    limits = [
+        ("prompt_len", [f.max_prompt_len, prompt_width], "prompt_too_long"),
+        ("response_len", [f.max_response_len, response_width], "response_too_long"),
+    ]
+    return [
+        (column, min(given), reason)
+        for column, bounds, reason in limits
+        if (given := [b for b in bounds if b is not None])
+    ]
+
+
 def _step_reasons(recipe: Recipe, latest_policy: pl.Expr) -> pl.Expr:
     """The first filter a step fails (null = eligible)."""
     f = recipe.filters
@@ -224,241 +277,15 @@ def _step_reasons(recipe: Recipe, latest_policy: pl.Expr) -> pl.Expr:
         checks.append((~pl.col("reward_present").fill_null(False), "no_reward"))
     if f.max_policy_lag is not None:
         checks.append(((latest_policy - pl.col("policy_version")) > f.max_policy_lag, "stale"))
-    if f.max_prompt_len is not None:
-        checks.append((pl.col("prompt_len") > f.max_prompt_len, "prompt_too_long"))
-    if f.max_response_len is not None:
-        checks.append((pl.col("response_len") > f.max_response_len, "response_too_long"))
+    for column, limit, reason in _length_limits(recipe):
+        checks.append((pl.col(column) > limit, reason))
+    if recipe.algorithm == "dpo" and not recipe.keep_truncated:
+        checks.append((pl.col("finish_reason") == TRUNCATED, "truncated"))
     checks.append((pl.col("response_len").is_null(), "no_tokens"))
     reason = pl.lit(None, pl.String)
     for failed, name in reversed(checks):
         reason = pl.when(failed.fill_null(False)).then(pl.lit(name)).otherwise(reason)
     return reason
-
-
-def _dropped(frame: pl.DataFrame, reason: str | pl.Expr) -> pl.DataFrame:
-    reason = pl.lit(reason) if isinstance(reason, str) else reason
-    return frame.select("turn_id", "trajectory_id", "group_id", reason.alias("reason"))
-
-
-def _trajectory_units(
-    recipe: Recipe, steps: pl.DataFrame
-) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
-    """Trajectories whose steps all pass the filters (one row each), and the drops.
-
-    A trajectory's ``_score`` is its return independent of credit assignment (outcome plus step
-    rewards): the quantity zero-variance and min_reward filters are about.
-    """
-    failing = steps.filter(pl.col("_reason").is_not_null())
-    bad = failing.select("trajectory_id").unique()
-    drops = [
-        _dropped(failing, pl.col("_reason")),
-        _dropped(
-            steps.join(bad, on="trajectory_id").filter(pl.col("_reason").is_null()),
-            "trajectory_filtered",
-        ),
-    ]
-    units = (
-        steps.join(bad, on="trajectory_id", how="anti")
-        .group_by("trajectory_id")
-        .agg(
-            pl.col("group_id").first(),
-            pl.col("started_at").min().alias("_started"),
-            pl.col("ended_at").max().alias("_ended"),
-            (
-                pl.col("outcome_reward").drop_nulls().first().fill_null(0.0)
-                + pl.col("step_reward").fill_null(0.0).sum()
-            ).alias("_score"),
-        )
-        .sort("_started", "trajectory_id")
-    )
-    if recipe.filters.min_reward is not None:
-        low = units.filter(pl.col("_score") < recipe.filters.min_reward)
-        drops.append(_dropped(steps.join(low.select("trajectory_id"), on="trajectory_id"),
-                              "below_min_reward"))  # fmt: skip
-        units = units.join(low.select("trajectory_id"), on="trajectory_id", how="anti")
-    return units, drops
-
-
-def _ready_groups(
-    recipe: Recipe, units: pl.DataFrame, now: datetime
-) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Members of ready groups (in batch order), and per-trajectory reasons for the others
-    (waiting_for_group, group_overflow, straggler_dropped, zero_variance, no_group)."""
-    n = recipe.group_size
-    members = units.filter(pl.col("group_id").is_not_null()).with_columns(
-        pl.int_range(pl.len()).over("group_id").alias("_rank"),
-        pl.len().over("group_id").alias("_members"),
-        pl.col("_ended").max().over("group_id").alias("_last_activity"),
-        pl.col("_started").min().over("group_id").alias("_group_started"),
-    )
-    timed_out = pl.col("_last_activity") <= pl.lit(now) - timedelta(
-        seconds=recipe.straggler_timeout_s
-    )
-    partial_ok = pl.lit(recipe.straggler_policy == "emit") & (pl.col("_members") >= 2)
-    status = (
-        pl.when(pl.col("_members") >= n)
-        .then(
-            pl.when(pl.col("_rank") < n).then(pl.lit("ready")).otherwise(pl.lit("group_overflow"))
-        )
-        .when(~timed_out)
-        .then(pl.lit("waiting_for_group"))
-        .when(partial_ok)
-        .then(pl.lit("ready"))
-        .otherwise(pl.lit("straggler_dropped"))
-    )
-    members = members.with_columns(status.alias("_status"))
-    ready = members.filter(pl.col("_status") == "ready")
-    if recipe.filters.drop_zero_variance:
-        flat = ready.group_by("group_id").agg((pl.col("_score").n_unique() == 1).alias("_flat"))
-        ready = ready.join(flat, on="group_id").with_columns(
-            pl.when(pl.col("_flat")).then(pl.lit("zero_variance")).otherwise(pl.col("_status"))
-            .alias("_status")
-        ).drop("_flat")  # fmt: skip
-    others = pl.concat(
-        [
-            members.filter(pl.col("_status") != "ready"),
-            ready.filter(pl.col("_status") != "ready"),
-            units.filter(pl.col("group_id").is_null()).with_columns(
-                pl.lit("no_group").alias("_status")
-            ),
-        ],
-        how="diagonal",
-    ).select("trajectory_id", pl.col("_status").alias("reason"))
-    ready = ready.filter(pl.col("_status") == "ready").sort("_group_started", "group_id", "_rank")
-    return ready, others
-
-
-def _select_units(
-    recipe: Recipe, units: pl.DataFrame, now: datetime
-) -> tuple[pl.DataFrame, pl.DataFrame, bool]:
-    """Trajectories of the batch (with group order), per-trajectory reasons for the rest, ready."""
-    wanted = recipe.units_per_batch
-    if recipe.algorithm in GROUPED:
-        ready, others = _ready_groups(recipe, units, now)
-        order = ready.select("group_id").unique(maintain_order=True).with_row_index("_unit")
-        ready = ready.join(order, on="group_id")
-        chosen = ready.filter(pl.col("_unit") < wanted)
-        later = ready.filter(pl.col("_unit") >= wanted).select(
-            "trajectory_id", pl.lit("next_batch").alias("reason")
-        )
-        return chosen, pl.concat([others, later]), order.height >= wanted
-    ranked = units.with_row_index("_unit")
-    chosen = ranked.filter(pl.col("_unit") < wanted)
-    later = ranked.filter(pl.col("_unit") >= wanted).select(
-        "trajectory_id", pl.lit("next_batch").alias("reason")
-    )
-    return chosen, later, ranked.height >= wanted
-
-
-def _trajectory_batch(
-    recipe: Recipe,
-    steps: pl.DataFrame,
-    now: datetime,
-    batch_id: str,
-    versions: str,
-) -> tuple[pl.DataFrame, pl.DataFrame, bool, pl.DataFrame]:
-    units, drops = _trajectory_units(recipe, steps)
-    chosen, reasons, ready = _select_units(recipe, units, now)
-    drops.append(_dropped(steps.join(reasons, on="trajectory_id"), pl.col("reason")))
-    group_size = chosen.group_by("group_id").agg(pl.len().alias("group_size"))
-    rows = (
-        steps.join(chosen.select("trajectory_id", "_unit"), on="trajectory_id")
-        .join(units.select("trajectory_id", "_started"), on="trajectory_id")
-        .join(group_size, on="group_id", how="left")
-        .sort("_unit", "_started", "trajectory_id", "step_index")
-        .with_columns(
-            pl.lit(batch_id).alias("batch_id"),
-            pl.lit(recipe.name).alias("recipe"),
-            (pl.col("step_index") == pl.col("step_index").max().over("trajectory_id")).alias(
-                "is_last"
-            ),
-            pl.len().over("trajectory_id").alias("num_steps"),
-            pl.col("group_size").fill_null(1),
-            pl.lit(versions).alias("source_versions"),
-        )
-    )
-    return fit(rows, BATCH_ROWS), pl.concat(drops), ready, rows
-
-
-def _dpo_batch(
-    recipe: Recipe,
-    steps: pl.DataFrame,
-    tokens: pl.LazyFrame | pl.DataFrame,
-    batch_id: str,
-    versions: str,
-) -> tuple[pl.DataFrame, pl.DataFrame, bool, pl.DataFrame]:
-    """One pair per state (group, prompt): best vs worst credited reward, gap >= minimum."""
-    eligible = with_tokens(
-        steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_not_null()),
-        tokens,
-        STEP_ONLY_COLUMNS,
-    )
-    drops = [
-        _dropped(steps.filter(pl.col("_reason").is_not_null()), pl.col("_reason")),
-        _dropped(steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_null()),
-                 "no_group"),
-    ]  # fmt: skip
-    state = ["group_id", "_prompt_key"]
-    ranked = eligible.with_columns(pl.col("prompt_token_ids").hash().alias("_prompt_key")).sort(
-        *state, "reward", "turn_id", descending=[False, False, True, False]
-    )
-    best = ranked.group_by(state, maintain_order=True).first()
-    worst = ranked.group_by(state, maintain_order=True).last()
-    pairs = (
-        best.join(worst, on=state, suffix="_r")
-        .filter(
-            (pl.col("turn_id") != pl.col("turn_id_r"))
-            & (pl.col("prompt_token_ids") == pl.col("prompt_token_ids_r"))
-            & (pl.col("response_token_ids") != pl.col("response_token_ids_r"))
-            & (pl.col("reward") - pl.col("reward_r") >= recipe.min_reward_gap)
-        )
-        .sort("started_at", "turn_id")
-        .with_row_index("_unit")
-    )
-    wanted = recipe.units_per_batch
-    chosen = pairs.filter(pl.col("_unit") < wanted)
-    consumed = pl.concat(
-        [
-            chosen.select("turn_id", "trajectory_id", "group_id"),
-            chosen.select(
-                pl.col("turn_id_r").alias("turn_id"),
-                pl.col("trajectory_id_r").alias("trajectory_id"),
-                "group_id",
-            ),
-        ]
-    )
-    later = pairs.filter(pl.col("_unit") >= wanted)
-    later_ids = pl.concat(
-        [later.select("turn_id"), later.select(pl.col("turn_id_r").alias("turn_id"))]
-    )
-    unpaired = eligible.join(consumed.select("turn_id"), on="turn_id", how="anti")
-    drops.append(
-        _dropped(unpaired, pl.when(pl.col("turn_id").is_in(later_ids["turn_id"].implode()))
-                 .then(pl.lit("next_batch")).otherwise(pl.lit("no_pair")))
-    )  # fmt: skip
-    rows = chosen.select(
-        pl.lit(batch_id).alias("batch_id"),
-        pl.lit(recipe.name).alias("recipe"),
-        "group_id",
-        "trajectory_id",
-        "step_index",
-        "turn_id",
-        pl.col("turn_id_r").alias("rejected_turn_id"),
-        "prompt_token_ids",
-        pl.col("response_token_ids").alias("chosen_token_ids"),
-        pl.col("response_token_ids_r").alias("rejected_token_ids"),
-        pl.col("reward").alias("chosen_reward"),
-        pl.col("reward_r").alias("rejected_reward"),
-        "policy_version",
-        "request_messages",
-        "request_tools",
-        pl.col("response_message").alias("chosen_message"),
-        pl.col("response_message_r").alias("rejected_message"),
-        "metadata",
-        "source_version",
-        pl.lit(versions).alias("source_versions"),
-    )
-    return fit(rows, DPO_PAIRS), pl.concat(drops), pairs.height >= wanted, consumed
 
 
 def _unconsumed(recipe: Recipe, curated: pl.LazyFrame, excluded: pl.LazyFrame) -> pl.LazyFrame:
@@ -485,6 +312,7 @@ FINAL_REASONS = frozenset(
         "stale",
         "prompt_too_long",
         "response_too_long",
+        "truncated",
         "no_tokens",
         "trajectory_filtered",
         "below_min_reward",
@@ -531,8 +359,9 @@ def plan_batch(
     """Select the next batch of ``recipe`` from curated steps not yet in its ledger.
 
     Rewards are re-credited with the recipe's credit assignment; staleness is measured against
-    ``latest_policy_version`` (default: the newest policy_version among all curated steps,
-    consumed or not). Trajectory-based algorithms
+    ``latest_policy_version`` (the assets pass ``policy_versions.lag_reference``, the highest
+    announced version; default: the newest policy_version among all curated steps, consumed or
+    not). Trajectory-based algorithms
     skip any trajectory with a consumed step (so late steps of a consumed trajectory never
     form a fragment); dpo skips consumed steps. Everything is ordered by explicit keys
     (start time, then ids), so the same inputs and ``now`` give the same batch. ``batch_id``
@@ -573,9 +402,9 @@ def plan_batch(
     )
     versions = json.dumps(source_versions or {}, sort_keys=True)
     if recipe.algorithm == "dpo":
-        rows, dropped, ready, consumed = _dpo_batch(recipe, frame, steps, batch_id, versions)
+        rows, dropped, ready, consumed = dpo_batch(recipe, frame, steps, batch_id, versions)
     else:
-        rows, dropped, ready, picked = _trajectory_batch(recipe, frame, now, batch_id, versions)
+        rows, dropped, ready, picked = trajectory_batch(recipe, frame, now, batch_id, versions)
         consumed = picked.select("turn_id", "trajectory_id", "group_id")
     dropped = fit(dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED)
     final = final_drops(recipe, dropped)

@@ -38,6 +38,7 @@ TurnStatus = Literal["success", "error"]
 RewardSource = Literal["rule", "model", "human", "env"]
 TrajectoryEvent = Literal["completed", "aborted"]
 LabelTarget = Literal["step", "trajectory"]
+PolicyEventKind = Literal["announce", "pause"]
 
 _PLAIN_ARROW_TYPES: dict[type, pa.DataType] = {
     str: pa.string(),
@@ -211,8 +212,24 @@ class Label(LandingRow):
     created_at: UtcTimestamp = Field(default_factory=utc_now)
 
 
+class PolicyEvent(LandingRow):
+    """A trainer's word to the proxies: the policy version now served, or a pause for a weight
+    sync (held until the next announce). The newest event decides (``policy_versions``)."""
+
+    table_name: ClassVar[str] = "policy_versions"
+    key: ClassVar[str] = "event_id"
+
+    event_id: str = Field(default_factory=new_id)
+    event: PolicyEventKind
+    version: int | None = Field(
+        default=None, description="Announced version; for a pause, the version it paused."
+    )
+    created_at: UtcTimestamp = Field(default_factory=utc_now)
+    writer_id: str | None = Field(default=None, description="Proxy worker that recorded it.")
+
+
 LANDING_MODELS: dict[str, type[LandingRow]] = {
-    model.table_name: model for model in (Turn, Reward, TrajectoryEventRow, Label)
+    model.table_name: model for model in (Turn, Reward, TrajectoryEventRow, Label, PolicyEvent)
 }
 
 

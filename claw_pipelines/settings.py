@@ -53,6 +53,11 @@ class ClawSettings(BaseSettings):
         ge=1024,
         description="The largest request body any proxy route accepts (413 beyond).",
     )
+    pause_max_hold_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a model call is held by a weight-sync pause before a 503.",
+    )
     inspector_key: str | None = Field(
         default=None,
         description="Key every inspector request needs (Basic auth password or bearer token); "

@@ -8,7 +8,9 @@
 - Streamed chat and text completion requests to exact-capture models are served from a
   non-streaming upstream call and re-streamed in vLLM's chunk shape (LiteLLM drops token IDs from
   streams).
-- ``/claw/v1/...`` goes to the lifecycle/reward/step endpoints.
+- ``/claw/v1/...`` goes to the lifecycle/reward/step/policy endpoints.
+- Model calls pass ``policy.PolicyGate``: held during a weight-sync pause, stamped with the
+  version served.
 - On lifespan shutdown (SIGTERM/SIGINT) the spool is committed before the process exits.
 """
 
@@ -26,6 +28,7 @@ from litellm.proxy.proxy_server import app as litellm_app
 
 from claw_pipelines.capture.control import build_control_app
 from claw_pipelines.capture.identity import split_identity_prefix
+from claw_pipelines.capture.policy import PolicyGate
 from claw_pipelines.capture.request_body import (
     BodyRejected,
     parse_json_object,
@@ -96,7 +99,7 @@ class CaptureApp:
     """ASGI wrapper around LiteLLM's proxy app (see module docstring)."""
 
     def __init__(self, inner, max_body_bytes: int) -> None:
-        self.inner = inner
+        self.inner = PolicyGate(inner, lambda: CaptureRuntime.current().policy)
         self.control = build_control_app()
         self.max_body_bytes = max_body_bytes
 

@@ -18,6 +18,7 @@ from fastapi import HTTPException
 from litellm.integrations.custom_logger import CustomLogger
 
 from claw_pipelines.capture.identity import IdentityError, identity_from_request
+from claw_pipelines.capture.policy import stamp_served_version
 from claw_pipelines.capture.request_context import RequestContext, current_request
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.turns import (
@@ -57,6 +58,7 @@ class CaptureLogger(CustomLogger):
             identity = identity_from_request(headers, claw_metadata)
         except IdentityError as error:
             raise HTTPException(status_code=400, detail=str(error)) from error
+        identity, metadata = stamp_served_version(identity, metadata)
         options = self.runtime.options_for(str(data.get("model", "")))
         if options.return_token_ids:
             data["return_token_ids"] = True

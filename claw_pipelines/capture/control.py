@@ -1,10 +1,11 @@
-"""Lifecycle, reward and white-box step endpoints served on the proxy port (``/claw/v1/...``).
+"""Lifecycle, reward, white-box step and policy endpoints on the proxy port (``/claw/v1/...``).
 
 The HTTP edge (``asgi.CaptureApp``) authenticates them with the proxy key before they are
 reached. Their bodies pass the same checks as a call's (``request_body``: size limit, depth,
 finite numbers, valid Unicode) before FastAPI parses them. They land rows through the same spool
 as the captured turns, so they share its durability: a 200 means the row is in this process's
-spool and will reach Delta; a row the spool cannot take is a 503 with ``Retry-After``.
+spool and will reach Delta; a row the spool cannot take is a 503 with ``Retry-After``. The policy
+routes (``capture.policy``) commit to Delta before answering, as other workers read them there.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from claw_pipelines.capture.identity import (
     PolicyVersion,
     identity_from_request,
 )
+from claw_pipelines.capture.policy import policy_router, with_announced_version
 from claw_pipelines.capture.redact import NotSecret
 from claw_pipelines.capture.request_body import (
     BodyRejected,
@@ -184,6 +186,7 @@ def build_control_app(max_body_bytes: int | None = None) -> _CheckedBodies:
             )
         except IdentityError as error:
             raise HTTPException(400, str(error)) from error
+        identity = with_announced_version(identity, runtime.policy.state.version)
         now = utc_now()
         message = {"role": "assistant", "content": body.response_text}
         row = Turn(
@@ -217,4 +220,5 @@ def build_control_app(max_body_bytes: int | None = None) -> _CheckedBodies:
             "committed_rows": runtime.flusher.committed_rows,
         }
 
+    control.include_router(policy_router(lambda: CaptureRuntime.current().policy))
     return _CheckedBodies(control, max_body_bytes or get_settings().max_body_bytes)

@@ -17,6 +17,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from claw_pipelines.capture.policy import ServedPolicy
 from claw_pipelines.capture.redact import Redactor, ScrubbedLogs
 from claw_pipelines.capture.spool import SpoolErrorsLoggedOnce, SpoolWriter
 from claw_pipelines.capture.spool_flusher import SpoolFlusher
@@ -87,6 +88,8 @@ class CaptureRuntime:
         logging.getLogger("LiteLLM Proxy").addFilter(SpoolErrorsLoggedOnce())
         ScrubbedLogs(self.redactor).install()
         self.flusher.start()
+        self.policy = ServedPolicy(self.lake, self.writer.writer_id, settings.pause_max_hold_s)
+        self.policy.start()
 
     @classmethod
     def current(cls) -> CaptureRuntime:
@@ -100,6 +103,7 @@ class CaptureRuntime:
         """Commit everything spooled (graceful stop); what cannot be committed stays spooled."""
         with cls._instance_lock:
             if cls._instance is not None:
+                cls._instance.policy.stop()
                 cls._instance.flusher.stop()
                 cls._instance.writer.close()
                 cls._instance = None

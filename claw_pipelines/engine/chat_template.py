@@ -67,12 +67,13 @@ def assistant_text(message: Message) -> str:
     return "\n".join([message.text(), *calls] if message.text() else calls)
 
 
-def render(
+def render_turns(
     messages: Sequence[Message],
     tools: Sequence[Tool] | None = None,
     add_generation_prompt: bool = True,
-) -> str:
-    """The prompt text for ``messages`` (tool schemas in the system turn)."""
+) -> list[str]:
+    """The prompt for ``messages`` turn by turn (tool schemas in the system turn); each turn
+    ends at a newline, so they tokenize one by one (``tokenizer.encode_turns``)."""
     system = messages[0] if messages and messages[0].role in ("system", "developer") else None
     rest = messages[1:] if system is not None else messages
     system_text = _system_text(system, tools or [])
@@ -86,4 +87,13 @@ def render(
             parts.append(_turn(message.role, message.text()))
     if add_generation_prompt:
         parts.append(GENERATION_PROMPT)
-    return "".join(parts)
+    return parts
+
+
+def render(
+    messages: Sequence[Message],
+    tools: Sequence[Tool] | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
+    """The prompt text for ``messages``."""
+    return "".join(render_turns(messages, tools, add_generation_prompt))

@@ -3,9 +3,13 @@
 It behaves like a small, imperfect model on the arithmetic tasks of ``tasks``: with a calculator
 tool it sometimes calls the tool and then answers from the result (now and then double-checking
 with a second call first), sometimes answers directly (right or wrong), and sometimes rambles
-until it hits the token limit. That spread is what makes
-rewards vary inside a GRPO group of identical prompts. Every choice comes from the ``random.Random``
-passed in, so a run is reproducible from the engine seed.
+until it hits the token limit. That spread is what makes rewards vary inside a GRPO group of
+identical prompts. Every choice comes from the ``random.Random`` passed in, so a run is
+reproducible from the engine seed.
+
+The only tool it ever calls is the calculator, and only when the agent declares one that takes an
+``expression``: real agents (Claude Code, Codex CLI, OpenClaw) declare shells and patch tools, and
+a call the engine made up for one of those would be executed by the agent.
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ P_RAMBLE = 0.12
 P_CORRECT = 0.45
 P_RECHECK = 0.25
 CALCULATOR = "calculator"
+RAMBLE_LIMIT = 1024
+"""A ramble ends by itself after about this many tokens when ``max_tokens`` leaves more room."""
 
-NO_TASK_REPLY = "Please ask me an arithmetic question, for example what is 2 plus 3."
+NO_TASK_REPLY = "I can only do arithmetic: ask me to add, subtract or multiply two whole numbers."
+"""The reply to a prompt with no task. It holds no numbers, so it is never itself read as a task
+(a conversation that quotes it gets it again, not an answer)."""
 _DIRECT = (
     "Let me compute {expr} step by step. {expr} = {value}. ",
     "{expr} equals {value}. ",
@@ -58,13 +66,13 @@ class Draft:
 
 
 def _latest_task(messages: Sequence[Message]) -> tuple[Task, int] | None:
-    """The last question asked and how many tool calls the assistant made since."""
+    """The last question asked and how many calculator calls the assistant made since."""
     calls = 0
     for message in reversed(messages):
         if message.role == "user" and (task := parse_question(message.text())) is not None:
             return task, calls
         if message.role == "assistant":
-            calls += len(message.tool_calls or [])
+            calls += sum(call.function.name == CALCULATOR for call in message.tool_calls or [])
     return None
 
 
@@ -73,9 +81,21 @@ def _recheck_expression(task: Task) -> str:
     return f"{task.b} {task.op} {task.a}" if task.op in "+*" else task.expression
 
 
-def _tool_name(tools: Sequence[Tool], forced: str | None) -> str:
-    names = [tool.function.name for tool in tools]
-    return forced or (CALCULATOR if CALCULATOR in names else names[0])
+def _takes_expression(tool: Tool) -> bool:
+    properties = (tool.function.parameters or {}).get("properties")
+    return isinstance(properties, dict) and "expression" in properties
+
+
+def _callable_tool(tools: Sequence[Tool], tool_choice: str | None) -> str | None:
+    """The tool the policy may call: the declared calculator, unless ``tool_choice`` rules it out.
+
+    ``tool_choice`` is "none", "auto", "required" or the name of the one tool allowed.
+    """
+    if tool_choice == "none":
+        return None
+    known = any(t.function.name == CALCULATOR and _takes_expression(t) for t in tools)
+    named = tool_choice not in (None, "auto", "required")
+    return CALCULATOR if known and (not named or tool_choice == CALCULATOR) else None
 
 
 def _answer(task: Task, rng: random.Random) -> Draft:
@@ -93,14 +113,17 @@ def _answer_from_tool(task: Task, result: str, rng: random.Random) -> Draft:
     return Draft(lead + final_answer_text(value))
 
 
-def ramble(task: Task, min_tokens: int, rng: random.Random) -> Draft:
-    """Thinking out loud that never reaches an answer; longer than ``min_tokens`` tokens.
+def ramble(task: Task, budget: int, rng: random.Random) -> Draft:
+    """Thinking out loud that never reaches an answer.
 
-    Sentences start with a space, where the tokenizer always splits, so their token counts add up.
+    It runs past ``budget`` (so it ends at the token limit) when that is at most ``RAMBLE_LIMIT``
+    tokens, and otherwise stops by itself after about ``RAMBLE_LIMIT``: a real model would go on
+    to a 32k ``max_tokens``, but simulating that only slows every stream down. Sentences start with
+    a space, where the tokenizer always splits, so their token counts add up.
     """
     sentences: list[str] = []
     tokens = 0
-    while tokens <= min_tokens:
+    while tokens <= min(budget, RAMBLE_LIMIT):
         sentence = rng.choice(_RAMBLE).format(a=task.a, b=task.b)
         sentences.append(sentence)
         tokens += len(encode(sentence))
@@ -116,22 +139,24 @@ def respond_chat(
 ) -> Draft:
     """The next assistant turn. ``tool_choice`` is "none"/"auto"/"required" or a tool's name.
 
-    ``budget`` is the token limit; a ramble is made longer than it.
+    ``budget`` is the token limit. "required" (or a named tool) makes it call the calculator when
+    there is a task to compute. Without a task, or when the forced tool is not the calculator, it
+    answers in plain text instead: vLLM would force *some* call by guided decoding, but its
+    arguments would be made up, and an agent runs the calls it gets (a shell command, a patch);
+    a text answer just ends the agent's turn, which every agent handles.
     """
     latest = _latest_task(messages)
     if latest is None:
         return Draft(NO_TASK_REPLY)
     task, calls = latest
-    named = tool_choice not in (None, "none", "auto", "required")
-    forced = named or tool_choice == "required"
-    may_call = bool(tools) and tool_choice != "none"
-    name = _tool_name(tools, tool_choice if named else None) if may_call else ""
+    name = _callable_tool(tools, tool_choice)
+    forced = tool_choice not in (None, "none", "auto")
     if messages[-1].role == "tool":
-        if may_call and calls == 1 and rng.random() < P_RECHECK:
+        if name and calls == 1 and rng.random() < P_RECHECK:
             arguments = dumps({"expression": _recheck_expression(task)})
             return Draft("", tool_call=FunctionCall(name=name, arguments=arguments))
         return _answer_from_tool(task, messages[-1].text(), rng)
-    if may_call and (forced or rng.random() < P_TOOL):
+    if name and (forced or rng.random() < P_TOOL):
         arguments = dumps({"expression": task.expression})
         return Draft("", tool_call=FunctionCall(name=name, arguments=arguments))
     if rng.random() < P_RAMBLE:

@@ -1,29 +1,36 @@
 """Request and response models of the engine, field for field as vLLM's OpenAI server names them.
 
 Mirrors ``vllm/entrypoints/openai/{chat_completion,completion}/protocol.py`` and
-``serve/engine/protocol.py`` (vLLM >= 0.10.2): ``return_token_ids`` on requests, top-level
-``prompt_token_ids`` on chat responses (first chunk when streaming), ``choices[i].token_ids``,
-``stop_reason``, ``{"error": {message, type, param, code}}`` errors. Requests allow unknown keys,
-as vLLM does, so agent metadata passes through harmlessly.
+``serve/engine/protocol.py`` (vLLM >= 0.10.2, request checks as in 0.33): ``return_token_ids`` on
+requests, top-level ``prompt_token_ids`` on chat responses (first chunk when streaming),
+``choices[i].token_ids``, ``stop_reason``, ``{"error": {message, type, param, code}}`` errors.
+Requests allow unknown keys, as vLLM does, so agent metadata and fields the simulator does not use
+(``parallel_tool_calls``, ``stop``, ``metadata``...) pass through harmlessly.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from claw_pipelines.engine.content import Part, check_parts, content_text
+from claw_pipelines.engine.errors import validation_error
 
 MAX_TOP_LOGPROBS = 20
 MAX_N = 128
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="allow")
-
-
-class TextPart(OpenAIBaseModel):
-    type: Literal["text"]
-    text: str
 
 
 class FunctionCall(OpenAIBaseModel):
@@ -39,15 +46,20 @@ class ToolCall(OpenAIBaseModel):
 
 class Message(OpenAIBaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[Part] | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, content: str | list[Part] | None) -> str | list[Part] | None:
+        if isinstance(content, list):
+            check_parts(content)
+        return content
+
     def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
+        return content_text(self.content, self.role)
 
 
 class FunctionDefinition(OpenAIBaseModel):
@@ -71,67 +83,108 @@ class NamedToolChoice(OpenAIBaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool | None = True
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
 
 
 class SamplingRequest(OpenAIBaseModel):
-    """What chat and completion requests share."""
+    """What chat and completion requests share. Nullable where vLLM's fields are."""
 
     model: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     seed: int | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     # Validated as vLLM does (bad values are 400s); the simulated policy does not use them.
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     return_token_ids: bool | None = None
 
-    @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> SamplingRequest:
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("Stream options can only be defined when `stream=True`.")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _stream_options_need_stream(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
+            raise validation_error(
+                "Stream options can only be defined when `stream=True`.", "stream_options"
+            )
+        return data
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
+    reasoning_effort: ReasoningEffort | None = None
     add_generation_prompt: bool = True
 
-    @model_validator(mode="after")
-    def _check(self) -> ChatCompletionRequest:
-        if self.top_logprobs and not self.logprobs:
-            raise ValueError("when using `top_logprobs`, `logprobs` must be set to true.")
-        names = {tool.function.name for tool in self.tools or []}
-        if self.tool_choice == "required" and not names:
-            raise ValueError('`tool_choice="required"` needs `tools`.')
-        if (
-            isinstance(self.tool_choice, NamedToolChoice)
-            and self.tool_choice.function.name not in names
-        ):
-            raise ValueError(
-                f"tool_choice names an unknown tool {self.tool_choice.function.name!r}."
-            )
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _check(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if data.get("top_logprobs") and not data.get("logprobs"):
+                raise validation_error(
+                    "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
+                )
+            check_tool_usage(data)
+        return data
 
     @property
     def output_limit(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+        """vLLM reads ``max_completion_tokens`` when given, else ``max_tokens``."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    @property
+    def output_param(self) -> str:
+        return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
+
+
+def check_tool_usage(data: dict[str, Any]) -> None:
+    """vLLM's ``check_tool_usage``, messages included. No ``tool_choice`` means "auto"."""
+    tools, choice = data.get("tools"), data.get("tool_choice")
+    if tools == []:
+        raise validation_error(
+            "`tools` must not be an empty array. Either provide at least one tool or omit the "
+            "field entirely.",
+            "tools",
+        )
+    if choice is None or choice == "none":
+        return
+    if tools is None:
+        raise validation_error("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if choice not in ("auto", "required") and not isinstance(choice, dict):
+        raise validation_error(
+            f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" '
+            'or "required" are supported.',
+            "tool_choice",
+        )
+    if isinstance(choice, dict):
+        declared = {_function_name(tool) for tool in tools if isinstance(tool, dict)}
+        if _function_name(choice) not in declared:
+            raise validation_error(
+                "The tool specified in `tool_choice` does not match any of the specified `tools`",
+                "tool_choice",
+            )
+
+
+def _function_name(item: dict[str, Any]) -> object:
+    function = item.get("function")
+    return function.get("name") if isinstance(function, dict) else None
 
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int | None = 16
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool | None = False
 
@@ -146,6 +199,10 @@ class CompletionRequest(SamplingRequest):
     @property
     def output_limit(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def output_param(self) -> str:
+        return "max_tokens"
 
 
 class TokenizeRequest(OpenAIBaseModel):

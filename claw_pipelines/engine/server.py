@@ -2,7 +2,8 @@
 
 It is a simulator and says so in ``/v1/models``. Bodies are parsed by hand rather than by FastAPI
 so that malformed JSON and invalid parameters come back as vLLM does: HTTP 400 with
-``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
+``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``. The context window
+(``--max-model-len``, ``CLAW_ENGINE_MAX_MODEL_LEN``) is checked as vLLM does (``context``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from claw_pipelines.engine.answer_log import AnswerLog
-from claw_pipelines.engine.chat_template import render
+from claw_pipelines.engine.chat_template import render, render_turns
+from claw_pipelines.engine.context import DEFAULT_MAX_MODEL_LEN, ContextWindow
+from claw_pipelines.engine.errors import BadRequest
 from claw_pipelines.engine.policy import respond_chat, respond_text
 from claw_pipelines.engine.protocol import (
     ChatCompletionRequest,
@@ -58,7 +61,6 @@ from claw_pipelines.engine.tokenizer import (
 )
 
 MODEL_NAME = "claw-sim"
-MAX_MODEL_LEN = 4096
 OWNED_BY = "claw-sim (simulator)"
 DESCRIPTION = (
     "Simulated policy engine: no GPU, no model weights. A seeded stochastic policy answers "
@@ -66,17 +68,9 @@ DESCRIPTION = (
 )
 LOG_ENV = "CLAW_ENGINE_LOG"
 LATENCY_ENV = "CLAW_ENGINE_LATENCY_MS"
+MAX_MODEL_LEN_ENV = "CLAW_ENGINE_MAX_MODEL_LEN"
 
 Body = TypeVar("Body", bound=BaseModel)
-
-
-class BadRequest(Exception):
-    """A client error, answered with HTTP 400 in vLLM's error shape."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
 
 
 def error_response(message: str, param: str | None = None, code: int = 400) -> JSONResponse:
@@ -86,11 +80,13 @@ def error_response(message: str, param: str | None = None, code: int = 400) -> J
 
 @dataclass
 class Engine:
-    """Per-process state: the seed, the request counter that varies rollouts, the answer log."""
+    """Per-process state: the seed, the request counter that varies rollouts, the answer log,
+    the context window."""
 
     seed: int
     log: AnswerLog | None = None
     latency_s: float = 0.0
+    window: ContextWindow = field(default_factory=ContextWindow)
     counter: Iterator[int] = field(default_factory=itertools.count)
 
     def request_key(self, seed: int | None) -> str:
@@ -104,20 +100,6 @@ class Engine:
     def record(self, head: Head, choices: Sequence[Choice], stream: bool) -> None:
         if self.log is not None:
             self.log.write(head.id, choices, stream)
-
-
-def output_budget(prompt_tokens: int, requested: int | None) -> int:
-    """How many tokens may be generated; vLLM rejects prompts that leave no room."""
-    room = MAX_MODEL_LEN - prompt_tokens
-    if room <= 0 or (requested is not None and requested > room):
-        asked = prompt_tokens + (requested or 0)
-        raise BadRequest(
-            f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
-            f"requested {asked} tokens ({prompt_tokens} in the messages, {requested or 0} in the "
-            "completion). Please reduce the length of the messages or completion.",
-            "max_tokens",
-        )
-    return room if requested is None else requested
 
 
 async def parse_body(request: Request, model: type[Body]) -> Body:
@@ -144,6 +126,11 @@ def _head(prefix: str, model: str | None) -> Head:
     return Head(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model or MODEL_NAME)
 
 
+def _json(body: BaseModel) -> Response:
+    """A JSON body serialized by pydantic (a 200k-token ``prompt_token_ids`` in a few ms)."""
+    return Response(body.model_dump_json(), media_type="application/json")
+
+
 def _sse(chunks: Iterator[BaseModel]) -> Iterator[str]:
     for chunk in chunks:
         yield f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
@@ -155,9 +142,15 @@ def _usage_chunk(head: Head, obj: str, info: UsageInfo) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
-def create_app(seed: int = 0, log_file: Path | None = None, latency_ms: float = 0.0) -> FastAPI:
+def create_app(
+    seed: int = 0,
+    log_file: Path | None = None,
+    latency_ms: float = 0.0,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+) -> FastAPI:
     """The engine app; ``log_file`` gets one JSON line per answered choice."""
-    engine = Engine(seed, AnswerLog(log_file) if log_file else None, latency_ms / 1000.0)
+    log = AnswerLog(log_file) if log_file else None
+    engine = Engine(seed, log, latency_ms / 1000.0, ContextWindow(max_model_len))
     app = FastAPI(title="claw-sim (simulated vLLM engine)")
 
     @app.exception_handler(BadRequest)
@@ -177,7 +170,7 @@ def create_app(seed: int = 0, log_file: Path | None = None, latency_ms: float = 
             "owned_by": OWNED_BY,
             "root": MODEL_NAME,
             "parent": None,
-            "max_model_len": MAX_MODEL_LEN,
+            "max_model_len": max_model_len,
             "description": DESCRIPTION,
             "simulator": True,
         }
@@ -194,7 +187,7 @@ def create_app(seed: int = 0, log_file: Path | None = None, latency_ms: float = 
         ids = encode(text)
         strs = [token_str(i) for i in ids] if body.return_token_strs else None
         return TokenizeResponse(
-            count=len(ids), max_model_len=MAX_MODEL_LEN, tokens=ids, token_strs=strs
+            count=len(ids), max_model_len=max_model_len, tokens=ids, token_strs=strs
         )
 
     @app.post("/detokenize")
@@ -205,8 +198,10 @@ def create_app(seed: int = 0, log_file: Path | None = None, latency_ms: float = 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
-        prompt_ids = encode(render(body.messages, body.tools, body.add_generation_prompt))
-        budget = output_budget(len(prompt_ids), body.output_limit)
+        engine.window.check_output_request(body.output_limit, body.output_param)
+        turns = render_turns(body.messages, body.tools, body.add_generation_prompt)
+        prompt_ids = engine.window.encode_prompt(turns)
+        budget = engine.window.output_budget(len(prompt_ids), body.output_limit)
         tool_choice = (
             body.tool_choice.function.name
             if isinstance(body.tool_choice, NamedToolChoice)
@@ -226,7 +221,7 @@ def create_app(seed: int = 0, log_file: Path | None = None, latency_ms: float = 
         if not body.stream:
             engine.record(head, choices, stream=False)
             response = chat_response(head, prompt_ids, choices, top_k, with_ids)
-            return JSONResponse(response.model_dump())
+            return _json(response)
 
         async def stream() -> AsyncIterator[str]:
             for choice in choices:
@@ -242,12 +237,13 @@ def create_app(seed: int = 0, log_file: Path | None = None, latency_ms: float = 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
-        prompts = _prompt_ids(body.prompt)
+        engine.window.check_output_request(body.output_limit, body.output_param)
+        prompts = _prompt_ids(body.prompt, engine.window)
         key = engine.request_key(body.seed)
         top_k = body.logprobs
         choices = []
         for prompt_index, prompt_ids in enumerate(prompts):
-            budget = output_budget(len(prompt_ids), body.output_limit)
+            budget = engine.window.output_budget(len(prompt_ids), body.output_limit)
             for n in range(body.n):
                 index = prompt_index * body.n + n
                 rng = choice_rng(engine.seed, key, index)
@@ -261,7 +257,7 @@ def create_app(seed: int = 0, log_file: Path | None = None, latency_ms: float = 
         if not body.stream:
             engine.record(head, choices, stream=False)
             response = completion_response(head, prompt_tokens, choices, top_k, with_ids)
-            return JSONResponse(response.model_dump())
+            return _json(response)
 
         async def stream() -> AsyncIterator[str]:
             for choice in choices:
@@ -277,13 +273,20 @@ def create_app(seed: int = 0, log_file: Path | None = None, latency_ms: float = 
     return app
 
 
-def _prompt_ids(prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
-    """vLLM's prompt forms: text, token IDs, or a batch of either."""
+def _prompt_ids(
+    prompt: str | list[str] | list[int] | list[list[int]], window: ContextWindow
+) -> list[list[int]]:
+    """vLLM's prompt forms: text, token IDs, or a batch of either; each must fit the window."""
     if isinstance(prompt, str):
-        return [encode(prompt)]
+        return [window.encode_prompt([prompt])]
     if all(isinstance(item, int) for item in prompt):
-        return [check_token_ids(prompt)]
-    return [encode(item) if isinstance(item, str) else check_token_ids(item) for item in prompt]
+        return [window.check_prompt_ids(check_token_ids(prompt))]
+    return [
+        window.encode_prompt([item])
+        if isinstance(item, str)
+        else window.check_prompt_ids(check_token_ids(item))
+        for item in prompt
+    ]
 
 
 def serve(
@@ -292,10 +295,16 @@ def serve(
     seed: int = 0,
     log_file: Path | None = None,
     latency_ms: float | None = None,
+    max_model_len: int | None = None,
 ) -> None:
-    """Run the engine until interrupted (env defaults: CLAW_ENGINE_LOG, CLAW_ENGINE_LATENCY_MS)."""
+    """Run the engine until interrupted (env defaults: CLAW_ENGINE_LOG, CLAW_ENGINE_LATENCY_MS,
+    CLAW_ENGINE_MAX_MODEL_LEN)."""
     log_file = log_file or (Path(os.environ[LOG_ENV]) if os.environ.get(LOG_ENV) else None)
     if latency_ms is None:
         latency_ms = float(os.environ.get(LATENCY_ENV, "0"))
-    app = create_app(seed=seed, log_file=log_file, latency_ms=latency_ms)
+    if max_model_len is None:
+        max_model_len = int(os.environ.get(MAX_MODEL_LEN_ENV, DEFAULT_MAX_MODEL_LEN))
+    if max_model_len < 1:
+        raise ValueError(f"max_model_len must be at least 1, got {max_model_len}")
+    app = create_app(seed, log_file, latency_ms, max_model_len)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

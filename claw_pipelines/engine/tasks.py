@@ -1,7 +1,8 @@
 """The arithmetic task format shared by the simulated policy and the demo agent.
 
-The demo asks questions in this format and scores answers with it; the engine's policy parses the
-same format. Keeping both directions here means the two can never drift apart.
+The demo asks questions in this format ("What is 17 + 25?") and scores answers with it; the
+engine's policy reads that format and the other usual ways of asking the same ("17 plus 25",
+"compute 6*7", "17+25=?"). Keeping both directions here means the two can never drift apart.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import re
 from dataclasses import dataclass
 
 OPERATORS = ("+", "-", "*")
-QUESTION_RE = re.compile(r"What is (-?\d+) ([+*-]) (-?\d+)\?")
 ANSWER_RE = re.compile(r"[Tt]he answer is (-?\d+)")
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -52,13 +52,60 @@ def generate_tasks(count: int, seed: int) -> list[Task]:
     ]
 
 
+# The phrasings understood, as a model would read them. A phrasing with a lead-in ("what is",
+# "compute", ...) or a word form ("the sum of 17 and 25") may sit anywhere in the text; a bare
+# expression ("17 + 25", "17+25=?", "17 minus 4") only counts when it is a whole line, so dates,
+# version numbers and ranges in an agent's long prompt are not read as questions.
+_FIRST = r"(?<![\w.])-?\d+(?![\d.]*\d)"  # not the tail of a name ("v2") or of a decimal
+_SECOND = r"-?\d+(?![\d.]*\d)"
+_SYMBOLS = {"+": "+", "-": "-", "\u2212": "-", "*": "*", "x": "*", "\u00d7": "*"}
+_WORDS = {"plus": "+", "minus": "-", "times": "*", "multiplied by": "*"}
+_OP = r"[+*\u00d7\u2212-]|x|plus|minus|times|multiplied\s+by"
+_EXPR = rf"(?P<a>{_FIRST})\s*(?P<op>{_OP})\s*(?P<b>{_SECOND})"
+# Not the first two operands of a longer expression ("2 + 3 * 4") or of a date ("2025-01-15").
+_END = r"(?!\s*(?:[+*/\u00d7\u2212-]|\b(?:x|plus|minus|times|multiplied|divided)\b)\s*\d)"
+_LEAD = (
+    r"what\s+is|what['\u2019]?s|how\s+much\s+is|compute|calculate|evaluate|solve"
+    r"|work\s+out|tell\s+me"
+)
+_RESULT_OF = r"(?:the\s+(?:value|result|answer)\s+(?:of|to)\s+)?"
+_LED = re.compile(rf"\b(?:{_LEAD})\s*:?\s*{_RESULT_OF}{_EXPR}{_END}", re.IGNORECASE)
+_GAP = r"[^\S\n]*"  # spaces within one line
+_BARE = re.compile(rf"^{_GAP}{_EXPR}{_GAP}(?:={_GAP}\??|\?)?{_GAP}[.!]?{_GAP}$", re.I | re.M)
+_PAIR = rf"(?P<a>{_FIRST})\s+(?:and|to|by)\s+(?P<b>{_SECOND})"
+_FORMS = (
+    (re.compile(rf"\b(?:the\s+)?sum\s+of\s+{_PAIR}", re.I), "+"),
+    (re.compile(rf"\badd\s+{_PAIR}", re.I), "+"),
+    (re.compile(rf"\bsubtract\s+(?P<b>{_FIRST})\s+from\s+(?P<a>{_SECOND})", re.I), "-"),
+    (re.compile(rf"\b(?:the\s+)?product\s+of\s+{_PAIR}", re.I), "*"),
+    (re.compile(rf"\bmultiply\s+{_PAIR}", re.I), "*"),
+)
+
+
+def _operator(word: str) -> str:
+    word = " ".join(word.lower().split())
+    return _SYMBOLS.get(word) or _WORDS[word]
+
+
+def _matches(text: str) -> list[tuple[int, Task]]:
+    """Every task phrased in ``text``, with where its phrasing ends."""
+    found = [
+        (m.end(), Task(int(m["a"]), _operator(m["op"]), int(m["b"])))
+        for pattern in (_LED, _BARE)
+        for m in pattern.finditer(text)
+    ]
+    found += [
+        (m.end(), Task(int(m["a"]), op, int(m["b"])))
+        for pattern, op in _FORMS
+        for m in pattern.finditer(text)
+    ]
+    return found
+
+
 def parse_question(text: str) -> Task | None:
-    """The last task asked in ``text``, if any."""
-    matches = QUESTION_RE.findall(text)
-    if not matches:
-        return None
-    a, op, b = matches[-1]
-    return Task(int(a), op, int(b))
+    """The last task asked in ``text``, in any of the phrasings above; None when there is none."""
+    found = _matches(text)
+    return max(found, key=lambda hit: hit[0])[1] if found else None
 
 
 def final_answer_text(value: int) -> str:

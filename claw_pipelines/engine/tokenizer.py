@@ -15,7 +15,9 @@ contract (token IDs land in Delta), so only ever append to it.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import lru_cache
+from itertools import chain
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -242,10 +244,21 @@ def encode(text: str) -> list[int]:
         atomic = _ATOMIC_IDS.get(part)
         if atomic is not None:
             ids.append(atomic)
-            continue
-        for match in _PRETOKEN.finditer(part):
-            ids.extend(_encode_pretoken(match.group()))
+        else:
+            ids.extend(chain.from_iterable(map(_encode_pretoken, _PRETOKEN.findall(part))))
     return ids
+
+
+@lru_cache(maxsize=512)
+def _encode_turn(turn: str) -> tuple[int, ...]:
+    return tuple(encode(turn))
+
+
+def encode_turns(turns: Sequence[str]) -> list[int]:
+    """``encode("".join(turns))`` for turns that each end at a newline, where the tokenizer always
+    splits. Agents resend the whole conversation on every call, so turns are cached: a call only
+    tokenizes the turns that are new since the last one."""
+    return list(chain.from_iterable(map(_encode_turn, turns)))
 
 
 def token_bytes(token_id: int) -> bytes:
@@ -263,3 +276,7 @@ def token_str(token_id: int) -> str:
 def decode(ids: list[int]) -> str:
     """The text of ``ids``; the inverse of ``encode``."""
     return b"".join(token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+
+
+MAX_CHARS_PER_TOKEN = max(len(token_str(i)) for i in range(VOCAB_SIZE))
+"""The most characters one token stands for (vLLM bounds untokenized prompt text with it)."""

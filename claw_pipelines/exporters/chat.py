@@ -3,6 +3,12 @@
 Message content may be text, null or a list of parts; parts are joined into text so every row
 has one shape. This parses JSON per row in Python, which is fine at batch size (hundreds to a
 few thousand rows) and keeps the tool-call fields TRL chat templates read.
+
+Tool-call ``arguments`` are JSON *objects* to a chat template (Qwen3-style templates iterate
+``arguments.items()``; OpenAI's wire format sends a JSON string). Their keys differ from tool to
+tool, so no fixed Arrow struct holds them: polars carries them as normalized JSON text and
+``json_arguments`` types that text as Arrow's JSON extension type when the file is written,
+which ``datasets`` (>= 4.7, its ``Json`` feature) decodes into dicts.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import json
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 
 MESSAGE = pl.Struct(
     {
@@ -37,6 +44,20 @@ def _text(content: Any) -> str | None:
     return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
+def _arguments(raw: Any) -> str:
+    """Tool-call arguments as JSON text: a JSON string the agent sent stays as it decodes, an
+    object is encoded, a missing one is ``{}``; text that is not JSON becomes a JSON string (a
+    malformed call, which quality scoring flags), so every value decodes."""
+    if raw is None:
+        return "{}"
+    if not isinstance(raw, str):
+        return json.dumps(raw)
+    try:
+        return json.dumps(json.loads(raw))
+    except json.JSONDecodeError:
+        return json.dumps(raw)
+
+
 def _message(raw: dict[str, Any]) -> dict[str, Any]:
     calls = raw.get("tool_calls") or None
     return {
@@ -49,7 +70,7 @@ def _message(raw: dict[str, Any]) -> dict[str, Any]:
                 "type": call.get("type", "function"),
                 "function": {
                     "name": (call.get("function") or {}).get("name"),
-                    "arguments": (call.get("function") or {}).get("arguments"),
+                    "arguments": _arguments((call.get("function") or {}).get("arguments")),
                 },
             }
             for call in calls
@@ -74,3 +95,24 @@ def messages(column: str) -> pl.Expr:
 def reply(column: str) -> pl.Expr:
     """One JSON assistant message (``response_message``) as a one-element list<MESSAGE>."""
     return pl.col(column).map_elements(_reply, return_dtype=MESSAGES)
+
+
+def _with_json(data_type: pa.DataType, inside_function: bool = False) -> pa.DataType:
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return pa.list_(_with_json(data_type.value_type, inside_function))
+    if pa.types.is_struct(data_type):
+        return pa.struct(
+            pa.field(
+                f.name,
+                pa.json_()
+                if inside_function and f.name == "arguments"
+                else _with_json(f.type, f.name == "function"),
+            )
+            for f in data_type
+        )
+    return data_type
+
+
+def json_arguments(table: pa.Table) -> pa.Table:
+    """``table`` with every message column's tool-call ``arguments`` typed as JSON."""
+    return table.cast(pa.schema(pa.field(f.name, _with_json(f.type)) for f in table.schema))

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake.fs import DeltaStorageHandler
+from pyarrow.fs import PyFileSystem
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,14 @@ class Destination:
 
     def parquet(self, frame: pl.DataFrame, name: str) -> None:
         frame.write_parquet(self.uri(name), storage_options=self.storage_options, mkdir=True)
+
+    def arrow_parquet(self, table: pa.Table, name: str) -> None:
+        """Write ``table`` with pyarrow through delta-rs's store (local or object store alike):
+        it keeps Arrow extension types, such as JSON tool-call arguments, that polars drops."""
+        if "://" not in self.root or self.root.startswith("file://"):  # the store needs it there
+            Path(self.root.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        store = PyFileSystem(DeltaStorageHandler(self.root, self.storage_options or None))
+        pq.write_table(table, name, filesystem=store)
 
     def ndjson(self, frame: pl.DataFrame, name: str) -> None:
         frame.lazy().sink_ndjson(self.uri(name), storage_options=self.storage_options, mkdir=True)

@@ -7,7 +7,7 @@ import polars as pl
 from claw_pipelines.exporters.destination import Destination
 
 _STEP_FIELDS = ["step_index", "turn_id", "prompt_token_ids", "response_token_ids",
-                "response_logprobs", "reward", "policy_version"]  # fmt: skip
+                "response_logprobs", "reward", "policy_version", "finish_reason"]  # fmt: skip
 
 
 def trajectories(rows: pl.DataFrame) -> pl.DataFrame:

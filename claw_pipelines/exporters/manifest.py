@@ -7,14 +7,12 @@ from typing import Any
 import polars as pl
 from pydantic import BaseModel
 
+from claw_pipelines.batch_tables import MANIFEST
 from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.exporters.jsonl import write_jsonl
 from claw_pipelines.exporters.trl import write_trl
-from claw_pipelines.exporters.verl import write_verl
+from claw_pipelines.exporters.verl import VerlLayout, write_verl
 from claw_pipelines.recipes import Recipe
-
-MANIFEST = "manifest.json"
-"""Written last, so a batch whose folder has it was exported in full."""
 
 
 class ExportedFile(BaseModel):
@@ -22,6 +20,13 @@ class ExportedFile(BaseModel):
     format: str
     rows: int
     description: str
+
+
+class ModelRows(BaseModel):
+    model: str | None
+    """The model that answered, as the engine named it: its tokenizer made the token IDs (vLLM
+    serves the model's own tokenizer unless started with ``--tokenizer``)."""
+    rows: int
 
 
 class Manifest(BaseModel):
@@ -33,7 +38,30 @@ class Manifest(BaseModel):
     planned_with: dict[str, Any] | None = None
     """The batch's reservation record (every input version, read start, plan time and recipe):
     with the lake at hand, enough to plan the batch again."""
+    models: list[ModelRows] = []
+    """Which models' token IDs the batch holds (one, unless the policy changed mid-batch)."""
+    verl_layout: VerlLayout | None = None
+    """The widths and pad id of the verl tensors (widths null: each batch's longest row)."""
     files: list[ExportedFile]
+
+
+def in_export_order(algorithm: str, rows: pl.DataFrame) -> pl.DataFrame:
+    """A batch's rows in (group, trajectory, step) order (pairs: group, turn), the order of
+    every export file, so exporting the same batch twice writes the same files."""
+    if algorithm == "dpo":
+        return rows.sort("group_id", "turn_id")
+    return rows.sort("group_id", "trajectory_id", "step_index")
+
+
+def verl_layout(recipe: Recipe, pad_to_multiple: int = 1) -> VerlLayout:
+    """The recipe's verl widths, pad id and truncation rule."""
+    return VerlLayout(
+        prompt_length=recipe.prompt_length,
+        response_length=recipe.response_length,
+        pad_token_id=recipe.pad_token_id or 0,
+        truncation=recipe.truncation,
+        pad_to_multiple=pad_to_multiple,
+    )
 
 
 def export_batch(
@@ -43,24 +71,22 @@ def export_batch(
     *,
     source_versions: dict[str, int] | None = None,
     planned_with: dict[str, Any] | None = None,
-    pad_token_id: int = 0,
 ) -> Manifest:
     """Write ``rows`` (one batch) for each of ``recipe.exports`` under ``out``; return and write
     ``manifest.json``.
 
-    Rows are put in (group, trajectory, step) order first, so exporting the same batch twice
-    writes the same files. verl needs per-step token rows and is skipped for dpo pairs.
+    Rows are put in ``in_export_order`` first. verl needs per-step token rows and is skipped
+    for dpo pairs.
     """
     batch_ids = rows["batch_id"].unique().to_list()
     if len(batch_ids) != 1:
         raise ValueError(f"export_batch takes the rows of exactly one batch, got {batch_ids}")
     dpo = recipe.algorithm == "dpo"
-    rows = rows.sort(
-        *(["group_id", "turn_id"] if dpo else ["group_id", "trajectory_id", "step_index"])
-    )
+    rows = in_export_order(recipe.algorithm, rows)
     files: list[ExportedFile] = []
+    layout = verl_layout(recipe) if not dpo else None
     if "verl" in recipe.exports and not dpo:
-        for path, description in write_verl(rows, out, pad_token_id=pad_token_id):
+        for path, description in write_verl(rows, out, layout):
             files.append(
                 ExportedFile(path=path, format="verl", rows=rows.height, description=description)
             )
@@ -79,6 +105,11 @@ def export_batch(
         rows=rows.height,
         source_versions=source_versions or {},
         planned_with=planned_with,
+        models=[
+            ModelRows(model=m, rows=n)
+            for m, n in rows.group_by("model").len().sort("model").iter_rows()
+        ],
+        verl_layout=layout,
         files=files,
     )
     out.text(manifest.model_dump_json(indent=2), MANIFEST)

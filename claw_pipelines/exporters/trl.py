@@ -4,11 +4,18 @@
   plus ``ground_truth``, ``data_source`` for reward functions; one row per group, the state the
   group was sampled from) and ``trl/rollouts.parquet`` (the ``rollout_func`` payload:
   ``prompt_ids``, ``completion_ids``, ``logprobs``, ``reward`` per step).
-- dpo: ``trl/preference.parquet`` with ``prompt``, ``chosen``, ``rejected`` (message lists).
+- dpo: ``trl/preference.parquet`` with ``prompt``, ``chosen``, ``rejected`` (message lists) and
+  ``trl/preference_tokens.parquet`` (``prompt_ids``, ``chosen_ids``, ``rejected_ids``: the
+  engine's IDs, what TRL's preference collator takes).
 - sft: ``trl/sft_messages.parquet`` (one row per trajectory: ``messages`` = its last step's
   request + reply, the whole conversation, so SFTTrainer trains each assistant turn once rather
   than once per later step whose history repeats it) and ``trl/sft_tokens.parquet``
   (pre-tokenized, one row per step: ``input_ids`` + ``completion_mask`` on that step's response).
+
+A reply cut off at max_tokens (``finish_reason`` length) has no end-of-turn token, but a chat
+template closes every assistant message it renders: conversational files leave out the pairs
+and trajectories with such a reply (they stay in the token files, which hold the engine's IDs as
+they were), and every file carries the finish reasons.
 
 Each conversational dataset has ``tools``: the tools the request declared (the OpenAI ``tools``
 list as JSON text, null when none), which TRL's trainers hand to ``apply_chat_template`` (they
@@ -20,10 +27,19 @@ as the policy saw it; GRPO/RLOO pass it, like every extra column, to reward func
 from __future__ import annotations
 
 import polars as pl
+import pyarrow as pa
 
-from claw_pipelines.exporters.chat import messages, reply
+from claw_pipelines.exporters.chat import json_arguments, messages, reply
 from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.transforms.messages import claw_field
+
+TRUNCATED = "length"
+"""The finish reason of a reply cut off at max_tokens."""
+
+
+def _ended(*columns: str) -> pl.Expr:
+    """No reply in ``columns`` was cut off."""
+    return pl.all_horizontal(pl.col(c).fill_null("") != TRUNCATED for c in columns)
 
 
 def _ones_like(column: str, value: int) -> pl.Expr:
@@ -33,19 +49,30 @@ def _ones_like(column: str, value: int) -> pl.Expr:
 def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFrame, str]]:
     """File name (under trl/) -> (dataset frame, description)."""
     if algorithm == "dpo":
-        preference = rows.select(
+        reasons = ["chosen_finish_reason", "rejected_finish_reason"]
+        ids = ["group_id", "turn_id", "rejected_turn_id", *reasons]
+        preference = rows.filter(_ended(*reasons)).select(
             messages("request_messages").alias("prompt"),
             reply("chosen_message").alias("chosen"),
             reply("rejected_message").alias("rejected"),
             pl.col("request_tools").alias("tools"),
-            "group_id",
-            "turn_id",
-            "rejected_turn_id",
+            *ids,
         )
-        return {"preference.parquet": (preference, "DPOTrainer: prompt, chosen, rejected")}
+        tokens = rows.select(
+            pl.col("prompt_token_ids").alias("prompt_ids"),
+            pl.col("chosen_token_ids").alias("chosen_ids"),
+            pl.col("rejected_token_ids").alias("rejected_ids"),
+            *ids,
+        )
+        return {
+            "preference.parquet": (preference, "DPOTrainer: prompt, chosen, rejected"),
+            "preference_tokens.parquet": (tokens, "pairs as engine IDs, truncated ones too"),
+        }
     if algorithm == "sft":
+        ended = _ended("finish_reason").all().over("trajectory_id")
         chat = (
             rows.sort("trajectory_id", "step_index")
+            .filter(ended)
             .group_by("trajectory_id", maintain_order=True)
             .last()
             .select(
@@ -55,6 +82,7 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
                 pl.col("request_tools").alias("tools"),
                 "trajectory_id",
                 pl.col("step_index").alias("last_step_index"),
+                "finish_reason",
             )
         )
         tokens = rows.select(
@@ -63,6 +91,7 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
             .alias("completion_mask"),
             "trajectory_id",
             "step_index",
+            "finish_reason",
         )  # fmt: skip
         return {
             "sft_messages.parquet": (chat, "SFTTrainer conversational: messages per trajectory"),
@@ -89,6 +118,7 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
         "trajectory_id",
         "step_index",
         "is_last",
+        "finish_reason",
     )
     return {
         "prompts.parquet": (prompts, "GRPOTrainer/RLOOTrainer prompts: prompt + ground truth"),
@@ -99,9 +129,17 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
     }
 
 
+def trl_tables(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pa.Table, str]]:
+    """``trl_frames`` as Arrow tables, tool-call arguments typed as JSON objects."""
+    return {
+        name: (json_arguments(frame.to_arrow()), description)
+        for name, (frame, description) in trl_frames(algorithm, rows).items()
+    }
+
+
 def write_trl(algorithm: str, rows: pl.DataFrame, out: Destination) -> list[tuple[str, str, int]]:
     written = []
-    for name, (frame, description) in trl_frames(algorithm, rows).items():
-        out.parquet(frame, f"trl/{name}")
-        written.append((f"trl/{name}", description, frame.height))
+    for name, (table, description) in trl_tables(algorithm, rows).items():
+        out.arrow_parquet(table, f"trl/{name}")
+        written.append((f"trl/{name}", description, table.num_rows))
     return written

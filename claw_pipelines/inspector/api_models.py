@@ -65,7 +65,8 @@ class RewardOut(BaseModel):
 
 class StepOut(BaseModel):
     turn_id: str
-    step_index: int
+    step_index: int | None
+    """None for a failed call without token IDs, which the pipeline does not make a step."""
     status: str | None
     error: str | None
     finish_reason: str | None
@@ -111,6 +112,10 @@ class TrajectoryDetail(BaseModel):
     steps: list[StepOut]
     in_steps_table: bool
     """Whether the pipeline's `steps` table has this trajectory yet (it only holds closed ones)."""
+    parent_trajectory_id: str | None = None
+    """Set when this is a side trajectory: a side call inside that trajectory's session."""
+    side_trajectories: list[str] = []
+    """The side trajectories of this one (title or summary calls, sub-agents)."""
 
 
 class PromptTokens(BaseModel):

@@ -22,7 +22,8 @@ from pathlib import Path
 import polars as pl
 
 from claw_pipelines.inspector.tables import LakeState
-from claw_pipelines.lake import Lake, changes, column_bound, watermark_app
+from claw_pipelines.lake import Lake, changes, watermark_app
+from claw_pipelines.policy_versions import highest_announced_version, lag_reference
 from claw_pipelines.recipes import BatchPlan, Recipe, load_recipes, plan_batch
 from claw_pipelines.retired import (
     current_through,
@@ -213,7 +214,7 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
         datetime.now(UTC),
         retired=retired,
         open_from=open_from,
-        latest_policy_version=column_bound(scored, "policy_version", "max"),
+        latest_policy_version=lag_reference(highest_announced_version(lake), scored),
     )
     dropped = plan.dropped
     if retired is not None:  # dropped by earlier plans for good: listed, not planned again

@@ -1,31 +1,37 @@
 """Turning stored step rows into what the page shows: chat messages, tool calls, decoded tokens.
 
-Token text comes from the embedded engine's tokenizer. Its IDs only mean something for turns the
-embedded engine answered, so a step is decoded only when all its IDs fall inside that vocabulary;
-otherwise the page shows the raw IDs (a real backend's IDs would decode to nonsense).
+Token text comes from the tokenizer of the model that produced the IDs (``detokenize``: the
+embedded engine's own for its turns, the backend's ``/detokenize`` for a real model); a step is
+decoded only when every one of its IDs got a text, otherwise the page shows the raw IDs.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
 import polars as pl
 
-from claw_pipelines.engine import tokenizer
+from claw_pipelines.inspector.detokenize import token_texts
+
+_TEXTS = pl.Schema({"id": pl.Int32, "text": pl.String})
 
 
-@lru_cache(maxsize=1)
-def vocabulary() -> pl.DataFrame:
-    return pl.DataFrame(
-        {
-            "id": pl.Series(range(tokenizer.VOCAB_SIZE), dtype=pl.Int32),
-            "text": [tokenizer.token_str(i) for i in range(tokenizer.VOCAB_SIZE)],
-        }
-    )
+def _texts_by_model(steps: pl.DataFrame, tokens: pl.DataFrame) -> pl.DataFrame:
+    """(turn_id, id, text): each step's token texts in its own model's vocabulary."""
+    identity = [c for c in ("model", "backend") if c in steps.columns]
+    if not identity:
+        return pl.DataFrame(schema={"turn_id": pl.String, **_TEXTS})
+    owners = steps.select("turn_id", *identity)
+    found = []
+    for key, part in tokens.join(owners, on="turn_id").group_by(identity):
+        model, backend = (*key, None)[:2]
+        texts = token_texts(model, backend, part.get_column("id").unique().to_list())
+        if texts is not None:
+            found.append(part.select("turn_id", "id").unique().join(texts, on="id"))
+    return pl.concat(found) if found else pl.DataFrame(schema={"turn_id": pl.String, **_TEXTS})
 
 
 def token_frame(steps: pl.DataFrame, ids: str, logprobs: str | None) -> pl.DataFrame:
@@ -34,7 +40,7 @@ def token_frame(steps: pl.DataFrame, ids: str, logprobs: str | None) -> pl.DataF
     Logprobs are matched by position; a misaligned or missing list leaves them null.
     """
     lp = pl.col(logprobs) if logprobs else pl.lit(None, dtype=pl.List(pl.Float32))
-    return (
+    tokens = (
         steps.select(
             "turn_id",
             pl.col(ids).alias("id"),
@@ -45,7 +51,9 @@ def token_frame(steps: pl.DataFrame, ids: str, logprobs: str | None) -> pl.DataF
         .drop_nulls("id")
         .with_columns(pl.col("_lp").list.get(pl.col("pos"), null_on_oob=True).alias("logprob"))
         .drop("_lp")
-        .join(vocabulary(), on="id", how="left")
+    )
+    return (
+        tokens.join(_texts_by_model(steps, tokens), on=["turn_id", "id"], how="left")
         .with_columns(pl.col("logprob").exp().alias("prob"))
         .sort("turn_id", "pos")
     )

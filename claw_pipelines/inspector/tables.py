@@ -112,6 +112,7 @@ FEEDS: dict[str, Feed] = {
             "prefix_consistent": pl.Boolean,
             "prefix_break_reason": pl.String,
             "trajectory_inferred": pl.Boolean,
+            "parent_trajectory_id": pl.String,
             "_commit_version": VERSION,
         },
         key=["turn_id"],
@@ -212,27 +213,26 @@ def _affected(new: dict[str, pl.DataFrame], turns: pl.DataFrame) -> pl.Series:
     )
 
 
-def adopt_inferred(turns: pl.DataFrame, steps: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
-    """Move identity-less turns into the trajectories step extraction inferred for them.
+def adopt_placements(turns: pl.DataFrame, steps: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
+    """Move turns into the trajectories step extraction placed them in: identity-less turns
+    into their inferred trajectory, side calls into their side trajectory.
 
     Returns the updated turns and the trajectory ids (old and new) whose rows changed.
     """
-    inferred = steps.filter(pl.col("trajectory_inferred").fill_null(False)).select(
-        "turn_id", pl.col("trajectory_id").alias("_inferred")
-    )
+    placed = steps.select("turn_id", pl.col("trajectory_id").alias("_placed"))
     moved = (
         turns.select("turn_id", "trajectory_id")
-        .join(inferred, on="turn_id")
-        .filter(pl.col("trajectory_id") != pl.col("_inferred"))
+        .join(placed, on="turn_id")
+        .filter(pl.col("trajectory_id") != pl.col("_placed"))
     )
     if moved.is_empty():
         return turns, pl.Series([], dtype=pl.String)
     updated = (
-        turns.join(moved.select("turn_id", "_inferred"), on="turn_id", how="left")
-        .with_columns(pl.coalesce("_inferred", "trajectory_id").alias("trajectory_id"))
-        .drop("_inferred")
+        turns.join(moved.select("turn_id", "_placed"), on="turn_id", how="left")
+        .with_columns(pl.coalesce("_placed", "trajectory_id").alias("trajectory_id"))
+        .drop("_placed")
     )
-    changed = pl.concat([moved["trajectory_id"], moved["_inferred"]]).unique()
+    changed = pl.concat([moved["trajectory_id"], moved["_placed"]]).unique()
     return updated, changed
 
 
@@ -280,7 +280,7 @@ class LakeIndex:
                 return self.state
             affected = _affected(new, frames["turns"])
             if "steps" in new:
-                frames["turns"], moved = adopt_inferred(frames["turns"], new["steps"])
+                frames["turns"], moved = adopt_placements(frames["turns"], new["steps"])
                 affected = pl.concat([affected, moved]).unique()
             summary = state.summary
             if affected.len():

@@ -123,8 +123,10 @@ def prefix_check(steps: pl.LazyFrame) -> pl.LazyFrame:
 def step_frame(turns: pl.DataFrame, state: LakeState) -> pl.DataFrame:
     """The trajectory's steps with everything the page shows, in step order.
 
-    The pipeline's own step index and prefix verdict win when `steps` has the trajectory;
-    otherwise (open trajectories, or before Dagster ran) they are computed here the same way.
+    The pipeline's own step index and prefix verdict win when `steps` has the trajectory (a
+    failed call without token IDs is no step there: it has no index or verdict and is shown
+    after the step before it); otherwise (open trajectories, or before Dagster ran) they are
+    computed here the same way.
     The first step has no verdict (the pipeline calls it consistent; there is nothing to extend).
     """
     ids = turns["turn_id"].implode()
@@ -158,20 +160,21 @@ def step_frame(turns: pl.DataFrame, state: LakeState) -> pl.DataFrame:
         turns.lazy()
         .join(steps.lazy(), on="turn_id", how="left")
         .with_columns(
-            pl.coalesce(
-                pl.col("step_index").cast(pl.Int64),
-                pl.col("started_at").rank("ordinal").cast(pl.Int64) - 1,
-            ).alias("step_index")
+            pl.when(pl.col("step_index").is_not_null().any())
+            .then(pl.col("step_index").cast(pl.Int64))
+            .otherwise(pl.col("started_at").rank("ordinal").cast(pl.Int64) - 1)
+            .alias("step_index")
         )
         .pipe(prefix_check)
         .with_columns(
-            pl.when(pl.col("step_index") == 0)
+            pl.when((pl.col("step_index") == 0) | pl.col("step_index").is_null())
             .then(None)
             .otherwise(pl.coalesce("prefix_consistent", "prefix_consistent_computed"))
             .alias("prefix_consistent"),
             pl.when(pl.col("prefix_consistent").is_not_null())
             .then(pl.col("prefix_break_reason"))
-            .otherwise(pl.col("prefix_break_reason_computed"))
+            .when(pl.col("step_index").is_not_null())
+            .then(pl.col("prefix_break_reason_computed"))
             .alias("prefix_break_reason"),
             pl.col("prefix_consistent").is_not_null().alias("prefix_from_pipeline"),
         )
@@ -184,7 +187,10 @@ def step_frame(turns: pl.DataFrame, state: LakeState) -> pl.DataFrame:
                 "duration_ms"
             )
         )
-        .sort("step_index")
+        .sort("started_at", "turn_id")
+        .with_columns(pl.col("step_index").forward_fill().fill_null(-1).alias("_order"))
+        .sort("_order", "started_at", "turn_id")
+        .drop("_order")
     )
     return frame.collect()
 
@@ -334,7 +340,12 @@ def trajectory_detail(lake: Lake, state: LakeState, trajectory_id: str) -> Traje
     if summary is None:
         return None
     frame = load_trajectory(lake, state, trajectory_id)
+    steps = state["steps"]
+    parents = steps.filter(pl.col("trajectory_id") == trajectory_id)["parent_trajectory_id"]
+    sides = steps.filter(pl.col("parent_trajectory_id") == trajectory_id)["trajectory_id"]
     return TrajectoryDetail(
+        parent_trajectory_id=parents.drop_nulls().first(),
+        side_trajectories=sides.unique().sort().to_list(),
         summary=summary,
         trajectory_rewards=_rewards(
             trajectory_rewards(state, trajectory_id, summary.group_id).to_dicts(), "trajectory"

@@ -11,8 +11,15 @@ checked in this order):
   the same text came back with different token boundaries.
 - ``template_change``: the divergence is at the previous response's first token: the chat
   template rendered the previous action differently (e.g. reasoning stripped from history).
+- ``tail_edit``: the prompt is the previous prompt without a trailing span (at most
+  ``MAX_TAIL_TOKENS``, right before the generation prompt), then the previous response: the
+  agent replaced its last message(s), e.g. OpenClaw's internal-context message, which every
+  request carries at its end and which moves after the new messages on the next call.
 - ``context_edit``: the divergence lies inside the previous prompt, or the prompt is a
   truncation of the previous sequence: earlier messages were edited, dropped or truncated.
+
+``shared_prefix_tokens`` is the length of the prefix a step shares with the previous step's
+prompt + response (all of it when consistent): what a prefix tree of the two saves.
 """
 
 from __future__ import annotations
@@ -22,6 +29,12 @@ import polars as pl
 PREV_PROMPT = "_prev_prompt"
 PREV_RESPONSE = "_prev_response"
 PREV_SOURCE = "_prev_token_source"
+
+MAX_TAIL_TOKENS = 512
+"""The longest trailing span of the previous prompt a ``tail_edit`` may drop."""
+HEADER_TOKENS = 16
+"""The most tokens of the generation prompt that may follow the shared prefix in a
+``tail_edit`` before the previous response (the rest of the assistant header after the role)."""
 
 
 def full_sequence(prompt: str | pl.Expr, response: str | pl.Expr) -> pl.Expr:
@@ -65,6 +78,30 @@ def shared_prefix_len(frame: pl.DataFrame, left: str, right: str) -> pl.Series:
     return shared["s"].fill_null(0).cast(pl.Int64).alias("shared")
 
 
+def tail_edit(
+    prompt: pl.Expr, prev_prompt: pl.Expr, prev_response: pl.Expr, shared: pl.Expr
+) -> pl.Expr:
+    """``prompt`` = ``prev_prompt[:shared]`` + its last ``k`` tokens (the generation prompt)
+    + ``prev_response`` + anything, for some ``k`` <= ``HEADER_TOKENS``, dropping 1 to
+    ``MAX_TAIL_TOKENS`` tokens of ``prev_prompt`` before its last ``k``.
+
+    ``shared``: the tokens ``prompt`` shares with ``prev_prompt`` + ``prev_response``. A
+    template puts the same header before a response as at the end of a prompt, so the history
+    was kept and only the trailing message(s) moved or changed.
+    """
+    prompt_len = prev_prompt.list.len().cast(pl.Int64)
+    response_len = prev_response.list.len().cast(pl.Int64)
+    placements = []
+    for k in range(HEADER_TOKENS + 1):
+        dropped = prompt_len - k - shared
+        placements.append(
+            dropped.is_between(1, MAX_TAIL_TOKENS)
+            & (prompt.list.slice(shared, k) == prev_prompt.list.slice(prompt_len - k, k))
+            & (prompt.list.slice(shared + k, response_len) == prev_response)
+        )
+    return ((response_len > 0) & pl.any_horizontal(placements)).fill_null(False)
+
+
 def check_prefixes(frame: pl.DataFrame) -> pl.DataFrame:
     """Add ``prefix_consistent``, ``prefix_break_reason`` and ``shared_prefix_tokens``.
 
@@ -81,8 +118,19 @@ def check_prefixes(frame: pl.DataFrame) -> pl.DataFrame:
         .alias("prefix_consistent")
     )
     broken = frame.filter(~pl.col("prefix_consistent"))
-    shared = broken.select("turn_id").with_columns(
-        shared_prefix_len(broken, "prompt_token_ids", "_prev_full").alias("_shared")
+    shared = (
+        broken.with_columns(
+            shared_prefix_len(broken, "prompt_token_ids", "_prev_full").alias("_shared")
+        )
+        .with_columns(
+            tail_edit(
+                pl.col("prompt_token_ids"),
+                pl.col(PREV_PROMPT),
+                pl.col(PREV_RESPONSE),
+                pl.col("_shared"),
+            ).alias("_tail")
+        )
+        .select("turn_id", "_shared", "_tail")
     )
     frame = frame.join(shared, on="turn_id", how="left")
     prev_prompt_len = pl.col(PREV_PROMPT).list.len()
@@ -97,6 +145,8 @@ def check_prefixes(frame: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("missing_tokens"))
         .when((pl.col("token_source") != "engine") | (pl.col(PREV_SOURCE) != "engine"))
         .then(pl.lit("retokenized"))
+        .when(pl.col("_tail"))
+        .then(pl.lit("tail_edit"))
         .when(
             (pl.col("_shared") < prev_prompt_len)
             | (pl.col("_shared") >= pl.col("prompt_token_ids").list.len())
@@ -116,4 +166,4 @@ def check_prefixes(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns(
         reason.alias("prefix_break_reason"),
         shared_tokens.cast(pl.Int32).alias("shared_prefix_tokens"),
-    ).drop("_prev_full", "_first", "_shared")
+    ).drop("_prev_full", "_first", "_shared", "_tail")

@@ -20,6 +20,10 @@ Rules:
   starts a new emission with step_index 0 of the same trajectory_id.
 - An event for a trajectory with no turns yet leaves a closed tail with step_index -1, so turns
   that land after their completion event are emitted as soon as they arrive.
+- A failed call without token IDs (``FAILED``) is no step; a step's prefix is checked against
+  the latest earlier step with token IDs.
+- Side calls inside a session with identity become side trajectories when it is emitted
+  (``threads``); the closed tail and its emitted turn ids stay the session's.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from claw_pipelines.transforms.prefixes import (
     PREV_SOURCE,
     check_prefixes,
 )
+from claw_pipelines.transforms.threads import regroup, side_threads
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,10 @@ class StepExtraction:
 
 
 _PENDING = [*STEP_SOURCE_COLUMNS, "source_version", "trajectory_inferred"]
+
+FAILED = (pl.col("status") == "error") & pl.col("response_token_ids").is_null()
+"""A failed call: the policy produced nothing, so it is no step (and no step's predecessor)."""
+
 _TAIL = ["prompt_token_ids", "response_token_ids", "token_source", "step_index", "close_reason",
          "group_id"]  # fmt: skip
 
@@ -185,37 +194,31 @@ def _resolve_identity(
     )
 
 
-def _emit(pending: pl.DataFrame, closing: pl.DataFrame) -> pl.DataFrame:
-    """Number, link and prefix-check the pending turns of the closing trajectories.
+def _emit(pending: pl.DataFrame, closing: pl.DataFrame, min_tokens: int) -> pl.DataFrame:
+    """Split, number, link and prefix-check the pending turns of the closing trajectories.
 
     Ordering and linking run on the narrow columns plus a row index; each token list is then
-    gathered once into step order, and a step's predecessor tokens (the previous pending turn,
-    or the closed tail for a trajectory's first new turn) only where there is one, so a backlog
-    of single-turn trajectories moves no token list more than once.
+    gathered once into step order, and a step's predecessor tokens only where there is one, so
+    a backlog of single-turn trajectories moves no token list more than once. A step's
+    predecessor is the latest earlier step of its trajectory that has token IDs, else the
+    closed tail (the last step emitted before), else the step before it (``missing_tokens``);
+    a trajectory's first step has none. Side calls become trajectories of their own
+    (``threads``).
 
     A turn without group_id takes its trajectory's (from a sibling turn, the emitted tail or
     the completion event), so agents may name the group once.
     """
-    position = pl.int_range(pl.len()).over("trajectory_id")
-    tail_index = pl.col("_tail_step_index").fill_null(-1)
-    tokens = pending.select(TOKEN_COLUMNS)
+    tokens, sources = pending.select(TOKEN_COLUMNS), pending.get_column("token_source")
     frame = (
         pending.drop(TOKEN_COLUMNS)
         .with_row_index("_row")
+        .with_columns(
+            tokens.get_column("prompt_token_ids").is_not_null().alias("_tokens"),
+            pl.lit(None, pl.String).alias("parent_trajectory_id"),
+        )
         .join(closing, on="trajectory_id")
         .sort("trajectory_id", "started_at", "turn_id")
         .with_columns(
-            (tail_index + 1 + position).cast(pl.Int32).alias("step_index"),
-            (position == pl.len().over("trajectory_id") - 1).alias("is_last"),
-            (tail_index >= 0).alias("reopened"),
-            pl.when(position > 0)
-            .then(pl.col("_row").shift(1).over("trajectory_id"))
-            .alias("_prev"),
-            pl.when(position == 0)
-            .then(pl.col("_tail_token_source"))
-            .otherwise(pl.col("token_source").shift(1).over("trajectory_id"))
-            .alias(PREV_SOURCE),
-            pl.col("turn_id").alias("step_id"),
             pl.coalesce(
                 "group_id",
                 pl.col("group_id").drop_nulls().first().over("trajectory_id"),
@@ -224,22 +227,49 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame) -> pl.DataFrame:
             ).alias("group_id"),
         )
     )
-    rows, previous = frame.get_column("_row"), frame.get_column("_prev")
-    first = pl.col("_prev").is_null()
+    steps = check_prefixes(_link(frame, tokens, sources))
+    moved = side_threads(steps, tokens, min_tokens=min_tokens)
+    if moved.height:
+        split, regrouped = regroup(frame, moved)
+        steps = pl.concat([
+            steps.join(split, on="trajectory_id", how="anti"),
+            check_prefixes(_link(regrouped, tokens, sources)),
+        ])  # fmt: skip
+    return fit(steps.with_columns(token_lengths()), STEPS)
+
+
+def _link(frame: pl.DataFrame, tokens: pl.DataFrame, sources: pl.Series) -> pl.DataFrame:
+    """Number the steps and attach each one's predecessor tokens and ``sources`` (the pending
+    turns' token_source, indexed like ``tokens`` by ``_row``); see ``_emit``."""
+    position = pl.int_range(pl.len()).over("trajectory_id")
+    tail_index = pl.col("_tail_step_index").fill_null(-1)
+    with_tokens = pl.when(pl.col("_tokens")).then(pl.col("_row"))
     frame = frame.with_columns(
+        (tail_index + 1 + position).cast(pl.Int32).alias("step_index"),
+        (position == pl.len().over("trajectory_id") - 1).alias("is_last"),
+        (tail_index >= 0).alias("reopened"),
+        with_tokens.shift(1).forward_fill().over("trajectory_id").alias("_latest"),
+        pl.col("_row").shift(1).over("trajectory_id").alias("_before"),
+        pl.col("turn_id").alias("step_id"),
+    ).with_columns(
+        (pl.col("_latest").is_null() & (tail_index >= 0)).alias("_from_tail"),
+        pl.coalesce("_latest", pl.when(tail_index < 0).then("_before")).alias("_prev"),
+    )
+    rows, previous = frame.get_column("_row"), frame.get_column("_prev")
+    return frame.with_columns(
         *(tokens.get_column(name).gather(rows) for name in TOKEN_COLUMNS),
         *(
-            pl.when(first)
+            pl.when(pl.col("_from_tail"))
             .then(pl.col(f"_tail_{name}"))
-            .otherwise(pl.lit(tokens.get_column(name).gather(previous)))
+            .otherwise(pl.lit(values.gather(previous)))
             .alias(alias)
-            for name, alias in (
-                ("prompt_token_ids", PREV_PROMPT),
-                ("response_token_ids", PREV_RESPONSE),
+            for name, alias, values in (
+                ("prompt_token_ids", PREV_PROMPT, tokens.get_column("prompt_token_ids")),
+                ("response_token_ids", PREV_RESPONSE, tokens.get_column("response_token_ids")),
+                ("token_source", PREV_SOURCE, sources),
             )
         ),
     )
-    return fit(check_prefixes(frame).with_columns(token_lengths()), STEPS)
 
 
 def extract_steps(
@@ -294,7 +324,7 @@ def extract_steps(
     turns = _new_turns(new_turns, source_version).join(seen, on="turn_id", how="anti")
     tails = _hydrate(tails, turns, emitted)
     turns = _resolve_identity(turns, open_rows, tails, min_prefix_tokens)
-    pending = pl.concat([open_rows.select(_PENDING), turns])
+    pending = pl.concat([open_rows.select(_PENDING), turns]).filter(~FAILED)
     events = _first_events(new_events)
 
     idle_since = pl.lit(now) - timedelta(seconds=idle_timeout_s)
@@ -320,11 +350,12 @@ def extract_steps(
         .filter(pl.col("close_reason").is_not_null())
         .drop("_last_end", "event", "_tail_close_reason")
     )  # fmt: skip
-    steps = _emit(pending, closing)
+    steps = _emit(pending, closing, min_prefix_tokens)
 
-    emitted = steps.group_by("trajectory_id").agg(pl.col("turn_id").alias("_new_ids"))
+    source = pl.coalesce("parent_trajectory_id", "trajectory_id").alias("trajectory_id")
+    emitted = steps.group_by(source).agg(pl.col("turn_id").alias("_new_ids"))
     new_tails = (
-        steps.filter(pl.col("is_last"))
+        steps.filter(pl.col("is_last") & pl.col("parent_trajectory_id").is_null())
         .select(*_TAIL_KEPT)
         .join(emitted, on="trajectory_id")
         .join(tails.select("trajectory_id", "emitted_turn_ids"), on="trajectory_id", how="left")
@@ -349,7 +380,7 @@ def extract_steps(
     closed = pl.concat([new_tails, event_only], how="diagonal_relaxed").with_columns(
         pl.lit("closed").alias("state"), pl.lit(now).alias("closed_at")
     )
-    unchanged = tails.join(steps.select("trajectory_id").unique(), on="trajectory_id", how="anti")
+    unchanged = tails.join(emitted, on="trajectory_id", how="anti")
     return StepExtraction(
         steps=steps,
         open_turns=fit(

@@ -32,7 +32,8 @@ def summarize_trajectories(
     trajectory_events: ``outcome`` is the latest completed/aborted event (else the steps'
     close_reason), ``outcome_reward`` the latest event reward, ``complete`` = outcome completed.
     ``shared_prefix_tokens_saved`` sums each step's prefix shared with the previous step's full
-    sequence (what a prefix-tree merge of the trajectory saves).
+    sequence (what a prefix-tree merge of the trajectory saves). A side trajectory has no events
+    of its own (its parent's events name the parent), so its outcome is its close_reason.
     """
     ordered = steps.lazy().sort("trajectory_id", "step_index")
     summary = ordered.group_by("trajectory_id").agg(
@@ -49,6 +50,7 @@ def summarize_trajectories(
         pl.col("shared_prefix_tokens").sum().alias("shared_prefix_tokens_saved"),
         pl.col("trajectory_inferred").all(),
         pl.col("prefix_consistent").all(),
+        pl.col("parent_trajectory_id").drop_nulls().first(),
     )
     outcome = pl.coalesce("event", "close_reason")
     return (

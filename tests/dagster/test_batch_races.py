@@ -14,7 +14,7 @@ from dagster_harness import Driver, retry_reasons
 from dagster_rollouts import land_rollouts
 from deltalake import DeltaTable
 
-from assets import batches, ledger
+from assets import batch_work, ledger
 from assets.configs import recipes
 from claw_pipelines.schemas import utc_now
 
@@ -93,14 +93,14 @@ def test_a_batch_rewrite_that_a_compaction_got_ahead_of_is_retried(
     for name in names:
         driver.materialize(["batch_grpo"], partition_key=name)
     before = bound.lake.scan("batches/grpo").sort("turn_id").collect()
-    written_alone = batches.write_deltalake
+    written_alone = batch_work.write_deltalake
 
     def written_while_another_compacts(table, data, **kwargs):
         if len(table.file_uris()) > 1:
             DeltaTable(table.table_uri).optimize.compact()
         return written_alone(table, data, **kwargs)
 
-    monkeypatch.setattr(batches, "write_deltalake", written_while_another_compacts)
+    monkeypatch.setattr(batch_work, "write_deltalake", written_while_another_compacts)
     raced = driver.attempt(["batch_grpo"], partition_key=names[0])
     assert raced.success
     (why,) = retry_reasons(raced)
@@ -191,7 +191,7 @@ def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monk
     exports = ExportTicks(bound, instance)
     exports.tick()
     writing, release = threading.Event(), threading.Event()
-    written_alone = batches._write_batch
+    written_alone = batch_work._write_batch
 
     def first_waits(lake, recipe, plan):
         if plan.batch_id == first:
@@ -199,7 +199,7 @@ def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monk
             assert release.wait(60)
         return written_alone(lake, recipe, plan)
 
-    monkeypatch.setattr(batches, "_write_batch", first_waits)
+    monkeypatch.setattr(batch_work, "_write_batch", first_waits)
     slow = threading.Thread(target=driver.materialize, args=(["batch_grpo"], first))
     slow.start()
     assert writing.wait(60)
@@ -214,7 +214,7 @@ def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monk
 
 def _fail_group_check_of(bad: str, monkeypatch) -> None:
     """The ``groups_complete`` check fails for batch ``bad`` (and passes as usual for others)."""
-    checked_alone = batches._group_check
+    checked_alone = batch_work._group_check
 
     def fails_for_bad(recipe, rows):
         result = checked_alone(recipe, rows)
@@ -222,7 +222,7 @@ def _fail_group_check_of(bad: str, monkeypatch) -> None:
             return dg.AssetCheckResult(check_name=result.check_name, passed=False)
         return result
 
-    monkeypatch.setattr(batches, "_group_check", fails_for_bad)
+    monkeypatch.setattr(batch_work, "_group_check", fails_for_bad)
 
 
 def test_a_batch_whose_blocking_check_failed_is_not_exported(bound, instance, monkeypatch) -> None:

@@ -19,7 +19,7 @@ from dagster._core.storage.tags import WILL_RETRY_TAG
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
-from assets import batches, ledger
+from assets import batch_work, batches, ledger
 from assets.configs import recipes
 from claw_pipelines.schemas import utc_now
 
@@ -165,7 +165,7 @@ def test_a_batch_whose_runs_keep_failing_is_relaunched_up_to_the_cap_then_logged
     def worker_killed(lake, recipe, plan):
         raise RuntimeError("worker killed")
 
-    monkeypatch.setattr(batches, "_write_batch", worker_killed)
+    monkeypatch.setattr(batch_work, "_write_batch", worker_killed)
     assert not driver.attempt(_selected(lost), partition_key=lost.partition_key).success
     _past_the_grace_period(monkeypatch)
     run_keys = []

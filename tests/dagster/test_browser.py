@@ -81,7 +81,9 @@ def test_lineage_materialize_from_the_ui_and_metadata(
     )
 
     page.goto(f"{dagster_dev.url}/assets/batch_grpo?view=events")
-    expect(page.get_by_text("pinned_versions")).to_be_visible()
+    # the Events tab loads each materialization's run, here a refresh run with the whole chain
+    # in it as well as the UI launch: seen taking over 5 s on two loaded cores
+    expect(page.get_by_text("pinned_versions")).to_be_visible(timeout=60_000)
     expect(page.get_by_text("reward_distribution")).to_be_visible()
     expect(page.get_by_text("curated_steps").first).to_be_visible()
     shoot(page, tmp_path, "batch-metadata")

@@ -68,12 +68,12 @@ def test_landing_to_exported_grpo_batch_incrementally(
 ) -> None:
     """Also with every derived, ledger and batch table compacted after each commit: merges
     change no data, so batches, ledgers and re-materialized partitions stay the same."""
-    import assets.batches
+    import assets.batch_work
     import assets.closed_tails
     import assets.incremental
     import assets.ledger
 
-    for module in (assets.incremental, assets.closed_tails, assets.ledger, assets.batches):
+    for module in (assets.incremental, assets.closed_tails, assets.ledger, assets.batch_work):
         monkeypatch.setattr(module, "COMPACT_AFTER_FILES", compact_after_files)
     landed = land_rollouts(bound.lake, groups=5, group_size=4, steps=2)
     first_turns = bound.lake.version("turns")
@@ -167,9 +167,9 @@ def test_an_export_whose_write_failed_is_retried_in_its_run(
     driver: Driver, bound, monkeypatch
 ) -> None:
     """Nothing else would export a batch its own run built, so a failed write is retried."""
-    import assets.batches
+    import assets.batch_work
 
-    export_batch, failures = assets.batches.export_batch, []
+    export_batch, failures = assets.batch_work.export_batch, []
 
     def fails_once(*args, **kwargs):
         if not failures:
@@ -177,7 +177,7 @@ def test_an_export_whose_write_failed_is_retried_in_its_run(
             raise failures[0]
         return export_batch(*args, **kwargs)
 
-    monkeypatch.setattr(assets.batches, "export_batch", fails_once)
+    monkeypatch.setattr(assets.batch_work, "export_batch", fails_once)
     land_rollouts(bound.lake, groups=4, group_size=4, steps=1)
     driver.refresh()
     (request,) = driver.tick("batch_grpo_planner").run_requests

@@ -28,7 +28,13 @@ def client(answer_log: Path) -> Iterator[TestClient]:
 
 
 @pytest.fixture(scope="session")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def sim_window() -> int:
+    """The context window the ``sim`` process is given through its environment."""
+    return 65_536
+
+
+@pytest.fixture(scope="session")
+def sim(tmp_path_factory: pytest.TempPathFactory, sim_window: int) -> Iterator[Service]:
     """A real ``claw sim`` process, configured by environment (``claw up`` passes flags)."""
     workdir = tmp_path_factory.mktemp("sim")
     port = free_port()
@@ -47,7 +53,11 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         command,
         f"http://127.0.0.1:{port}",
         workdir / "engine.log",
-        env={"CLAW_ENGINE_LOG": str(workdir / "answers.jsonl"), "CLAW_ENGINE_LATENCY_MS": "1"},
+        env={
+            "CLAW_ENGINE_LOG": str(workdir / "answers.jsonl"),
+            "CLAW_ENGINE_LATENCY_MS": "1",
+            "CLAW_ENGINE_MAX_MODEL_LEN": str(sim_window),
+        },
     )
     try:
         service.wait_ready("/health", timeout_s=60)

@@ -85,3 +85,8 @@ def test_process_answers_400_on_malformed_json(sim: Service) -> None:
     )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == 400
+
+
+def test_process_reads_its_window_from_the_environment(sim: Service, sim_window: int) -> None:
+    (card,) = httpx.get(f"{sim.url}/v1/models").json()["data"]
+    assert card["max_model_len"] == sim_window

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from claw_pipelines.demo import CALCULATOR_TOOL
-from claw_pipelines.engine.server import MAX_MODEL_LEN
+from claw_pipelines.engine.context import DEFAULT_MAX_MODEL_LEN
 from claw_pipelines.engine.tokenizer import ENDOFTEXT_ID, IM_END_ID, decode
 
 QUESTION = [{"role": "user", "content": "What is 37 + 45?"}]
@@ -32,7 +32,7 @@ def test_health_and_models_say_simulator(client: TestClient) -> None:
     (card,) = client.get("/v1/models").json()["data"]
     assert "simulator" in card["owned_by"]
     assert "no GPU" in card["description"]
-    assert card["max_model_len"] == MAX_MODEL_LEN
+    assert card["max_model_len"] == DEFAULT_MAX_MODEL_LEN
 
 
 def test_chat_non_streaming(client: TestClient) -> None:
@@ -221,11 +221,11 @@ def test_tokenize_and_detokenize(client: TestClient) -> None:
         ("/v1/chat/completions", {"messages": []}),
         ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}),
         ("/v1/chat/completions", {"messages": QUESTION, "max_tokens": 0}),
-        ("/v1/chat/completions", {"messages": QUESTION, "max_tokens": MAX_MODEL_LEN}),
+        ("/v1/chat/completions", {"messages": QUESTION, "max_tokens": DEFAULT_MAX_MODEL_LEN + 1}),
         ("/v1/chat/completions", {"messages": QUESTION, "n": 0}),
         ("/v1/chat/completions", {"messages": QUESTION, "top_logprobs": 2}),
         ("/v1/chat/completions", {"messages": QUESTION, "logprobs": True, "top_logprobs": 21}),
-        ("/v1/chat/completions", {"messages": QUESTION, "stream_options": {}}),
+        ("/v1/chat/completions", {"messages": QUESTION, "stream_options": {"include_usage": True}}),
         ("/v1/chat/completions", {"messages": QUESTION, "tool_choice": "required"}),
         (
             "/v1/chat/completions",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from claw_pipelines.engine import tokenizer
+from claw_pipelines.engine.server import MODEL_NAME as EMBEDDED_MODEL
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Reward, TrajectoryEventRow, Turn, new_id, rows_to_arrow
 
@@ -85,8 +86,8 @@ def rollout_turns(
                 channel=channel,
                 agent=agent,
                 policy_version=policy_version,
-                model="policy",
-                backend="hosted_vllm http://127.0.0.1:8001/v1",
+                model=EMBEDDED_MODEL,  # the engine's served name, as the proxy records it
+                backend="hosted_vllm:http://127.0.0.1:8001/v1",
                 finish_reason="stop" if last else "tool_calls",
                 token_source="engine",
                 prompt_token_ids=prompt + generation,

@@ -12,7 +12,7 @@ from claw_pipelines.inspector.batch_preview import dropped_table, group_table
 from claw_pipelines.inspector.curation import LabelRequest, label_rows
 from claw_pipelines.inspector.filters import TrajectoryFilter, apply, facets
 from claw_pipelines.inspector.summary import summarize, turn_index_rows, upsert
-from claw_pipelines.inspector.tables import FEEDS, adopt_inferred, conform
+from claw_pipelines.inspector.tables import FEEDS, adopt_placements, conform
 from claw_pipelines.inspector.trajectory import prefix_check
 from claw_pipelines.schemas import Label, Turn
 
@@ -203,7 +203,7 @@ def test_adopt_inferred_moves_identityless_turns():
             "trajectory_inferred": [True] * 2,
         }
     )
-    moved, changed = adopt_inferred(turns, steps)
+    moved, changed = adopt_placements(turns, steps)
     assert moved["trajectory_id"].unique().to_list() == ["inferred"]
     assert set(changed.to_list()) == {"inferred", *turns["trajectory_id"].to_list()}
 

@@ -9,7 +9,7 @@ import polars as pl
 from transform_rows import SYSTEM, at, event, events, rewards, turn, turns
 
 from claw_pipelines.exporters import Destination, export_batch
-from claw_pipelines.exporters.verl import verl_tensors
+from claw_pipelines.exporters.verl import VerlLayout, verl_tensors
 from claw_pipelines.recipes import Recipe, plan_batch
 from claw_pipelines.reward_rules import RewardConfig
 from claw_pipelines.transforms import (
@@ -57,11 +57,12 @@ def test_verl_tensors_pad_mask_and_place_the_reward():
     _, plan = _grpo_plan()
     rows = plan.rows
     assert rows["turn_id"].to_list() == ["a0", "a1", "b0"]
-    t = verl_tensors(rows.with_columns(pl.Series("reward", [0.5, 1.0, 0.0])), pad_token_id=-1)
+    layout = VerlLayout(pad_token_id=99)
+    t = verl_tensors(rows.with_columns(pl.Series("reward", [0.5, 1.0, 0.0])), layout)
     assert t["prompts"].shape == (3, 25) and t["responses"].shape == (3, 3)
     assert t["input_ids"].shape == t["attention_mask"].shape == t["position_ids"].shape == (3, 28)
-    assert (t["prompts"][0, :4] == -1).all() and t["prompts"][0, 4:].tolist() == [*SYSTEM, 1]
-    assert t["responses"][1].tolist() == [4, -1, -1]
+    assert (t["prompts"][0, :4] == 99).all() and t["prompts"][0, 4:].tolist() == [*SYSTEM, 1]
+    assert t["responses"][1].tolist() == [4, 99, 99]
     assert t["response_mask"].tolist() == [[1, 1, 1], [1, 0, 0], [1, 0, 0]]
     assert t["attention_mask"][0].tolist() == [0] * 4 + [1] * 21 + [1, 1, 1]
     assert t["position_ids"][0].tolist() == [0] * 5 + list(range(1, 24))
@@ -140,7 +141,9 @@ def test_sft_and_dpo_exports(tmp_path):
     dpo = Recipe(name="dpo", algorithm="dpo", groups_per_batch=1, min_reward_gap=0.5)
     plan = _plan(dpo, pair_rows, {"t1": 1.0, "t2": 0.0})
     manifest = export_batch(dpo, plan.rows, Destination(str(tmp_path / "dpo")))
-    assert {f.path for f in manifest.files} == {"trl/preference.parquet", "jsonl/pairs.jsonl"}
+    assert {f.path for f in manifest.files} == {
+        "trl/preference.parquet", "trl/preference_tokens.parquet", "jsonl/pairs.jsonl",
+    }  # fmt: skip
     preference = pl.read_parquet(tmp_path / "dpo/trl/preference.parquet")
     assert preference["chosen"][0].to_list()[0]["content"] == "a-good"
     assert preference["rejected"][0].to_list()[0]["content"] == "a-bad"
@@ -188,8 +191,8 @@ def test_trl_datasets_carry_the_tools_the_requests_declared(tmp_path):
     assert json.loads(prompts["tools"][0]) == CALCULATOR  # what TRL's json.loads hands the template
     non_tensor = pl.read_parquet(tmp_path / "grpo/verl/non_tensor.parquet")
     assert non_tensor.columns == [
-        "uid", "trajectory_uids", "step_indices", "turn_ids", "is_last", "policy_version",
-        "data_source", "ground_truth", "__num_turns__",
+        "uid", "trajectory_uids", "step_indices", "turn_ids", "is_last", "is_pad",
+        "policy_version", "data_source", "ground_truth", "__num_turns__", "batch_keys",
     ]  # fmt: skip
 
     dpo = Recipe(name="dpo", algorithm="dpo", groups_per_batch=1, min_reward_gap=0.5)

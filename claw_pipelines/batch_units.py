@@ -1,0 +1,260 @@
+"""How a batch plan picks its units from the eligible steps: whole trajectories (ppo,
+reinforce_pp, sft), complete groups of them (grpo, rloo), or preference pairs from one state
+(dpo), with the reason each step left out was dropped. Pure polars, called by
+``recipes.plan_batch``."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from claw_pipelines.derived_schemas import (
+    BATCH_ROWS,
+    DPO_PAIRS,
+    STEP_ONLY_COLUMNS,
+    fit,
+    with_tokens,
+)
+from claw_pipelines.transforms.group_stats import trajectory_advantages
+
+if TYPE_CHECKING:
+    from claw_pipelines.recipes import Recipe
+
+GROUPED: frozenset[str] = frozenset({"grpo", "rloo"})
+"""Algorithms whose batches are made of complete groups of rollouts of one prompt."""
+
+
+def dropped_as(frame: pl.DataFrame, reason: str | pl.Expr) -> pl.DataFrame:
+    reason = pl.lit(reason) if isinstance(reason, str) else reason
+    return frame.select("turn_id", "trajectory_id", "group_id", reason.alias("reason"))
+
+
+def _trajectory_units(
+    recipe: Recipe, steps: pl.DataFrame
+) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
+    """Trajectories whose steps all pass the filters (one row each), and the drops.
+
+    A trajectory's ``_score`` is its return independent of credit assignment (outcome plus step
+    rewards): the quantity zero-variance and min_reward filters are about.
+    """
+    failing = steps.filter(pl.col("_reason").is_not_null())
+    bad = failing.select("trajectory_id").unique()
+    drops = [
+        dropped_as(failing, pl.col("_reason")),
+        dropped_as(
+            steps.join(bad, on="trajectory_id").filter(pl.col("_reason").is_null()),
+            "trajectory_filtered",
+        ),
+    ]
+    units = (
+        steps.join(bad, on="trajectory_id", how="anti")
+        .group_by("trajectory_id")
+        .agg(
+            pl.col("group_id").first(),
+            pl.col("started_at").min().alias("_started"),
+            pl.col("ended_at").max().alias("_ended"),
+            (
+                pl.col("outcome_reward").drop_nulls().first().fill_null(0.0)
+                + pl.col("step_reward").fill_null(0.0).sum()
+            ).alias("_score"),
+        )
+        .sort("_started", "trajectory_id")
+    )
+    if recipe.filters.min_reward is not None:
+        low = units.filter(pl.col("_score") < recipe.filters.min_reward)
+        drops.append(dropped_as(steps.join(low.select("trajectory_id"), on="trajectory_id"),
+                              "below_min_reward"))  # fmt: skip
+        units = units.join(low.select("trajectory_id"), on="trajectory_id", how="anti")
+    return units, drops
+
+
+def _ready_groups(
+    recipe: Recipe, units: pl.DataFrame, now: datetime
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Members of ready groups (in batch order), and per-trajectory reasons for the others
+    (waiting_for_group, group_overflow, straggler_dropped, zero_variance, no_group)."""
+    n = recipe.group_size
+    members = units.filter(pl.col("group_id").is_not_null()).with_columns(
+        pl.int_range(pl.len()).over("group_id").alias("_rank"),
+        pl.len().over("group_id").alias("_members"),
+        pl.col("_ended").max().over("group_id").alias("_last_activity"),
+        pl.col("_started").min().over("group_id").alias("_group_started"),
+    )
+    timed_out = pl.col("_last_activity") <= pl.lit(now) - timedelta(
+        seconds=recipe.straggler_timeout_s
+    )
+    partial_ok = pl.lit(recipe.straggler_policy == "emit") & (pl.col("_members") >= 2)
+    status = (
+        pl.when(pl.col("_members") >= n)
+        .then(
+            pl.when(pl.col("_rank") < n).then(pl.lit("ready")).otherwise(pl.lit("group_overflow"))
+        )
+        .when(~timed_out)
+        .then(pl.lit("waiting_for_group"))
+        .when(partial_ok)
+        .then(pl.lit("ready"))
+        .otherwise(pl.lit("straggler_dropped"))
+    )
+    members = members.with_columns(status.alias("_status"))
+    ready = members.filter(pl.col("_status") == "ready")
+    if recipe.filters.drop_zero_variance:
+        flat = ready.group_by("group_id").agg((pl.col("_score").n_unique() == 1).alias("_flat"))
+        ready = ready.join(flat, on="group_id").with_columns(
+            pl.when(pl.col("_flat")).then(pl.lit("zero_variance")).otherwise(pl.col("_status"))
+            .alias("_status")
+        ).drop("_flat")  # fmt: skip
+    others = pl.concat(
+        [
+            members.filter(pl.col("_status") != "ready"),
+            ready.filter(pl.col("_status") != "ready"),
+            units.filter(pl.col("group_id").is_null()).with_columns(
+                pl.lit("no_group").alias("_status")
+            ),
+        ],
+        how="diagonal",
+    ).select("trajectory_id", pl.col("_status").alias("reason"))
+    ready = ready.filter(pl.col("_status") == "ready").sort("_group_started", "group_id", "_rank")
+    return ready, others
+
+
+def _select_units(
+    recipe: Recipe, units: pl.DataFrame, now: datetime
+) -> tuple[pl.DataFrame, pl.DataFrame, bool]:
+    """Trajectories of the batch (with group order), per-trajectory reasons for the rest, ready."""
+    wanted = recipe.units_per_batch
+    if recipe.algorithm in GROUPED:
+        ready, others = _ready_groups(recipe, units, now)
+        order = ready.select("group_id").unique(maintain_order=True).with_row_index("_unit")
+        ready = ready.join(order, on="group_id")
+        chosen = ready.filter(pl.col("_unit") < wanted)
+        later = ready.filter(pl.col("_unit") >= wanted).select(
+            "trajectory_id", pl.lit("next_batch").alias("reason")
+        )
+        return chosen, pl.concat([others, later]), order.height >= wanted
+    ranked = units.with_row_index("_unit")
+    chosen = ranked.filter(pl.col("_unit") < wanted)
+    later = ranked.filter(pl.col("_unit") >= wanted).select(
+        "trajectory_id", pl.lit("next_batch").alias("reason")
+    )
+    return chosen, later, ranked.height >= wanted
+
+
+def trajectory_batch(
+    recipe: Recipe,
+    steps: pl.DataFrame,
+    now: datetime,
+    batch_id: str,
+    versions: str,
+) -> tuple[pl.DataFrame, pl.DataFrame, bool, pl.DataFrame]:
+    units, drops = _trajectory_units(recipe, steps)
+    chosen, reasons, ready = _select_units(recipe, units, now)
+    drops.append(dropped_as(steps.join(reasons, on="trajectory_id"), pl.col("reason")))
+    group_size = chosen.group_by("group_id").agg(pl.len().alias("group_size"))
+    scores = chosen.select("trajectory_id", pl.col("_score").alias("trajectory_score"))
+    if recipe.group_statistics == "per_trajectory":
+        advantages = trajectory_advantages(recipe.algorithm, chosen)
+        scores = scores.join(advantages, on="trajectory_id", maintain_order="left")
+    rows = (
+        steps.join(chosen.select("trajectory_id", "_unit"), on="trajectory_id")
+        .join(scores, on="trajectory_id")
+        .join(units.select("trajectory_id", "_started"), on="trajectory_id")
+        .join(group_size, on="group_id", how="left")
+        .sort("_unit", "_started", "trajectory_id", "step_index")
+        .with_columns(
+            pl.lit(batch_id).alias("batch_id"),
+            pl.lit(recipe.name).alias("recipe"),
+            (pl.col("step_index") == pl.col("step_index").max().over("trajectory_id")).alias(
+                "is_last"
+            ),
+            pl.len().over("trajectory_id").alias("num_steps"),
+            pl.col("group_size").fill_null(1),
+            pl.lit(versions).alias("source_versions"),
+        )
+    )
+    return fit(rows, BATCH_ROWS), pl.concat(drops), ready, rows
+
+
+def dpo_batch(
+    recipe: Recipe,
+    steps: pl.DataFrame,
+    tokens: pl.LazyFrame | pl.DataFrame,
+    batch_id: str,
+    versions: str,
+) -> tuple[pl.DataFrame, pl.DataFrame, bool, pl.DataFrame]:
+    """One pair per state (group, prompt): best vs worst credited reward, gap >= minimum."""
+    eligible = with_tokens(
+        steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_not_null()),
+        tokens,
+        STEP_ONLY_COLUMNS,
+    )
+    drops = [
+        dropped_as(steps.filter(pl.col("_reason").is_not_null()), pl.col("_reason")),
+        dropped_as(steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_null()),
+                 "no_group"),
+    ]  # fmt: skip
+    state = ["group_id", "_prompt_key"]
+    ranked = eligible.with_columns(pl.col("prompt_token_ids").hash().alias("_prompt_key")).sort(
+        *state, "reward", "turn_id", descending=[False, False, True, False]
+    )
+    best = ranked.group_by(state, maintain_order=True).first()
+    worst = ranked.group_by(state, maintain_order=True).last()
+    pairs = (
+        best.join(worst, on=state, suffix="_r")
+        .filter(
+            (pl.col("turn_id") != pl.col("turn_id_r"))
+            & (pl.col("prompt_token_ids") == pl.col("prompt_token_ids_r"))
+            & (pl.col("response_token_ids") != pl.col("response_token_ids_r"))
+            & (pl.col("reward") - pl.col("reward_r") >= recipe.min_reward_gap)
+        )
+        .sort("started_at", "turn_id")
+        .with_row_index("_unit")
+    )
+    wanted = recipe.units_per_batch
+    chosen = pairs.filter(pl.col("_unit") < wanted)
+    consumed = pl.concat(
+        [
+            chosen.select("turn_id", "trajectory_id", "group_id"),
+            chosen.select(
+                pl.col("turn_id_r").alias("turn_id"),
+                pl.col("trajectory_id_r").alias("trajectory_id"),
+                "group_id",
+            ),
+        ]
+    )
+    later = pairs.filter(pl.col("_unit") >= wanted)
+    later_ids = pl.concat(
+        [later.select("turn_id"), later.select(pl.col("turn_id_r").alias("turn_id"))]
+    )
+    unpaired = eligible.join(consumed.select("turn_id"), on="turn_id", how="anti")
+    drops.append(
+        dropped_as(unpaired, pl.when(pl.col("turn_id").is_in(later_ids["turn_id"].implode()))
+                 .then(pl.lit("next_batch")).otherwise(pl.lit("no_pair")))
+    )  # fmt: skip
+    rows = chosen.select(
+        pl.lit(batch_id).alias("batch_id"),
+        pl.lit(recipe.name).alias("recipe"),
+        "group_id",
+        "trajectory_id",
+        "step_index",
+        "turn_id",
+        pl.col("turn_id_r").alias("rejected_turn_id"),
+        "prompt_token_ids",
+        pl.col("response_token_ids").alias("chosen_token_ids"),
+        pl.col("response_token_ids_r").alias("rejected_token_ids"),
+        pl.col("reward").alias("chosen_reward"),
+        pl.col("reward_r").alias("rejected_reward"),
+        "policy_version",
+        "model",
+        pl.col("finish_reason").alias("chosen_finish_reason"),
+        pl.col("finish_reason_r").alias("rejected_finish_reason"),
+        "request_messages",
+        "request_tools",
+        pl.col("response_message").alias("chosen_message"),
+        pl.col("response_message_r").alias("rejected_message"),
+        "metadata",
+        "source_version",
+        pl.lit(versions).alias("source_versions"),
+    )
+    return fit(rows, DPO_PAIRS), pl.concat(drops), pairs.height >= wanted, consumed

@@ -1,0 +1,97 @@
+"""One exported batch as a trainer takes it: its rows, its manifest, and the trainers' layouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import polars as pl
+from deltalake.fs import DeltaStorageHandler
+
+from claw_pipelines.batch_tables import batches_table, exports_folder, manifest_path
+from claw_pipelines.exporters.manifest import Manifest, in_export_order
+from claw_pipelines.exporters.trl import trl_tables
+from claw_pipelines.exporters.verl import VerlLayout, verl_arrays
+from claw_pipelines.lake import Lake
+
+if TYPE_CHECKING:
+    import datasets
+
+
+@dataclass(frozen=True)
+class Batch:
+    recipe: str
+    batch_id: str
+    manifest: Manifest
+    rows: pl.DataFrame
+    """The batch's ``batches/<recipe>`` rows, in the order of every export file."""
+    export_uri: str
+    """The folder of the batch's export files (``verl/``, ``trl/``, ``jsonl/``, manifest)."""
+
+    @classmethod
+    def load(cls, lake: Lake, recipe: str, batch_id: str) -> Batch:
+        store = DeltaStorageHandler(lake.root_uri, lake.storage_options or None)
+        with store.open_input_file(manifest_path(recipe, batch_id)) as file:
+            manifest = Manifest.model_validate_json(file.read())
+        scan = lake.scan(batches_table(recipe))
+        rows = scan.filter(pl.col("batch_id") == batch_id).collect() if scan is not None else None
+        if rows is None or rows.is_empty():
+            raise LookupError(f"batch {batch_id} has no rows in {batches_table(recipe)}")
+        return cls(
+            recipe=recipe,
+            batch_id=batch_id,
+            manifest=manifest,
+            rows=in_export_order(manifest.algorithm, rows),
+            export_uri=lake.uri(f"{exports_folder(recipe)}/{batch_id}"),
+        )
+
+    def to_verl(
+        self,
+        prompt_length: int | None = None,
+        response_length: int | None = None,
+        pad_token_id: int | None = None,
+        pad_to_multiple: int = 1,
+        truncation: str | None = None,
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``(tensors, non_tensors)`` for verl's ``DataProto.from_dict(tensors=...,
+        non_tensors=...)``; layout in ``exporters.verl``. Widths, pad id and truncation default
+        to the recipe's (the manifest's ``verl_layout``); give fixed widths to concatenate
+        batches whose recipe sets none. ``pad_to_multiple`` (the data-parallel world size)
+        appends rows that carry no loss (``is_pad``)."""
+        if self.manifest.algorithm == "dpo":
+            raise ValueError("verl takes per-step rows; a dpo batch is pairs (use to_trl)")
+        recipe = self.manifest.verl_layout or VerlLayout()
+        layout = VerlLayout(
+            prompt_length=prompt_length or recipe.prompt_length,
+            response_length=response_length or recipe.response_length,
+            pad_token_id=recipe.pad_token_id if pad_token_id is None else pad_token_id,
+            truncation=truncation or recipe.truncation,
+            pad_to_multiple=pad_to_multiple,
+        )
+        return verl_arrays(self.rows, layout)
+
+    def trl_kinds(self) -> list[str]:
+        """The TRL datasets this batch's algorithm has (``to_trl`` kinds)."""
+        return [
+            name.removesuffix(".parquet")
+            for name in trl_tables(self.manifest.algorithm, self.rows.head(0))
+        ]
+
+    def to_trl(self, kind: str) -> datasets.Dataset:
+        """The TRL dataset ``kind`` (``trl_kinds``: prompts, rollouts, preference, sft_messages,
+        ...) as a ``datasets.Dataset``, tool-call arguments decoded as dicts. Needs the
+        ``datasets`` package (>= 4.7; ``pip install claw-pipelines[trl]``)."""
+        try:
+            import datasets
+        except ImportError as error:
+            raise ImportError(
+                "Batch.to_trl needs `datasets` (pip install 'datasets>=4.7')"
+            ) from error
+        tables = trl_tables(self.manifest.algorithm, self.rows)
+        if f"{kind}.parquet" not in tables:
+            raise ValueError(
+                f"{self.manifest.algorithm} batches have TRL kinds {self.trl_kinds()}, not {kind!r}"
+            )
+        table, _ = tables[f"{kind}.parquet"]
+        return datasets.Dataset(datasets.table.InMemoryTable(table))

@@ -1,0 +1,80 @@
+"""New landing data launches one refresh run that also builds, checks and exports the batches it
+made ready, recorded as their partitions; no second run while one is queued; the planner leaves
+a batch to the refresh run on its way."""
+
+from __future__ import annotations
+
+import dagster as dg
+import polars as pl
+import pytest
+from dagster._core.test_utils import create_run_for_test
+from dagster_harness import Driver
+from dagster_rollouts import land_rollouts
+
+from assets.landing import REFRESH
+
+
+def _queued_refresh(
+    instance: dg.DagsterInstance, status: dg.DagsterRunStatus = dg.DagsterRunStatus.NOT_STARTED
+) -> None:
+    """A refresh run that has not started its steps: not started (queued), or started and
+    waiting for the ``steps`` pool slot (no step began)."""
+    create_run_for_test(
+        instance, status=status, asset_selection=frozenset(dg.AssetKey(key) for key in REFRESH)
+    )
+
+
+def test_the_refresh_run_builds_and_exports_the_batch_it_made_ready(bound, instance):
+    driver = Driver(bound, instance)
+    land_rollouts(bound.lake, groups=4, group_size=4, steps=2, seed=5)
+    (request,) = driver.tick("landing_ingest_sensor").run_requests
+    assert [key.to_user_string() for key in request.asset_selection] == [*REFRESH]
+    result = driver.materialize(REFRESH)
+    started = [
+        e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_START
+    ]
+    assert started.index("release_grpo") < started.index("trajectories")  # batches first
+    assert started.index("release_grpo") < started.index("release_sft")  # batches.yaml order
+
+    recorded = instance.fetch_materializations(dg.AssetKey("batch_grpo"), limit=5).records
+    (batch,) = [r.event_log_entry.asset_materialization for r in recorded]
+    assert batch.partition == "grpo-000001" and batch.metadata["groups"].value == 4
+    assert "pinned_versions" in batch.metadata and "sample" in batch.metadata
+    (export,) = instance.fetch_materializations(dg.AssetKey("export_grpo"), limit=5).records
+    assert export.event_log_entry.asset_materialization.partition == "grpo-000001"
+    checks = [e for e in result.get_asset_check_evaluations() if e.asset_key.path == ["batch_grpo"]]
+    assert {(c.check_name, c.partition, c.passed) for c in checks} == {
+        ("groups_complete", "grpo-000001", True),
+        ("no_step_consumed_twice", "grpo-000001", True),
+    }
+    assert "grpo-000001" in instance.get_dynamic_partitions("batches_grpo")
+    rows = bound.lake.scan("batches/grpo").collect()
+    assert rows.height == 32 and rows["batch_id"].unique().to_list() == ["grpo-000001"]
+    assert bound.lake.files_exist(["exports/grpo/grpo-000001/manifest.json"]) == [True]
+    assert isinstance(driver.tick("batch_grpo_planner"), dg.SkipReason)  # nothing left to plan
+
+
+@pytest.mark.parametrize("status", [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED])
+def test_no_second_refresh_run_while_one_is_yet_to_start(bound, instance, status):
+    driver = Driver(bound, instance)
+    _queued_refresh(instance, status)
+    land_rollouts(bound.lake, groups=1, group_size=4, steps=1, seed=6)
+    ticked = driver.tick("landing_ingest_sensor")
+    assert ticked.run_requests == [] and {e.asset_key.path[0] for e in ticked.asset_events} == {
+        "turns", "trajectory_events",
+    }  # fmt: skip
+
+
+def test_the_planner_leaves_a_ready_batch_to_the_refresh_run_on_its_way(bound, instance):
+    driver = Driver(bound, instance)
+    land_rollouts(bound.lake, groups=4, group_size=4, steps=1, seed=7)
+    driver.refresh()  # the chain without the releases: four ready groups wait
+    _queued_refresh(instance)
+    skipped = driver.tick("batch_grpo_planner")
+    assert isinstance(skipped, dg.SkipReason) and "refresh run" in skipped.skip_message
+    assert bound.lake.scan("batch_ledger/grpo") is None
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.NOT_STARTED])):
+        instance.report_run_canceled(run)
+    (planned,) = driver.tick("batch_grpo_planner").run_requests
+    assert planned.partition_key == "grpo-000001"
+    assert pl.Series(instance.get_dynamic_partitions("batches_grpo")).to_list() == ["grpo-000001"]
