@@ -11,6 +11,7 @@ import dagster as dg
 from assets import landing, maintenance, quality, release, rewards, steps
 from assets.automation import build_automation_sensor
 from assets.batches import build_recipe_definitions
+from assets.executor import claw_executor
 from claw_pipelines.settings import get_settings
 from resources.lake import LakeResource
 from resources.orchestration import OrchestrationSettings
@@ -35,8 +36,9 @@ def build_definitions(
         jobs=[maintenance.landing_maintenance],
         schedules=[maintenance.landing_maintenance_schedule],
         resources={"lake": lake or LakeResource.from_settings(get_settings())},
-        # Steps are small and write their own tables: one process per run, not per step.
-        executor=dg.in_process_executor,
+        # One process per run (steps are small and write their own tables), which frees the
+        # pool slots of runs whose process died.
+        executor=claw_executor,
     )
     return dg.Definitions.merge(lifecycle, build_recipe_definitions(interval))
 

@@ -69,14 +69,18 @@ class CaptureStack:
         table: str = "turns",
         timeout_s: float = 60,
     ) -> pl.DataFrame:
-        """Poll a landing table until ``predicate`` holds (flushes are asynchronous)."""
+        """Poll a landing table until ``predicate`` holds (flushes are asynchronous); fail if it
+        does not within ``timeout_s``, saying how many rows there were."""
         deadline = time.monotonic() + timeout_s
         while True:
             rows = self.rows(table)
             if not rows.is_empty() and predicate(rows):
                 return rows
             if time.monotonic() > deadline:
-                return rows
+                raise AssertionError(
+                    f"{table} did not reach the expected rows in {timeout_s} s "
+                    f"({rows.height} rows there)"
+                )
             time.sleep(0.2)
 
 
@@ -90,10 +94,16 @@ def capture_env(workdir: Path, key: str) -> dict[str, str]:
     }
 
 
-def launch_stack(workdir: Path, num_workers: int = 1, config: Path | None = None) -> CaptureStack:
-    """Engine + proxy; ``config`` is a LiteLLM config other than resources/litellm.yaml."""
+def launch_stack(
+    workdir: Path,
+    num_workers: int = 1,
+    config: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> CaptureStack:
+    """Engine and proxy over ``workdir``: ``config`` is a LiteLLM config other than
+    resources/litellm.yaml, ``env`` adds to or overrides the capture settings."""
     key = "sk-test-" + secrets.token_hex(16)
-    env = capture_env(workdir, key)
+    env = {**capture_env(workdir, key), **(env or {})}
     engine = start_engine(free_port(), workdir, env)
     engine.wait_ready("/health", timeout_s=60)
     proxy = start_proxy(

@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from stack_fixtures import CaptureStack, launch_stack
 
-from claw_pipelines.processes import stop_group
+from claw_pipelines.processes import free_port, stop_group
 from claw_pipelines.stack import start_proxy
 
 CLIENTS = 64
@@ -59,7 +59,9 @@ def test_concurrent_clients_on_two_workers_land_every_answer_once(
 
     asyncio.run(run_all())
     assert len(answered) == CLIENTS * TURNS_PER_CLIENT
-    turns = two_worker_stack.wait_for_rows(lambda df: df.height >= len(answered), timeout_s=120)
+    turns = two_worker_stack.wait_for_rows(
+        lambda df: set(answered) <= set(df["turn_id"]), timeout_s=120
+    )
     assert turns.height == len(answered)
     assert turns["turn_id"].n_unique() == turns.height
     assert set(turns["turn_id"]) == set(answered)
@@ -134,3 +136,31 @@ def test_kill_9_under_load_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     assert turns["turn_id"].n_unique() == turns.height, "duplicate turn ids"
     assert turns.filter(pl.col("status") == "success").height >= len(answered)
     assert not any(Path(stack.env["CLAW_SPOOL_DIR"]).glob("*/*.spool"))
+
+
+def test_separate_proxy_processes_on_one_lake_land_every_answer_once(tmp_path: Path) -> None:
+    """Two `claw proxy` processes (as on two machines: their own spool directories) append to
+    the same tables at once."""
+    first = launch_stack(tmp_path / "first")
+    second_dir = tmp_path / "second"
+    env = {**first.env, "CLAW_SPOOL_DIR": str(second_dir / "spool")}
+    second_proxy = start_proxy(free_port(), second_dir, f"{first.engine.url}/v1", env)
+    second = CaptureStack(second_dir, first.engine, second_proxy, first.key, env)
+    answered: list[str] = []
+    try:
+        second_proxy.wait_ready("/health/liveliness", timeout_s=240)
+
+        async def run_all() -> None:
+            stacks = (first, second)
+            await asyncio.gather(*(_client_loop(stacks[i % 2], i, answered) for i in range(32)))
+
+        asyncio.run(run_all())
+    finally:
+        for proxy in (first.proxy, second_proxy):
+            stop_group(proxy.process, grace_s=30, sig=signal.SIGTERM)
+        first.engine.stop()
+    assert len(answered) == 32 * TURNS_PER_CLIENT
+    turns = first.rows()
+    assert turns.height == turns["turn_id"].n_unique() == len(answered)
+    assert set(turns["turn_id"]) == set(answered)
+    assert turns["writer_id"].n_unique() == 2

@@ -66,3 +66,23 @@ def test_a_lake_that_cannot_be_written_is_refused(tmp_path: Path) -> None:
     line = refused_start(tmp_path, "--port", str(free_port()), env={"CLAW_LAKE_URI": str(lake)})
     assert line.startswith(f"claw proxy: cannot write to the lake {lake} (")
     assert line.endswith("); fix CLAW_LAKE_URI or CLAW_STORAGE_OPTIONS")
+
+
+def test_a_non_loopback_bind_needs_a_master_key_of_24_characters(tmp_path: Path) -> None:
+    weak = refused_start(
+        tmp_path, "--host", "0.0.0.0", "--port", str(free_port()),
+        env={"LITELLM_MASTER_KEY": "k" * 23},
+    )  # fmt: skip
+    assert weak == (
+        "claw proxy: refusing to bind 0.0.0.0 with a weak LITELLM_MASTER_KEY; use a random key "
+        "of >= 24 characters"
+    )
+    # 24 characters pass: what stops this start is its port, held here (bound, never listening).
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        port = held.getsockname()[1]
+        strong = refused_start(
+            tmp_path, "--host", "0.0.0.0", "--port", str(port),
+            env={"LITELLM_MASTER_KEY": "k" * 24},
+        )  # fmt: skip
+    assert strong.startswith(f"claw proxy: cannot bind 0.0.0.0:{port} ")
