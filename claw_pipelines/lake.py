@@ -56,6 +56,14 @@ class Lake:
         settings = settings or get_settings()
         return cls(settings.lake_uri, dict(settings.storage_options), settings.max_commit_retries)
 
+    @classmethod
+    def checked(cls, settings: ClawSettings | None = None) -> Lake:
+        """The lake of the settings as a service takes it at start: ``LakeStoreError`` (one
+        line) when it is configured for unsafe commits or its root cannot be written."""
+        lake = cls.from_settings(settings)
+        lake.check_writable()
+        return lake
+
     @property
     def root_uri(self) -> str:
         """The root's URI; a local root is made absolute so every process agrees on it."""

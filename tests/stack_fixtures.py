@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from claw_pipelines.lake import Lake
-from claw_pipelines.processes import Service, free_port
+from claw_pipelines.processes import Service, free_port, stop_group
 from claw_pipelines.stack import start_engine, start_proxy
 
 PROXY_START_TIMEOUT_S = 240
@@ -78,6 +81,34 @@ class CaptureStack:
             if time.monotonic() > deadline:
                 return rows
             time.sleep(0.2)
+
+
+CLI = [sys.executable, "-m", "claw_pipelines.cli"]
+
+
+def refused_start(workdir: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run ``claw <args>`` (a service: ``proxy``, ``inspect``) and return its last output line,
+    after checking that it exited non-zero and left no process of its group running."""
+    process = subprocess.Popen(
+        [*CLI, *args],
+        cwd=workdir,
+        env={**os.environ, **capture_env(workdir, "sk-test-start"), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=120)
+        assert process.returncode != 0, output
+        try:
+            os.killpg(process.pid, 0)
+            raise AssertionError(f"processes of the refused {args[0]} are still running")
+        except ProcessLookupError:
+            pass
+    finally:
+        stop_group(process, grace_s=5)
+    return output.strip().splitlines()[-1]
 
 
 def capture_env(workdir: Path, key: str) -> dict[str, str]:

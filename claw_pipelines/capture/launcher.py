@@ -68,9 +68,9 @@ def check_port(host: str, port: int) -> None:
 def check_lake_writable() -> None:
     """Fail at start, not in the background flusher while agents keep getting answers whose
     turns pile up in the spool: the lake of the settings must be configured for safe commits
-    and its store must take them (``Lake.check_writable``)."""
+    and its store must take them (``Lake.checked``)."""
     try:
-        Lake.from_settings().check_writable()
+        Lake.checked()
     except LakeStoreError as error:
         raise ProxyStartError(str(error)) from error
 

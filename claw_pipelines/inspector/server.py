@@ -61,6 +61,7 @@ from claw_pipelines.inspector.overview import Overview, RecipeStatus, compute, r
 from claw_pipelines.inspector.tables import LakeIndex
 from claw_pipelines.inspector.trajectory import prompt_tokens, trajectory_detail
 from claw_pipelines.lake import Lake
+from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.recipes import Recipe
 
 HERE = Path(__file__).parent
@@ -371,7 +372,12 @@ LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1"]
 
 
 def serve(host: str = "127.0.0.1", port: int = 8120) -> None:
-    """Run the inspector over CLAW_LAKE_URI until interrupted."""
+    """Run the inspector over CLAW_LAKE_URI until interrupted; a lake it could not write
+    labels to is refused at start, with one line."""
+    try:
+        lake = Lake.checked()
+    except LakeStoreError as error:
+        raise SystemExit(f"claw inspect: {error}") from error
     loopback = ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    app = create_app(allowed_hosts=LOOPBACK_NAMES if loopback else None)
+    app = create_app(lake, allowed_hosts=LOOPBACK_NAMES if loopback else None)
     uvicorn.run(app, host=host, port=port, log_level="warning")
