@@ -17,11 +17,15 @@ from pathlib import Path
 import boto3
 import httpx
 import pytest
+from stack_fixtures import PROXY_START_TIMEOUT_S, capture_env
 
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import Service, free_port, start_service
+from claw_pipelines.settings import get_settings
+from claw_pipelines.stack import start_engine, start_proxy
 
 HERE = Path(__file__).resolve().parent
+PROXIES = 3
 sys.path.insert(0, str(HERE.parent / "dagster"))  # the in-process Dagster driver, shared
 REGION = "us-east-1"
 S3_POLICY = {
@@ -74,9 +78,22 @@ class S3:
         return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
 
-def lake_env(lake: Lake) -> dict[str, str]:
-    """The environment that points a service at ``lake``."""
-    return {"CLAW_LAKE_URI": lake.root, "CLAW_STORAGE_OPTIONS": json.dumps(lake.storage_options)}
+def lake_env(root: str, options: dict[str, str]) -> dict[str, str]:
+    """The environment that points a service at a lake."""
+    return {"CLAW_LAKE_URI": root, "CLAW_STORAGE_OPTIONS": json.dumps(options)}
+
+
+@pytest.fixture
+def lake_settings(monkeypatch: pytest.MonkeyPatch):
+    """Point this process's settings at a lake: ``use(root, options)``."""
+
+    def use(root: str, options: dict[str, str]) -> None:
+        for name, value in lake_env(root, options).items():
+            monkeypatch.setenv(name, value)
+        get_settings.cache_clear()
+
+    yield use
+    get_settings.cache_clear()
 
 
 def start_s3(workdir: Path) -> S3:
@@ -111,3 +128,55 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
         yield server
     finally:
         server.service.stop()
+
+
+@dataclass
+class Fleet:
+    """An engine and ``PROXIES`` capture proxies on one S3 lake, each with its own workdir and
+    spool on local disk, as proxies on separate machines are."""
+
+    lake: Lake
+    engine: Service
+    key: str
+    root: Path
+    proxies: list[Service | None]
+
+    def workdir(self, index: int) -> Path:
+        return self.root / f"proxy-{index}"
+
+    def env(self, index: int) -> dict[str, str]:
+        return {
+            **capture_env(self.workdir(index), self.key),
+            **lake_env(self.lake.root, self.lake.storage_options),
+        }
+
+    def start(self, index: int, port: int | None = None) -> Service:
+        """Start proxy ``index`` (on ``port``, default a free one) without waiting for it."""
+        backend = f"{self.engine.url}/v1"
+        proxy = start_proxy(port or free_port(), self.workdir(index), backend, self.env(index))
+        self.proxies[index] = proxy
+        return proxy
+
+    def stop(self) -> None:
+        for proxy in self.proxies:
+            if proxy is not None:
+                proxy.stop(grace_s=30)
+        self.engine.stop()
+
+
+@pytest.fixture(scope="session")
+def fleet(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """Started together: a LiteLLM proxy takes 10-40 s to start on two cores."""
+    root = tmp_path_factory.mktemp("fleet")
+    key = "sk-test-" + secrets.token_hex(16)
+    engine = start_engine(free_port(), root, capture_env(root, key))
+    fleet = Fleet(s3.new_lake(), engine, key, root, [None] * PROXIES)
+    try:
+        engine.wait_ready("/health", timeout_s=60)
+        for index in range(PROXIES):
+            fleet.start(index)
+        for proxy in fleet.proxies:
+            proxy.wait_ready("/health/liveliness", timeout_s=PROXY_START_TIMEOUT_S)
+        yield fleet
+    finally:
+        fleet.stop()

@@ -4,53 +4,34 @@ starts anything)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from conftest import S3
+from conftest import S3, lake_env
 from stack_fixtures import refused_start
 
 from claw_pipelines import stack
 from claw_pipelines.definitions import build_definitions
 from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import free_port
-from claw_pipelines.settings import get_settings
-
-
-def _env(root: str, options: dict[str, str]) -> dict[str, str]:
-    return {"CLAW_LAKE_URI": root, "CLAW_STORAGE_OPTIONS": json.dumps(options)}
 
 
 def test_claw_proxy_refuses_a_missing_bucket_and_unsafe_commits(s3: S3, tmp_path: Path) -> None:
-    missing = _env("s3://no-such-bucket/lake", s3.options())
+    missing = lake_env("s3://no-such-bucket/lake", s3.options())
     line = refused_start(tmp_path, "proxy", "--port", str(free_port()), env=missing)
     assert line.startswith("claw proxy: cannot write to the lake s3://no-such-bucket/lake (")
     assert "NoSuchBucket" in line
-    unsafe = _env(s3.new_lake().root, s3.options(AWS_S3_ALLOW_UNSAFE_RENAME="true"))
+    unsafe = lake_env(s3.new_lake().root, s3.options(AWS_S3_ALLOW_UNSAFE_RENAME="true"))
     line = refused_start(tmp_path, "proxy", "--port", str(free_port()), env=unsafe)
     assert line.startswith("claw proxy: AWS_S3_ALLOW_UNSAFE_RENAME is set")
 
 
 def test_claw_inspect_refuses_bad_credentials(s3: S3, tmp_path: Path) -> None:
     lake = s3.new_lake()
-    env = _env(lake.root, s3.options(AWS_SECRET_ACCESS_KEY="wrong"))
+    env = lake_env(lake.root, s3.options(AWS_SECRET_ACCESS_KEY="wrong"))
     line = refused_start(tmp_path, "inspect", "--port", str(free_port()), env=env)
     assert line.startswith(f"claw inspect: cannot write to the lake {lake.root} (")
     assert "SignatureDoesNotMatch" in line
-
-
-@pytest.fixture
-def lake_settings(monkeypatch: pytest.MonkeyPatch):
-    """Point this process's settings at a lake: ``use(root, options)``."""
-
-    def use(root: str, options: dict[str, str]) -> None:
-        for name, value in _env(root, options).items():
-            monkeypatch.setenv(name, value)
-        get_settings.cache_clear()
-
-    yield use
-    get_settings.cache_clear()
 
 
 def test_the_dagster_definitions_refuse_a_wrong_endpoint(s3: S3, lake_settings) -> None:
