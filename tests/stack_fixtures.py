@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import openai
 import polars as pl
 
 from claw_pipelines.lake import Lake
@@ -134,3 +137,41 @@ def launch_stack(workdir: Path, num_workers: int = 1) -> CaptureStack:
         engine.stop()
         raise
     return CaptureStack(workdir, engine, proxy, key, env)
+
+
+class Load:
+    """Clients that keep calling the proxy (through restarts: a refused call is tried again)
+    and record the turn id of every answer. Client ``i`` uses ``base_urls[i]`` (``…/v1``)."""
+
+    def __init__(self, key: str, base_urls: list[str]) -> None:
+        self.key = key
+        self.base_urls = base_urls
+        self.answered: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _one(self, base_url: str) -> None:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=self.key, max_retries=0, timeout=30)
+        async with client:
+            while not self.stop.is_set():
+                try:
+                    raw = await client.chat.completions.with_raw_response.create(
+                        model="policy",
+                        messages=[{"role": "user", "content": "What is 6 * 7?"}],
+                        max_tokens=16,
+                    )
+                except (openai.APIConnectionError, openai.APIStatusError, openai.APITimeoutError):
+                    await asyncio.sleep(0.2)
+                    continue
+                self.answered.append(raw.headers["x-litellm-call-id"])
+
+    async def _run(self) -> None:
+        await asyncio.gather(*(self._one(url) for url in self.base_urls))
+
+    def wait_for(self, count: int, timeout_s: float = 120) -> None:
+        """Until ``count`` calls were answered in all."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.answered) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(self.answered)} answers")
+            time.sleep(0.2)

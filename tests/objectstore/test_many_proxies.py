@@ -3,62 +3,17 @@ its spool: every answered turn lands exactly once and nothing is left waiting to
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import threading
 import time
 
 import httpx
-import openai
 import polars as pl
 from conftest import PROXIES, Fleet
-from stack_fixtures import PROXY_START_TIMEOUT_S
+from stack_fixtures import PROXY_START_TIMEOUT_S, Load
 
 CLIENTS = 12
 PREFIX = "fleet-load-"
-
-
-class FleetLoad:
-    """Clients spread over the proxies, calling on through a proxy's restart, recording the
-    turn id of every answer."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-        self.answered: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    async def _one(self, index: int) -> None:
-        proxy = self.fleet.proxies[index % PROXIES]
-        client = openai.AsyncOpenAI(
-            base_url=f"{proxy.url}/t/{PREFIX}{index}/g-{index}/v1",
-            api_key=self.fleet.key,
-            max_retries=0,
-            timeout=30,
-        )
-        async with client:
-            while not self.stop.is_set():
-                try:
-                    raw = await client.chat.completions.with_raw_response.create(
-                        model="policy",
-                        messages=[{"role": "user", "content": "What is 6 * 7?"}],
-                        max_tokens=16,
-                    )
-                except (openai.APIConnectionError, openai.APIStatusError, openai.APITimeoutError):
-                    await asyncio.sleep(0.2)
-                    continue
-                self.answered.append(raw.headers["x-litellm-call-id"])
-
-    async def _run(self) -> None:
-        await asyncio.gather(*(self._one(i) for i in range(CLIENTS)))
-
-    def wait_for(self, count: int, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(self.answered) < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(self.answered)} answers")
-            time.sleep(0.2)
 
 
 def _status(fleet: Fleet, index: int) -> dict:
@@ -89,7 +44,8 @@ def _landed(fleet: Fleet, answered: set[str], timeout_s: float = 120) -> pl.Data
 def test_three_proxies_on_one_s3_lake_survive_a_kill_9(fleet: Fleet) -> None:
     killed = 1
     spool_root = fleet.workdir(killed) / "spool"
-    load = FleetLoad(fleet)
+    urls = [fleet.proxies[i % PROXIES].url for i in range(CLIENTS)]
+    load = Load(fleet.key, [f"{url}/t/{PREFIX}{i}/g-{i}/v1" for i, url in enumerate(urls)])
     load.thread.start()
     try:
         load.wait_for(100)
