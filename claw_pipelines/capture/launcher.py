@@ -8,11 +8,11 @@ from pathlib import Path
 import httpx
 import uvicorn
 import yaml
-from deltalake.exceptions import DeltaError
 from pydantic import BaseModel, ValidationError
 
 from claw_pipelines.access import key_refusal
 from claw_pipelines.lake import Lake
+from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import probe_bind
 from claw_pipelines.settings import LOCAL_MASTER_KEY, get_settings
 
@@ -45,17 +45,14 @@ def check_port(host: str, port: int) -> None:
         ) from error
 
 
-def check_lake_writable(lake: Lake) -> None:
+def check_lake_writable() -> None:
     """Fail at start, not in the background flusher while agents keep getting answers whose
-    turns pile up in the spool."""
+    turns pile up in the spool: the lake of the settings must be configured for safe commits
+    and its store must take them (``Lake.checked``)."""
     try:
-        lake.check_writable()
-    except (OSError, DeltaError) as error:
-        reason = " ".join(str(error).split())
-        raise ProxyStartError(
-            f"cannot write to the lake {lake.root_uri} ({reason}); fix CLAW_LAKE_URI or "
-            "CLAW_STORAGE_OPTIONS"
-        ) from error
+        Lake.checked()
+    except LakeStoreError as error:
+        raise ProxyStartError(str(error)) from error
 
 
 class _ModelCard(BaseModel):
@@ -136,7 +133,7 @@ def run_proxy(
         key = resolve_master_key(host, os.environ.get("LITELLM_MASTER_KEY"))
         check_port(host, port)
         if capture:
-            check_lake_writable(Lake.from_settings())
+            check_lake_writable()
         model = backend_model or (served_model(backend) if backend else None)
     except ProxyStartError as error:
         raise SystemExit(f"claw proxy: {error}") from error

@@ -216,12 +216,18 @@ class SpoolFlusher:
         parts = [self._decodable_rows(path, table, writer_id) for _, path in segments]
         data = dedupe_on_key(pa.concat_tables(parts), model.key)
         if data.num_rows:
-            self._table(table).append(
-                data,
-                app_id=writer_id,
-                app_version=segments[-1][0],
-                metadata={"claw.writer_id": writer_id, "claw.segments": str(len(segments))},
-            )
+            try:
+                self._table(table).append(
+                    data,
+                    app_id=writer_id,
+                    app_version=segments[-1][0],
+                    metadata={"claw.writer_id": writer_id, "claw.segments": str(len(segments))},
+                )
+            except Exception:
+                # It may have landed all the same (on an object store, a PUT whose answer was
+                # lost): the next try asks Delta again instead of trusting what we knew.
+                self._committed.pop((table, writer_id), None)
+                raise
             self._committed[(table, writer_id)] = segments[-1][0]
         for seq, path in segments:
             self._remove_committed(table, seq, path, writer_id)

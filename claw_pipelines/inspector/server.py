@@ -62,6 +62,7 @@ from claw_pipelines.inspector.overview import Overview, RecipeStatus, compute, r
 from claw_pipelines.inspector.tables import LakeIndex
 from claw_pipelines.inspector.trajectory import prompt_tokens, trajectory_detail
 from claw_pipelines.lake import Lake
+from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.recipes import Recipe
 from claw_pipelines.settings import get_settings
 
@@ -380,10 +381,15 @@ LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1"]
 
 def serve(host: str = "127.0.0.1", port: int = 8120) -> None:
     """Run the inspector over CLAW_LAKE_URI until interrupted; off loopback only with a strong
-    ``CLAW_INSPECTOR_KEY``, as the proxy needs a strong master key."""
+    ``CLAW_INSPECTOR_KEY``, as the proxy needs a strong master key. A lake it could not write
+    labels to is refused at start, with one line."""
     key = get_settings().inspector_key
     refusal = key_refusal(host, key, "CLAW_INSPECTOR_KEY")
     if refusal is not None:
         raise SystemExit(f"claw inspect: {refusal}")
-    app = create_app(allowed_hosts=LOOPBACK_NAMES if is_loopback(host) else None, key=key)
+    try:
+        lake = Lake.checked()
+    except LakeStoreError as error:
+        raise SystemExit(f"claw inspect: {error}") from error
+    app = create_app(lake, allowed_hosts=LOOPBACK_NAMES if is_loopback(host) else None, key=key)
     uvicorn.run(app, host=host, port=port, log_level="warning")

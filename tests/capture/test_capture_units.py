@@ -9,7 +9,6 @@ from urllib.parse import quote
 
 import pytest
 import yaml
-from deltalake.exceptions import DeltaError
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
@@ -34,6 +33,7 @@ from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.turns import StreamAccumulator, pending_call, turns_from_response
 from claw_pipelines.lake import Lake
+from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import free_port
 from claw_pipelines.settings import LOCAL_MASTER_KEY, ClawSettings
 
@@ -288,9 +288,9 @@ def test_lake_write_probe_leaves_nothing_and_fails_on_what_cannot_be_written(
     Lake("memory:///lake").check_writable()
     in_the_way = tmp_path / "a-file-where-the-lake-should-go"
     in_the_way.write_text("")
-    with pytest.raises(NotADirectoryError):
+    with pytest.raises(LakeStoreError, match="Not a directory"):
         Lake(str(in_the_way / "lake")).check_writable()
-    with pytest.raises(DeltaError, match="Unknown scheme"):
+    with pytest.raises(LakeStoreError, match="Unknown scheme"):
         Lake("no-such-store://bucket/lake").check_writable()
 
 

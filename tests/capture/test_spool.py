@@ -53,6 +53,34 @@ def test_commit_is_never_applied_twice(tmp_path: Path) -> None:
     assert lake.scan("turns").collect().height == 1
 
 
+def test_a_commit_that_landed_but_answered_an_error_is_not_applied_again(
+    tmp_path: Path,
+) -> None:
+    """On an object store a commit can land while its caller sees an error (the PUT's answer
+    was lost, and the retried PUT is refused as the entry exists): the next flush must ask
+    Delta what landed rather than commit the segment a second time."""
+    lake = Lake(str(tmp_path / "lake"))
+    writer = SpoolWriter(tmp_path / "spool")
+    flusher = SpoolFlusher(writer, lake)
+    writer.append(_turn("first"))
+    assert flusher.flush() == 1
+    table = flusher._table("turns")
+    append = table.append
+
+    def lands_then_fails(*args, **kwargs):
+        append(*args, **kwargs)
+        raise OSError("connection reset while reading the answer")
+
+    table.append = lands_then_fails
+    writer.append(_turn("second"))
+    with pytest.raises(SpoolCommitError):
+        flusher.flush()
+    table.append = append
+    flusher.flush()
+    assert sorted(lake.scan("turns").collect()["turn_id"]) == ["first", "second"]
+    assert writer.spooled_rows() == 0
+
+
 def test_orphaned_spool_is_adopted(tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"))
     dead = SpoolWriter(tmp_path / "spool")
