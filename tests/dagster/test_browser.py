@@ -10,7 +10,6 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 from stack_fixtures import CHROMIUM, CHROMIUM_ARGS
 
-REPO = Path(__file__).resolve().parents[2]
 LIFECYCLE = [
     "turns",
     "steps",
