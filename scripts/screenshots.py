@@ -90,7 +90,7 @@ def shoot_dagster(page: Page, dagster: str, out: Path) -> None:
 
     page.goto(f"{dagster}/assets/batch_grpo?view=events")
     skip_community_modal(page)
-    expect(page.get_by_text("pinned_versions")).to_be_visible(timeout=60_000)
+    expect(page.get_by_text("pinned_versions")).to_be_visible(timeout=200_000)  # a slow query
     expect(page.get_by_text("reward_distribution")).to_be_visible()
     page.screenshot(path=str(out / "dagster-batch-metadata.png"))
 
