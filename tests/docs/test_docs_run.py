@@ -63,7 +63,8 @@ def test_block_runs(block: Block, request: pytest.FixtureRequest) -> None:
     if block.skip_reason is not None:
         pytest.skip(block.skip_reason)
     stack: DocsStack = request.getfixturevalue("docs_stack")
-    script = stack.folder / f"block-{block.line}.{'py' if block.language == 'python' else 'sh'}"
+    suffix = "py" if block.language == "python" else "sh"
+    script = stack.folder / f"{block.page.stem}-{block.line}.{suffix}"
     script.write_text(stack.localize(block.code))
     result = subprocess.run(
         _command(block, script),
