@@ -22,6 +22,8 @@ from playwright.sync_api import Page, expect, sync_playwright
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--headless=new", "--disable-gpu", "--no-first-run"]
+DAGSTER_WAIT_MS = 200_000
+"""Dagster's UI queries (the lineage, a batch's events) took minutes on two loaded cores."""
 
 
 def pick_trajectory(inspector: str) -> dict:
@@ -80,17 +82,20 @@ def skip_community_modal(page: Page) -> None:
 
 def shoot_dagster(page: Page, dagster: str, out: Path) -> None:
     page.goto(f"{dagster}/asset-groups")
-    expect(page.get_by_text("curation", exact=True).last).to_be_visible(timeout=90_000)  # drawn
+    expect(page.get_by_text("curation", exact=True).last).to_be_visible(timeout=DAGSTER_WAIT_MS)
     skip_community_modal(page)
+    page.get_by_role("button", name="Hide navigation").click()  # room for the graph
     page.mouse.click(1000, 250)  # focus the graph, then expand every group so each asset shows
     page.keyboard.press("Alt+e")
-    expect(page.get_by_text("curated_steps", exact=True).first).to_be_visible()
-    page.wait_for_timeout(3000)  # let the nodes' materialization status colour in
+    expect(page.get_by_text("curated_steps", exact=True).first).to_be_visible(
+        timeout=DAGSTER_WAIT_MS
+    )
+    page.wait_for_timeout(5000)  # let the nodes' materialization status colour in
     page.screenshot(path=str(out / "dagster-lineage.png"))
 
     page.goto(f"{dagster}/assets/batch_grpo?view=events")
     skip_community_modal(page)
-    expect(page.get_by_text("pinned_versions")).to_be_visible(timeout=200_000)  # a slow query
+    expect(page.get_by_text("pinned_versions")).to_be_visible(timeout=DAGSTER_WAIT_MS)
     expect(page.get_by_text("reward_distribution")).to_be_visible()
     page.screenshot(path=str(out / "dagster-batch-metadata.png"))
 
