@@ -90,14 +90,23 @@ def capture_env(workdir: Path, key: str) -> dict[str, str]:
     }
 
 
-def launch_stack(workdir: Path, num_workers: int = 1, config: Path | None = None) -> CaptureStack:
-    """Engine + proxy; ``config`` is a LiteLLM config other than resources/litellm.yaml."""
+def launch_stack(
+    workdir: Path, num_workers: int = 1, config: Path | None = None, compat: str | None = None
+) -> CaptureStack:
+    """Engine + proxy; ``config`` is a LiteLLM config other than resources/litellm.yaml,
+    ``compat`` another gateway's protocol to serve too (``claw proxy --compat``)."""
     key = "sk-test-" + secrets.token_hex(16)
     env = capture_env(workdir, key)
     engine = start_engine(free_port(), workdir, env)
     engine.wait_ready("/health", timeout_s=60)
     proxy = start_proxy(
-        free_port(), workdir, f"{engine.url}/v1", env, num_workers=num_workers, config=config
+        free_port(),
+        workdir,
+        f"{engine.url}/v1",
+        env,
+        num_workers=num_workers,
+        config=config,
+        compat=compat,
     )
     try:
         proxy.wait_ready("/health/liveliness", timeout_s=PROXY_START_TIMEOUT_S)
