@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from assets.configs import RECIPES_FILE
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import Service, ServiceStartError, probe_bind, start_service
 from claw_pipelines.recipes import load_recipes
-from claw_pipelines.settings import LOCAL_MASTER_KEY
+from claw_pipelines.settings import LOCAL_MASTER_KEY, ClawSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "claw_pipelines.cli"]
@@ -143,7 +145,8 @@ def run_stack(
 
     Exits non-zero, having stopped whatever it started, when a service cannot start or dies.
     The batch recipes are loaded first: Dagster would come up with a failed code location, so
-    a refused recipe stops it, with the recipe and field named, before anything starts.
+    a refused recipe stops it, with the recipe and field named, before anything starts; so does
+    a lake the services would refuse (``Lake.checked``).
     ``compat`` is passed on to the proxy (``claw proxy --compat``).
     """
     try:
@@ -158,6 +161,10 @@ def run_stack(
         "CLAW_DAGSTER_URL": f"http://127.0.0.1:{dagster_port}",
         "LITELLM_MASTER_KEY": os.environ.get("LITELLM_MASTER_KEY", LOCAL_MASTER_KEY),
     }
+    try:
+        Lake.checked(ClawSettings(lake_uri=env["CLAW_LAKE_URI"]))
+    except LakeStoreError as error:
+        raise SystemExit(f"claw up: {error}") from error
     stack = Stack()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)

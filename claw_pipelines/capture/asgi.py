@@ -43,11 +43,16 @@ from claw_pipelines.capture.inner import (
     CapturedResponse,
     ChatChunkStream,
     inner_scope,
-    replay,
     send_body,
     without_entity_headers,
 )
 from claw_pipelines.capture.policy import PolicyGate
+from claw_pipelines.capture.request_body import (
+    BodyRejected,
+    parse_json_object,
+    read_body,
+    replay,
+)
 from claw_pipelines.capture.request_context import context_from_body, current_request
 from claw_pipelines.capture.restream import sse_from_completion, sse_from_text_completion
 from claw_pipelines.capture.runtime import CaptureRuntime, ModelCapture
@@ -63,6 +68,8 @@ CHAT_PATH = "/v1/chat/completions"
 JSON = b"application/json"
 SSE = b"text/event-stream"
 PUBLIC_PATHS = frozenset({"/health/liveliness", "/health/readiness"})
+BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Requests of any other method have their body checked (limit, JSON) on every route."""
 KEY_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-litellm-api-key")
 CALL_ID_HEADER = b"x-litellm-call-id"
 ROOT_TEXT = b"claw capture proxy\n"
@@ -150,7 +157,7 @@ class CaptureApp:
         if scope["path"].startswith("/claw/"):
             await self.control(scope, receive, send)
             return
-        if scope["method"] != "POST":
+        if scope["method"] in BODYLESS_METHODS:
             await self.inner(scope, receive, send)
             return
         read = await self._read_body(receive, send)
@@ -212,50 +219,16 @@ class CaptureApp:
 
     async def _read_body(self, receive, send) -> tuple[bytes, dict[str, Any] | None] | None:
         """The whole body and its parsed JSON object (None if empty), or None after answering
-        413/400 for an oversize, non-UTF-8, malformed or non-object body."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                await _send_json(
-                    send,
-                    413,
-                    _error(
-                        f"request body exceeds {self.max_body_bytes} bytes", "request_too_large"
-                    ),
-                )
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
-        if not body:
-            return body, None
+        413/400 for a body ``request_body`` refuses (the message names the field)."""
         try:
-            request = json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError:
-            await _send_json(
-                send, 400, _error("request body is not valid UTF-8", "invalid_request_error")
-            )
+            body = await read_body(receive, self.max_body_bytes)
+            if body is None:
+                return None
+            return body, parse_json_object(body)
+        except BodyRejected as rejected:
+            kind = "request_too_large" if rejected.status == 413 else "invalid_request_error"
+            await _send_json(send, rejected.status, _error(rejected.message, kind))
             return None
-        except json.JSONDecodeError as error:
-            await _send_json(
-                send,
-                400,
-                _error(f"request body is not valid JSON: {error}", "invalid_request_error"),
-            )
-            return None
-        if not isinstance(request, dict):
-            await _send_json(
-                send, 400, _error("request body must be a JSON object", "invalid_request_error")
-            )
-            return None
-        return body, request
 
     async def _buffered_stream(
         self, scope: Scope, request: dict[str, Any], send, restream: Restreamer

@@ -14,7 +14,6 @@ from typing import Annotated
 from urllib.parse import unquote
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,20 +21,11 @@ from pydantic import (
     ValidationError,
 )
 
-from claw_pipelines.capture.redact import looks_like_secret
-
-
-def _refuse_secret(value: str) -> str:
-    if looks_like_secret(value):
-        raise ValueError("looks like a secret (sk-… key or bearer token); it would be stored as is")
-    return value
-
+from claw_pipelines.capture.redact import NotSecret
 
 PolicyVersion = Annotated[int, Field(ge=0, le=2**63 - 1, strict=True)]
 """Strict: ``1.0`` or ``true`` is not a version (pydantic would otherwise coerce them to 1).
 Bounded by the table's int64 column, so a larger one is a 400, not an unlandable row."""
-NotSecret = AfterValidator(_refuse_secret)
-"""For strings stored verbatim (ids, names), which the redactor must not rewrite."""
 IdentityValue = Annotated[
     str,
     StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$"),

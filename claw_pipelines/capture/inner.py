@@ -26,20 +26,6 @@ def inner_scope(scope: Scope, body: bytes, path: str | None = None) -> Scope:
     return rewritten
 
 
-def replay(body: bytes):
-    """An ASGI ``receive`` that hands over ``body`` once, then waits (no disconnect)."""
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if sent:
-            await asyncio.Event().wait()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
-
-
 def without_entity_headers(headers: Headers) -> Headers:
     """Response headers to keep when the edge sends a body of its own (x-litellm-call-id...)."""
     return [(k, v) for k, v in headers if k.lower() not in (b"content-length", b"content-type")]

@@ -7,6 +7,7 @@ which first replays whatever stopped processes left in the spool.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -18,8 +19,9 @@ from litellm.router_utils.common_utils import resolve_model_group_alias
 from pydantic import BaseModel, ConfigDict
 
 from claw_pipelines.capture.policy import ServedPolicy
-from claw_pipelines.capture.redact import Redactor
-from claw_pipelines.capture.spool import SpoolFlusher, SpoolWriter
+from claw_pipelines.capture.redact import Redactor, ScrubbedLogs
+from claw_pipelines.capture.spool import SpoolErrorsLoggedOnce, SpoolWriter
+from claw_pipelines.capture.spool_flusher import SpoolFlusher
 from claw_pipelines.capture.turns import PendingCall
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import LandingRow
@@ -85,7 +87,7 @@ class CaptureRuntime:
     def __init__(self, settings: ClawSettings) -> None:
         self.settings = settings
         self.lake = Lake.from_settings(settings)
-        self.redactor = Redactor([os.environ.get("LITELLM_MASTER_KEY", "")])
+        self.redactor = Redactor.from_environment()
         self.models = model_capture_options(os.environ.get("CONFIG_FILE_PATH"))
         self.writer = SpoolWriter(
             settings.spool_dir.absolute(), fsync_per_answer=settings.fsync == "answer"
@@ -100,6 +102,8 @@ class CaptureRuntime:
             else None,
         )
         self.pending: OrderedDict[str, PendingCall] = OrderedDict()
+        logging.getLogger("LiteLLM Proxy").addFilter(SpoolErrorsLoggedOnce())
+        ScrubbedLogs(self.redactor).install()
         self.flusher.start()
         self.policy = ServedPolicy(self.lake, self.writer.writer_id, settings.pause_max_hold_s)
         self.policy.start()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from claw_pipelines.capture.spool import SpoolFlusher, SpoolWriter
+from claw_pipelines.capture.spool import SpoolWriter
+from claw_pipelines.capture.spool_flusher import SpoolFlusher
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Turn, rows_to_arrow, utc_now
 

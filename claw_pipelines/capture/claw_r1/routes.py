@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from claw_pipelines.access import is_loopback
 from claw_pipelines.capture.claw_r1.answers import chat_answer, completion_request, generate_answer
 from claw_pipelines.capture.claw_r1.protocol import (
     DEFAULT_CHANNEL,
@@ -44,8 +45,8 @@ from claw_pipelines.capture.claw_r1.rows import completion_row, registration_row
 from claw_pipelines.capture.claw_r1.served import ClawR1Config
 from claw_pipelines.capture.control import invalid_request
 from claw_pipelines.capture.identity import IdentityValue
-from claw_pipelines.capture.inner import CapturedResponse, inner_scope, replay
-from claw_pipelines.capture.launcher import is_loopback
+from claw_pipelines.capture.inner import CapturedResponse, inner_scope
+from claw_pipelines.capture.request_body import replay
 from claw_pipelines.capture.request_context import context_from_body, current_request
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
