@@ -12,10 +12,11 @@ import polars as pl
 import pytest
 from stack_fixtures import CaptureStack
 
+QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
 CLAW_R1_CALLS = [
     ("/init_trajectory", None),
     ("/t1/p1/v1/register_trajectory", {"channel": "train", "metadata": {"ground_truth": "4"}}),
-    ("/t1/p1/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "2 + 2?"}]}),
+    ("/t1/p1/v1/chat/completions", {"model": "default", "messages": QUESTION}),
     ("/t1/p1/v1/complete_trajectory", {"reward": 1.0, "channel": "train"}),
     ("/submit_steps", {"steps": [{"prompt_ids": [1, 2], "response_ids": [3]}]}),
     ("/generate", {"prompt_ids": [1, 2, 3], "sampling_params": {"max_tokens": 4}}),
@@ -45,8 +46,9 @@ def test_without_the_switch_claw_r1_routes_are_not_served(
     for key in (None, "not-needed"):
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         assert httpx.post(url, json=body, headers=headers, timeout=30).status_code == 401
-    keyed = httpx.post(url, json=body, headers={"Authorization": f"Bearer {capture_stack.key}"})
-    assert keyed.status_code in (404, 405), keyed.text
+    key = {"Authorization": f"Bearer {capture_stack.key}"}
+    keyed = httpx.post(url, json=body, headers=key, timeout=60)
+    assert keyed.status_code == 404, keyed.text
 
 
 @pytest.mark.parametrize(
@@ -64,6 +66,23 @@ def test_our_own_routes_still_need_the_key(claw_r1_stack: CaptureStack, path: st
             timeout=60,
         )
         assert keyed.status_code == 200, keyed.text
+
+
+def test_the_alias_is_the_default_model_on_our_routes_too(claw_r1_stack: CaptureStack) -> None:
+    """``default`` reaches ``policy`` (hidden from ``/v1/models``) and lands as a turn."""
+    key = {"Authorization": f"Bearer {claw_r1_stack.key}"}
+    trajectory = f"alias-{uuid.uuid4().hex[:8]}"
+    answer = httpx.post(
+        f"{claw_r1_stack.proxy_url}/t/{trajectory}/g/v1/chat/completions",
+        json={"model": "default", "messages": QUESTION},
+        headers=key,
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    (row,) = _rows(claw_r1_stack, "turns", "trajectory_id", {trajectory}).rows(named=True)
+    assert row["token_source"] == "engine" and row["response_token_ids"]
+    models = httpx.get(f"{claw_r1_stack.proxy_url}/v1/models", headers=key, timeout=30).json()
+    assert "default" not in {model["id"] for model in models["data"]}
 
 
 def test_submitted_steps_land_as_white_box_steps_with_their_rewards(
