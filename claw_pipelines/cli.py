@@ -21,7 +21,7 @@ CompatOption = Annotated[
     Compat | None,
     typer.Option(
         help="Also serve another gateway's protocol: claw-r1 = Claw-R1's routes, model "
-        "aliases and answer shape (README: Coming from Claw-R1)."
+        "aliases and answer shape (docs/claw-r1.md)."
     ),
 ]
 

@@ -32,7 +32,7 @@ TEXT_COMPLETION_PREFIX = "text-completion-openai/"
 
 
 class ClawR1Settings(BaseModel):
-    """Claw-R1's gateway protocol on the proxy port (README "Coming from Claw-R1")."""
+    """Claw-R1's gateway protocol on the proxy port (docs/claw-r1.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
