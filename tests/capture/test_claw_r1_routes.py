@@ -10,6 +10,7 @@ import httpx
 import openai
 import polars as pl
 import pytest
+from claw_r1_agent import CALCULATOR
 from stack_fixtures import CaptureStack
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -21,13 +22,6 @@ CLAW_R1_CALLS = [
     ("/submit_steps", {"steps": [{"prompt_ids": [1, 2], "response_ids": [3]}]}),
     ("/generate", {"prompt_ids": [1, 2, 3], "sampling_params": {"max_tokens": 4}}),
 ]  # fmt: skip
-CALCULATOR = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-    },
-}
 MATH_STEP_METADATA = {"data_source": "math", "reward_model": {"ground_truth": "7"}}
 
 
