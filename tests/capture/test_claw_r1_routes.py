@@ -184,9 +184,12 @@ def test_a_streamed_chat_gets_the_tool_call_text_in_its_content(
     claw_r1_stack: CaptureStack,
 ) -> None:
     """Claw-R1's gateway ignores ``stream``; here a streaming agent gets a stream, in Claw-R1's
-    answer shape, served from a non-streaming engine call (so the turn keeps its IDs)."""
+    answer shape, served from a non-streaming engine call (so the turn keeps its IDs). The
+    registration's channel and policy version reach the turn."""
     trajectory = f"s-{uuid.uuid4().hex[:8]}"
     base = f"{claw_r1_stack.proxy_url}/{trajectory}/p-stream/v1"
+    registration = {"channel": "val", "metadata": {"policy_version": 7}}
+    httpx.post(f"{base}/register_trajectory", json=registration, timeout=30).raise_for_status()
     client = openai.OpenAI(base_url=base, api_key="not-needed", max_retries=0, timeout=60)
     stream = client.chat.completions.create(
         model="default",
@@ -208,5 +211,6 @@ def test_a_streamed_chat_gets_the_tool_call_text_in_its_content(
         "tool_calls",
         "engine",
     )
+    assert (row["channel"], row["policy_version"]) == ("val", 7)
     (call,) = json.loads(row["response_message"])["tool_calls"]
     assert json.loads(call["function"]["arguments"]) == {"expression": "17 + 25"}
