@@ -46,7 +46,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from deltalake import write_deltalake
+import pyarrow.parquet as pq
+from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
 
 from assets.incremental import WRITER
 from claw_pipelines.derived_schemas import TOKEN_COLUMNS
@@ -58,6 +59,10 @@ RESPONSE_TOKENS = 256
 GROUP_SIZE = 4
 COMMIT_ROWS = 10_000
 CHAIN = ["steps", "trajectories", "rewarded_steps", "scored_steps", "curated_steps"]
+EXPORTS = ["trl"]
+"""The export the bench's batch is written in: TRL's rollouts file holds each step's token
+lists once, as a trainer reads them. verl's padded int64 tensors of a batch of every turn
+would take several GiB in memory (they are built whole), and JSON lines spell the IDs out."""
 
 
 def _tokens(rng: np.random.Generator, rows: int, width: int) -> pa.ListArray:
@@ -154,27 +159,63 @@ def phase_scan(lake: Lake) -> dict:
     return {"seconds": time.perf_counter() - started, "rows": frame.height}
 
 
+def _encodings() -> dict[str, WriterProperties | None]:
+    """Writer settings to compare on the same token lists (``phase_write``)."""
+    plain = ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
+    dictionary = ColumnProperties(dictionary_enabled=True, statistics_enabled="NONE")
+    return {
+        "derived (plain, snappy)": WRITER,
+        "dictionary, snappy": WriterProperties(default_column_properties=dictionary),
+        "plain, zstd": WriterProperties(default_column_properties=plain, compression="ZSTD"),
+        "dictionary, zstd": WriterProperties(
+            default_column_properties=dictionary, compression="ZSTD"
+        ),
+        "landing (delta-rs defaults)": None,
+    }
+
+
 def phase_write(lake: Lake, target: str) -> dict:
+    """The bare write of the token lists with the derived tables' settings (timed), then the
+    same rows with each of ``_encodings`` and as the TRL export writes them (pyarrow's
+    defaults): seconds and token-list bytes of each."""
     tokens = pl.scan_delta(lake.uri("turns")).select("turn_id", *TOKEN_COLUMNS).collect()
     table = tokens.to_arrow()
     started = time.perf_counter()
     write_deltalake(target, table, writer_properties=WRITER)
-    return {"seconds": time.perf_counter() - started, "rows": table.num_rows}
+    seconds = time.perf_counter() - started
+    encodings = {}
+    for index, (name, properties) in enumerate(_encodings().items()):
+        folder = f"{target}-{index}"
+        began = time.perf_counter()
+        write_deltalake(folder, table, writer_properties=properties)
+        took = time.perf_counter() - began
+        files = DeltaTable(folder).file_uris()
+        encodings[name] = {"seconds": round(took, 3), "bytes": sum(map(_list_column_bytes, files))}
+    began = time.perf_counter()
+    pq.write_table(table, f"{target}-export.parquet")
+    encodings["export (pyarrow defaults)"] = {
+        "seconds": round(time.perf_counter() - began, 3),
+        "bytes": _list_column_bytes(f"{target}-export.parquet"),
+    }
+    return {"seconds": seconds, "rows": table.num_rows, "encodings": encodings}
 
 
 def phase_pipeline(lake: Lake, batch_id: str, groups: int) -> dict:
-    """One run of the asset chain, then one batch partition with up to ``groups`` groups."""
+    """One run of the asset chain, then one batch partition with up to ``groups`` groups and
+    its export (``EXPORTS``): the batch's rows point at their turns, so the export is where the
+    build writes the token lists, and a build without it would not be turns -> trainer."""
     import dagster as dg
 
-    from assets.batches import build_batch_asset
+    from assets.batches import build_batch_asset, build_export_asset
     from assets.configs import recipes
     from claw_pipelines.definitions import build_definitions
     from resources.lake import LakeResource
 
     resource_ = LakeResource(lake_uri=lake.root)
     defs = build_definitions(lake=resource_)
-    recipe = recipes()["grpo"].model_copy(update={"groups_per_batch": groups})
+    recipe = recipes()["grpo"].model_copy(update={"groups_per_batch": groups, "exports": EXPORTS})
     batch = build_batch_asset(recipe)
+    export = build_export_asset(recipe, batch)
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("batches_grpo", [batch_id])
     started = time.perf_counter()
@@ -184,16 +225,21 @@ def phase_pipeline(lake: Lake, batch_id: str, groups: int) -> dict:
     )
     chain_s = time.perf_counter() - started
     result = dg.materialize(
-        [batch], instance=instance, resources={"lake": resource_}, partition_key=batch_id
+        [batch, export],
+        instance=instance,
+        resources={"lake": resource_},
+        partition_key=batch_id,
     )
     total_s = time.perf_counter() - started
     (event,) = result.asset_materializations_for_node("batch_grpo")
+    (exported,) = result.asset_materializations_for_node("export_grpo")
     return {
         "seconds": total_s,
         "chain_seconds": chain_s,
         "batch_seconds": total_s - chain_s,
         "ok": chain.success and result.success,
         "batch_rows": event.metadata["dagster/partition_row_count"].value,
+        "export_rows": exported.metadata["dagster/partition_row_count"].value,
     }
 
 
@@ -215,6 +261,38 @@ def phase_empty() -> dict:
     ok = dg.materialize(chain, instance=instance).success
     ok = dg.materialize([batch], instance=instance).success and ok
     return {"seconds": time.perf_counter() - started, "ok": ok}
+
+
+def _list_column_bytes(path: str) -> int:
+    """Compressed bytes of the numeric columns inside lists of one Parquet file."""
+    metadata = pq.ParquetFile(path).metadata
+    numeric = {"INT32", "INT64", "FLOAT", "DOUBLE"}
+    return sum(
+        chunk.total_compressed_size
+        for group in range(metadata.num_row_groups)
+        for chunk in (metadata.row_group(group).column(i) for i in range(metadata.num_columns))
+        if chunk.physical_type in numeric and ".list." in f".{chunk.path_in_schema}."
+    )
+
+
+def token_bytes(root: Path) -> dict[str, int]:
+    """Bytes of token-list columns per Delta table and per export folder under the lake root:
+    every numeric list column (token IDs, logprobs; in exports also masks and positions) of
+    each table's current files (files removed by a later commit wait for a vacuum and are not
+    counted), of every Parquet file of an export, and JSON lines files whole."""
+    found: dict[str, int] = {}
+    tables = sorted({log.parent for log in root.rglob("_delta_log")})
+    for table in tables:
+        files = DeltaTable(str(table)).file_uris()
+        found[str(table.relative_to(root))] = sum(_list_column_bytes(f) for f in files)
+    for path in sorted(root.rglob("*")):
+        inside = any(table in path.parents for table in tables)
+        if inside or path.suffix not in (".parquet", ".jsonl"):
+            continue
+        folder = "/".join(path.relative_to(root).parts[:2])
+        size = _list_column_bytes(str(path)) if path.suffix == ".parquet" else path.stat().st_size
+        found[folder] = found.get(folder, 0) + size
+    return {name: size for name, size in found.items() if size}
 
 
 def flat_groups(groups: int, flat_share: float) -> int:
@@ -281,6 +359,7 @@ def main() -> None:
              "--groups", "1"]
         )  # fmt: skip
         empty = run_phase(["--phase", "empty", "--lake", lake.root])
+        stored = token_bytes(Path(lake.root))
     tokens = turns * (PROMPT_TOKENS + RESPONSE_TOKENS)
     print(
         json.dumps(
@@ -312,6 +391,14 @@ def main() -> None:
                     (refresh["seconds"] - floor["seconds"]) / (build["seconds"] - floor["seconds"]),
                     4,
                 ),
+                "token_copies": round(sum(stored.values()) / stored["turns"], 3),
+                "token_copies_in_tables": round(
+                    sum(v for k, v in stored.items() if not k.startswith("exports/"))
+                    / stored["turns"],
+                    3,
+                ),
+                "token_bytes": stored,
+                "encodings": write["encodings"],
                 "peak_rss_mib": build["peak_rss_mib"],
                 "refresh_peak_rss_mib": refresh["peak_rss_mib"],
                 "floor_peak_rss_mib": floor["peak_rss_mib"],
