@@ -1,9 +1,14 @@
-"""Capture overhead: the proxy with the capture callback vs the same proxy without it.
+"""Capture overhead: the proxy with the capture callback vs the same proxy without it, per route.
 
-Both are started by ``claw proxy`` with the same uvicorn settings and config (``--no-capture``
-drops the callback and the HTTP edge), against the same embedded engine, with the same request
-mix (non-streaming, return_token_ids + logprobs) and concurrency, alternating rounds in one run.
-Prints one JSON object.
+Both are started by ``claw proxy`` with the same uvicorn settings, against the same embedded
+engine, with the same request mix (non-streaming) and concurrency, alternating rounds in one run.
+``--no-capture`` drops the callback and the HTTP edge; its model also sets LiteLLM's
+``use_chat_completions_api``, so on ``/v1/responses`` the bare proxy does what the capture bridge
+does (translate to the engine's chat call: the engine has no Responses route) minus capture. On
+``/v1/messages`` both translate through chat (LiteLLM's Anthropic adapter, and the bridge).
+Prints one JSON object: per route ``throughput_ratio`` under load, ``cpu_ratio`` (the bare
+proxy's CPU per call over the capture proxy's, the steadier figure on a shared machine) and
+``p50/p99_added_ms`` sequentially, and the worst of each over the routes.
 """
 
 from __future__ import annotations
@@ -19,20 +24,39 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
+import yaml
 
-from claw_pipelines.processes import free_port
+from claw_pipelines.capture.launcher import DEFAULT_CONFIG
+from claw_pipelines.processes import Service, free_port
 from claw_pipelines.stack import start_engine, start_proxy
 
+QUESTION = "What is 12 + 30?"
+ROUTES: dict[str, tuple[str, dict]] = {
+    "chat": (
+        "/v1/chat/completions",
+        {
+            "model": "policy",
+            "messages": [{"role": "user", "content": QUESTION}],
+            "max_tokens": 32,
+            "logprobs": True,
+            "return_token_ids": True,
+        },
+    ),
+    "responses": (
+        "/v1/responses",
+        {"model": "policy", "input": QUESTION, "max_output_tokens": 32},
+    ),
+    "messages": (
+        "/v1/messages",
+        {"model": "policy", "max_tokens": 32, "messages": [{"role": "user", "content": QUESTION}]},
+    ),
+}
 
-async def drive(url: str, key: str, requests: int, concurrency: int) -> list[float]:
+
+async def drive(url: str, key: str, route: str, requests: int, concurrency: int) -> list[float]:
     """Send ``requests`` calls with ``concurrency`` in flight; return latencies in ms."""
-    body = {
-        "model": "policy",
-        "messages": [{"role": "user", "content": "What is 12 + 30?"}],
-        "max_tokens": 32,
-        "logprobs": True,
-        "return_token_ids": True,
-    }
+    path, body = ROUTES[route]
     latencies: list[float] = []
     queue = iter(range(requests))
     limits = httpx.Limits(max_connections=concurrency)
@@ -43,7 +67,7 @@ async def drive(url: str, key: str, requests: int, concurrency: int) -> list[flo
         async def worker() -> None:
             for _ in queue:
                 start = time.perf_counter()
-                response = await client.post("/v1/chat/completions", json=body)
+                response = await client.post(path, json=body)
                 response.raise_for_status()
                 latencies.append((time.perf_counter() - start) * 1000)
 
@@ -51,13 +75,66 @@ async def drive(url: str, key: str, requests: int, concurrency: int) -> list[flo
     return latencies
 
 
-def measure(url: str, key: str, requests: int, concurrency: int) -> dict[str, float]:
-    asyncio.run(drive(url, key, max(50, requests // 10), concurrency))
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) of a process and its children so far."""
+    leader = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [leader, *leader.children(recursive=True)])
+
+
+def measure(
+    proxy: Service, key: str, route: str, requests: int, concurrency: int
+) -> dict[str, float]:
+    """Throughput, latency quantiles and the proxy's CPU per call: on a shared machine the CPU
+    a call costs is steadier than how many calls a second the machine lets through."""
+    asyncio.run(drive(proxy.url, key, route, max(50, requests // 10), concurrency))
+    cpu = cpu_seconds(proxy.pid)
     start = time.perf_counter()
-    latencies = asyncio.run(drive(url, key, requests, concurrency))
+    latencies = asyncio.run(drive(proxy.url, key, route, requests, concurrency))
     elapsed = time.perf_counter() - start
+    cpu_ms = (cpu_seconds(proxy.pid) - cpu) * 1000 / len(latencies)
     quantiles = statistics.quantiles(latencies, n=100)
-    return {"rps": len(latencies) / elapsed, "p50_ms": quantiles[49], "p99_ms": quantiles[98]}
+    return {
+        "rps": len(latencies) / elapsed,
+        "p50_ms": quantiles[49],
+        "p99_ms": quantiles[98],
+        "cpu_ms_per_call": cpu_ms,
+    }
+
+
+def bare_config(workdir: Path) -> Path:
+    """The default config, with LiteLLM's own Responses-to-chat bridge on the default model."""
+    config = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    for entry in config["model_list"]:
+        entry["litellm_params"]["use_chat_completions_api"] = True
+    path = workdir / "litellm-bare.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def summary(load: dict, latency: dict) -> dict[str, float]:
+    def median(runs: list[dict[str, float]], metric: str) -> float:
+        return statistics.median(run[metric] for run in runs)
+
+    rps = {name: median(load[name], "rps") for name in load}
+    cpu = {name: median(load[name], "cpu_ms_per_call") for name in load}
+    p50 = {name: median(latency[name], "p50_ms") for name in latency}
+    p99 = {name: median(latency[name], "p99_ms") for name in latency}
+    return {
+        "rps_with_capture": round(rps["with"], 1),
+        "rps_without_capture": round(rps["without"], 1),
+        "throughput_ratio": round(rps["with"] / rps["without"], 3),
+        "cpu_ms_per_call_with": round(cpu["with"], 2),
+        "cpu_ms_per_call_without": round(cpu["without"], 2),
+        "cpu_ratio": round(cpu["without"] / cpu["with"], 3),
+        "p50_ms_with": round(p50["with"], 2),
+        "p50_ms_without": round(p50["without"], 2),
+        "p99_ms_with": round(p99["with"], 2),
+        "p99_ms_without": round(p99["without"], 2),
+        "p50_added_ms": round(p50["with"] - p50["without"], 2),
+        "p99_added_ms": round(p99["with"] - p99["without"], 2),
+        "throughput_runs": load,
+        "latency_runs": latency,
+    }
 
 
 def main() -> None:
@@ -66,6 +143,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="for throughput")
     parser.add_argument("--latency-requests", type=int, default=400, help="sequential, per round")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per proxy")
+    parser.add_argument("--routes", nargs="+", choices=list(ROUTES), default=list(ROUTES))
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="claw-bench-capture-"))
     key = "sk-bench-" + secrets.token_hex(16)
@@ -77,34 +155,37 @@ def main() -> None:
     }
     engine = start_engine(free_port(), workdir, env)
     services = [engine]
+    results = {}
     try:
         engine.wait_ready("/health", timeout_s=60)
         backend = f"{engine.url}/v1"
         (workdir / "plain").mkdir()
         proxies = {
             "with": start_proxy(free_port(), workdir, backend, env),
-            "without": start_proxy(free_port(), workdir / "plain", backend, env, capture=False),
+            "without": start_proxy(
+                free_port(),
+                workdir / "plain",
+                backend,
+                env,
+                capture=False,
+                config=bare_config(workdir),
+            ),
         }
         services += proxies.values()
         for proxy in proxies.values():
             proxy.wait_ready("/health/liveliness", timeout_s=300)
-        load: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
-        latency: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
-        for _ in range(args.rounds):
-            for name in ("without", "with"):
-                url = proxies[name].url
-                load[name].append(measure(url, key, args.requests, args.concurrency))
-                latency[name].append(measure(url, key, args.latency_requests, 1))
+        for route in args.routes:
+            load: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
+            latency: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
+            for _ in range(args.rounds):
+                for name in ("without", "with"):
+                    proxy = proxies[name]
+                    load[name].append(measure(proxy, key, route, args.requests, args.concurrency))
+                    latency[name].append(measure(proxy, key, route, args.latency_requests, 1))
+            results[route] = summary(load, latency)
     finally:
         for service in reversed(services):
             service.stop()
-
-    def median(runs: list[dict[str, float]], metric: str) -> float:
-        return statistics.median(run[metric] for run in runs)
-
-    rps = {name: median(load[name], "rps") for name in load}
-    p50 = {name: median(latency[name], "p50_ms") for name in latency}
-    p99 = {name: median(latency[name], "p99_ms") for name in latency}
     print(
         json.dumps(
             {
@@ -113,18 +194,11 @@ def main() -> None:
                 "concurrency": args.concurrency,
                 "latency_requests": args.latency_requests,
                 "rounds": args.rounds,
-                "rps_with_capture": round(rps["with"], 1),
-                "rps_without_capture": round(rps["without"], 1),
-                "throughput_ratio": round(rps["with"] / rps["without"], 3),
-                "p50_ms_with": round(p50["with"], 2),
-                "p50_ms_without": round(p50["without"], 2),
-                "p99_ms_with": round(p99["with"], 2),
-                "p99_ms_without": round(p99["without"], 2),
-                "p50_added_ms": round(p50["with"] - p50["without"], 2),
-                "p99_added_ms": round(p99["with"] - p99["without"], 2),
+                "worst_throughput_ratio": min(r["throughput_ratio"] for r in results.values()),
+                "worst_cpu_ratio": min(r["cpu_ratio"] for r in results.values()),
+                "worst_p99_added_ms": max(r["p99_added_ms"] for r in results.values()),
                 "cpu_count": os.cpu_count(),
-                "throughput_runs": load,
-                "latency_runs": latency,
+                "routes": results,
             }
         )
     )

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from deltalake import CommitProperties, write_deltalake
 
-from claw_pipelines.capture.spool import SpoolFlusher, SpoolWriter
+from claw_pipelines.capture.spool import SpoolWriter
+from claw_pipelines.capture.spool_flusher import SpoolFlusher
 from claw_pipelines.lake import TABLE_CONFIGURATION, Lake
 from claw_pipelines.schemas import Turn, rows_to_arrow, utc_now
 

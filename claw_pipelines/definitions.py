@@ -11,9 +11,22 @@ import dagster as dg
 from assets import landing, maintenance, quality, release, rewards, steps
 from assets.automation import build_automation_sensor
 from assets.batches import build_recipe_definitions
+from assets.executor import claw_executor
+from claw_pipelines.lake_store import is_remote
 from claw_pipelines.settings import get_settings
 from resources.lake import LakeResource
 from resources.orchestration import OrchestrationSettings
+
+
+def _lake_of_settings() -> LakeResource:
+    """The lake of CLAW_LAKE_URI, refused at load with one line (``LakeStoreError``) when it is
+    configured for unsafe commits or its object store cannot be written. Every run's process
+    loads the definitions too: a local lake, made by its first commit, is not probed."""
+    resource = LakeResource.from_settings(get_settings())
+    lake = resource.lake()
+    if is_remote(lake.root):
+        lake.check_writable()
+    return resource
 
 
 def build_definitions(
@@ -34,9 +47,10 @@ def build_definitions(
         sensors=[landing.build_ingest_sensor(interval), build_automation_sensor(interval)],
         jobs=[maintenance.landing_maintenance],
         schedules=[maintenance.landing_maintenance_schedule],
-        resources={"lake": lake or LakeResource.from_settings(get_settings())},
-        # Steps are small and write their own tables: one process per run, not per step.
-        executor=dg.in_process_executor,
+        resources={"lake": lake or _lake_of_settings()},
+        # One process per run (steps are small and write their own tables), which frees the
+        # pool slots of runs whose process died.
+        executor=claw_executor,
     )
     return dg.Definitions.merge(lifecycle, build_recipe_definitions(interval))
 

@@ -7,8 +7,6 @@ commit retries and the change-data-feed reads are decided in one place.
 from __future__ import annotations
 
 import contextlib
-import secrets
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,6 +26,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.fs import DeltaStorageHandler
 from pyarrow.fs import FileType
 
+from claw_pipelines.lake_store import check_store, is_remote, store_options
 from claw_pipelines.settings import ClawSettings, get_settings
 
 TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true", "delta.checkpointInterval": "10"}
@@ -36,27 +35,39 @@ a checkpoint every 10 commits: opening a table replays at most 9 JSON commits (~
 ~15 ms at 25 commits), and a pipeline run opens tables a few dozen times."""
 
 
-def _is_remote(uri: str) -> bool:
-    return "://" in uri and not uri.startswith("file://")
-
-
 @dataclass(frozen=True)
 class Lake:
-    """A lake root plus the storage options every delta-rs call needs."""
+    """A lake root plus the storage options every delta-rs call needs.
+
+    The options are completed on construction (``lake_store.store_options``: on S3, the
+    conditional put that makes concurrent commits safe), and a lake configured for unsafe
+    commits cannot be made: ``LakeStoreError``.
+    """
 
     root: str
     storage_options: dict[str, str] = field(default_factory=dict)
     max_commit_retries: int = 100
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "storage_options", store_options(self.root, self.storage_options))
 
     @classmethod
     def from_settings(cls, settings: ClawSettings | None = None) -> Lake:
         settings = settings or get_settings()
         return cls(settings.lake_uri, dict(settings.storage_options), settings.max_commit_retries)
 
+    @classmethod
+    def checked(cls, settings: ClawSettings | None = None) -> Lake:
+        """The lake of the settings as a service takes it at start: ``LakeStoreError`` (one
+        line) when it is configured for unsafe commits or its root cannot be written."""
+        lake = cls.from_settings(settings)
+        lake.check_writable()
+        return lake
+
     @property
     def root_uri(self) -> str:
         """The root's URI; a local root is made absolute so every process agrees on it."""
-        if _is_remote(self.root):
+        if is_remote(self.root):
             return self.root.rstrip("/")
         return str(Path(self.root.removeprefix("file://")).absolute())
 
@@ -64,21 +75,9 @@ class Lake:
         return f"{self.root_uri}/{table}"
 
     def check_writable(self) -> None:
-        """Create and delete a probe at the root, so a lake that cannot be written fails a
-        process at start rather than in its first commit. An object store is probed through
-        delta-rs's own store with the lake's storage options, as commits will reach it; a local
-        root with a plain file (delta-rs's local store can spin on a directory that refuses new
-        files, such as /proc). Raises ``OSError`` or ``DeltaError``.
-        """
-        if _is_remote(self.root):
-            store = DeltaStorageHandler(self.root_uri, self._options())
-            probe = f"_claw_write_probe_{secrets.token_hex(8)}"
-            store.open_output_stream(probe).close()
-            store.delete_file(probe)
-            return
-        Path(self.root_uri).mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=self.root_uri, prefix="_claw_write_probe_"):
-            pass
+        """Fail a process at start rather than in its first commit: the root must take a write
+        (``lake_store.check_store``). Raises ``LakeStoreError`` with one line."""
+        check_store(self.root_uri, self._options())
 
     def files_exist(self, paths: list[str]) -> list[bool]:
         """Whether each of ``paths`` (relative to the root) is a file, through delta-rs's store,
@@ -340,6 +339,9 @@ class TableWriter:
 
     Re-using the handle saves a log load per commit; re-opening bounds the snapshot a handle
     accumulates (delta-rs keeps every file it ever saw, and commit latency grows with it).
+    Appends merge the schema: a column added to a landing model (say ``turns.api``) is added to
+    a table written before it existed, whose older rows read it as null. A commit refused
+    because the handle predates another writer's schema change is retried once on a fresh one.
     """
 
     def __init__(self, lake: Lake, table: str, reopen_every: int = 100) -> None:
@@ -370,18 +372,23 @@ class TableWriter:
         app_version: int | None = None,
         metadata: dict[str, str] | None = None,
     ) -> None:
-        handle = self._open(data.schema)
         transactions = None
         if app_id is not None and app_version is not None:
             transactions = [Transaction(app_id=app_id, version=app_version)]
-        write_deltalake(
-            handle,
-            data,
-            mode="append",
-            commit_properties=CommitProperties(
-                max_commit_retries=self.lake.max_commit_retries,
-                app_transactions=transactions,
-                custom_metadata=metadata,
-            ),
+        properties = CommitProperties(
+            max_commit_retries=self.lake.max_commit_retries,
+            app_transactions=transactions,
+            custom_metadata=metadata,
         )
+        try:
+            self._write(data, properties)
+        except CommitFailedError:
+            self._handle = None
+            self._write(data, properties)
         self._commits += 1
+
+    def _write(self, data: pa.Table, properties: CommitProperties) -> None:
+        handle = self._open(data.schema)
+        write_deltalake(
+            handle, data, mode="append", schema_mode="merge", commit_properties=properties
+        )

@@ -34,6 +34,7 @@ JsonText = Annotated[str, ArrowType(pa.string())]
 UtcTimestamp = Annotated[datetime, ArrowType(pa.timestamp("us", tz="UTC"))]
 
 TokenSource = Literal["engine", "retokenized", "none"]
+AgentApi = Literal["chat", "completions", "responses", "messages"]
 TurnStatus = Literal["success", "error"]
 RewardSource = Literal["rule", "model", "human", "env"]
 TrajectoryEvent = Literal["completed", "aborted"]
@@ -127,6 +128,22 @@ class Turn(LandingRow):
     model: str
     backend: str | None = Field(default=None, description="Provider and api_base that answered.")
     call_type: Literal["chat", "completion", "step"] = "chat"
+    api: AgentApi | None = Field(
+        default=None,
+        description="The API the agent spoke (a Responses or Messages call bridged to the "
+        "engine's chat call keeps its own); None for white-box steps and older rows.",
+    )
+    api_request: JsonText | None = Field(
+        default=None,
+        description="Responses and Messages calls: the request body in that API's own shape "
+        "(scrubbed JSON). Chat and completion calls keep theirs in request_messages et al.",
+    )
+    api_response: JsonText | None = Field(
+        default=None,
+        description="Responses and Messages calls: the answer in that API's own shape (JSON; "
+        "for a stream, the complete answer it carried; null for a passthrough stream through "
+        "the bridge, whose events are made after the turn is spooled).",
+    )
     stream: bool = False
     status: TurnStatus = "success"
     error: str | None = None

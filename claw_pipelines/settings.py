@@ -48,11 +48,20 @@ class ClawSettings(BaseSettings):
     flush_max_rows: int = Field(default=512, ge=1, description="Commit once this many rows wait.")
     flush_interval_s: float = Field(default=1.0, gt=0, description="Commit at least this often.")
     max_commit_retries: int = Field(default=100, ge=0)
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="The largest request body any proxy route accepts (413 beyond).",
+    )
     pause_max_hold_s: float = Field(
         default=60.0,
         gt=0,
         description="How long a model call is held by a weight-sync pause before a 503.",
+    )
+    inspector_key: str | None = Field(
+        default=None,
+        description="Key every inspector request needs (Basic auth password or bearer token); "
+        "required, >= 24 characters, to bind a non-loopback interface.",
     )
 
     @field_validator("storage_options", mode="before")

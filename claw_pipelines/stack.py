@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from assets.configs import RECIPES_FILE
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import Service, ServiceStartError, probe_bind, start_service
 from claw_pipelines.recipes import load_recipes
-from claw_pipelines.settings import LOCAL_MASTER_KEY
+from claw_pipelines.settings import LOCAL_MASTER_KEY, ClawSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "claw_pipelines.cli"]
@@ -44,9 +46,11 @@ def start_proxy(
     num_workers: int = 1,
     host: str = "127.0.0.1",
     capture: bool = True,
+    config: Path | None = None,
 ) -> Service:
     command = [*CLI, "proxy", "--host", host, "--port", str(port), "--backend", backend]
     command += ["--num-workers", str(num_workers), "--capture" if capture else "--no-capture"]
+    command += ["--config", str(config)] if config else []
     return start_service(
         "proxy" if capture else "plain-proxy",
         command,
@@ -134,7 +138,8 @@ def run_stack(
 
     Exits non-zero, having stopped whatever it started, when a service cannot start or dies.
     The batch recipes are loaded first: Dagster would come up with a failed code location, so
-    a refused recipe stops it, with the recipe and field named, before anything starts.
+    a refused recipe stops it, with the recipe and field named, before anything starts; so does
+    a lake the services would refuse (``Lake.checked``).
     """
     try:
         load_recipes(RECIPES_FILE)
@@ -148,6 +153,10 @@ def run_stack(
         "CLAW_DAGSTER_URL": f"http://127.0.0.1:{dagster_port}",
         "LITELLM_MASTER_KEY": os.environ.get("LITELLM_MASTER_KEY", LOCAL_MASTER_KEY),
     }
+    try:
+        Lake.checked(ClawSettings(lake_uri=env["CLAW_LAKE_URI"]))
+    except LakeStoreError as error:
+        raise SystemExit(f"claw up: {error}") from error
     stack = Stack()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)

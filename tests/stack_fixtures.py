@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import secrets
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import openai
 import polars as pl
 
 from claw_pipelines.lake import Lake
-from claw_pipelines.processes import Service, free_port
+from claw_pipelines.processes import Service, free_port, stop_group
 from claw_pipelines.stack import start_engine, start_proxy
 
 PROXY_START_TIMEOUT_S = 240
@@ -69,15 +75,47 @@ class CaptureStack:
         table: str = "turns",
         timeout_s: float = 60,
     ) -> pl.DataFrame:
-        """Poll a landing table until ``predicate`` holds (flushes are asynchronous)."""
+        """Poll a landing table until ``predicate`` holds (flushes are asynchronous); fail if it
+        does not within ``timeout_s``, saying how many rows there were."""
         deadline = time.monotonic() + timeout_s
         while True:
             rows = self.rows(table)
             if not rows.is_empty() and predicate(rows):
                 return rows
             if time.monotonic() > deadline:
-                return rows
+                raise AssertionError(
+                    f"{table} did not reach the expected rows in {timeout_s} s "
+                    f"({rows.height} rows there)"
+                )
             time.sleep(0.2)
+
+
+CLI = [sys.executable, "-m", "claw_pipelines.cli"]
+
+
+def refused_start(workdir: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run ``claw <args>`` (a service: ``proxy``, ``inspect``) and return its last output line,
+    after checking that it exited non-zero and left no process of its group running."""
+    process = subprocess.Popen(
+        [*CLI, *args],
+        cwd=workdir,
+        env={**os.environ, **capture_env(workdir, "sk-test-start"), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=120)
+        assert process.returncode != 0, output
+        try:
+            os.killpg(process.pid, 0)
+            raise AssertionError(f"processes of the refused {args[0]} are still running")
+        except ProcessLookupError:
+            pass
+    finally:
+        stop_group(process, grace_s=5)
+    return output.strip().splitlines()[-1]
 
 
 def capture_env(workdir: Path, key: str) -> dict[str, str]:
@@ -90,12 +128,21 @@ def capture_env(workdir: Path, key: str) -> dict[str, str]:
     }
 
 
-def launch_stack(workdir: Path, num_workers: int = 1) -> CaptureStack:
+def launch_stack(
+    workdir: Path,
+    num_workers: int = 1,
+    config: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> CaptureStack:
+    """Engine and proxy over ``workdir``: ``config`` is a LiteLLM config other than
+    resources/litellm.yaml, ``env`` adds to or overrides the capture settings."""
     key = "sk-test-" + secrets.token_hex(16)
-    env = capture_env(workdir, key)
+    env = {**capture_env(workdir, key), **(env or {})}
     engine = start_engine(free_port(), workdir, env)
     engine.wait_ready("/health", timeout_s=60)
-    proxy = start_proxy(free_port(), workdir, f"{engine.url}/v1", env, num_workers=num_workers)
+    proxy = start_proxy(
+        free_port(), workdir, f"{engine.url}/v1", env, num_workers=num_workers, config=config
+    )
     try:
         proxy.wait_ready("/health/liveliness", timeout_s=PROXY_START_TIMEOUT_S)
     except Exception:
@@ -103,3 +150,41 @@ def launch_stack(workdir: Path, num_workers: int = 1) -> CaptureStack:
         engine.stop()
         raise
     return CaptureStack(workdir, engine, proxy, key, env)
+
+
+class Load:
+    """Clients that keep calling the proxy (through restarts: a refused call is tried again)
+    and record the turn id of every answer. Client ``i`` uses ``base_urls[i]`` (``…/v1``)."""
+
+    def __init__(self, key: str, base_urls: list[str]) -> None:
+        self.key = key
+        self.base_urls = base_urls
+        self.answered: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _one(self, base_url: str) -> None:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=self.key, max_retries=0, timeout=30)
+        async with client:
+            while not self.stop.is_set():
+                try:
+                    raw = await client.chat.completions.with_raw_response.create(
+                        model="policy",
+                        messages=[{"role": "user", "content": "What is 6 * 7?"}],
+                        max_tokens=16,
+                    )
+                except (openai.APIConnectionError, openai.APIStatusError, openai.APITimeoutError):
+                    await asyncio.sleep(0.2)
+                    continue
+                self.answered.append(raw.headers["x-litellm-call-id"])
+
+    async def _run(self) -> None:
+        await asyncio.gather(*(self._one(url) for url in self.base_urls))
+
+    def wait_for(self, count: int, timeout_s: float = 120) -> None:
+        """Until ``count`` calls were answered in all."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.answered) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(self.answered)} answers")
+            time.sleep(0.2)

@@ -4,7 +4,10 @@
   is the turn id, so every call gets its own id (returned in the response's ``x-litellm-call-id``).
 - ``/t/<trajectory>/<group>/...`` is rewritten to ``/...`` with ``x-claw-*`` identity headers, so a
   black-box agent only changes its ``base_url``.
+- ``GET``/``HEAD /`` answer 200 without a key (agents such as Claude Code probe the base URL).
 - Request bodies are checked before LiteLLM sees them: size limit (413), UTF-8 and JSON (400).
+- Responses and Messages requests to models with ``api_mode: bridge`` are served through the
+  engine's chat completions call (bridge.py), so their turns carry the engine's token IDs.
 - Streamed chat and text completion requests to exact-capture models are served from a
   non-streaming upstream call and re-streamed in vLLM's chunk shape (LiteLLM drops token IDs from
   streams).
@@ -25,26 +28,46 @@ from typing import Any
 from urllib.parse import unquote
 
 from litellm.proxy.proxy_server import app as litellm_app
+from litellm.types.utils import ModelResponse
 
+from claw_pipelines.capture.apis import api_for_path
+from claw_pipelines.capture.bridge import BRIDGES, Bridge, BridgeRequestError
 from claw_pipelines.capture.control import build_control_app
 from claw_pipelines.capture.identity import split_identity_prefix
+from claw_pipelines.capture.inner import (
+    CapturedResponse,
+    ChatChunkStream,
+    inner_scope,
+    send_body,
+    without_entity_headers,
+)
 from claw_pipelines.capture.policy import PolicyGate
+from claw_pipelines.capture.request_body import (
+    BodyRejected,
+    parse_json_object,
+    read_body,
+    replay,
+)
 from claw_pipelines.capture.request_context import context_from_body, current_request
 from claw_pipelines.capture.restream import sse_from_completion, sse_from_text_completion
-from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.capture.runtime import CaptureRuntime, ModelCapture
 from claw_pipelines.settings import get_settings
 
 Scope = dict[str, Any]
 Restreamer = Callable[[dict[str, Any], bool], bytes]
-RESTREAMERS = {
-    "/v1/chat/completions": sse_from_completion,
-    "/chat/completions": sse_from_completion,
-    "/v1/completions": sse_from_text_completion,
-    "/completions": sse_from_text_completion,
+RESTREAMERS: dict[str, Restreamer] = {
+    "chat": sse_from_completion,
+    "completions": sse_from_text_completion,
 }
+CHAT_PATH = "/v1/chat/completions"
+JSON = b"application/json"
+SSE = b"text/event-stream"
 PUBLIC_PATHS = frozenset({"/health/liveliness", "/health/readiness"})
+BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Requests of any other method have their body checked (limit, JSON) on every route."""
 KEY_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-litellm-api-key")
 CALL_ID_HEADER = b"x-litellm-call-id"
+ROOT_TEXT = b"claw capture proxy\n"
 
 
 def _has_master_key(scope: Scope) -> bool:
@@ -69,18 +92,13 @@ def _without_client_call_id(scope: Scope) -> Scope:
 
 
 async def _send_json(send, status: int, payload: dict[str, Any]) -> None:
-    body = json.dumps(payload).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_body(send, status, [], json.dumps(payload).encode(), JSON)
+
+
+async def _send_root(send) -> None:
+    """A plain 200 for the base URL: clients probe it to see whether the server is up (the
+    server leaves out the body of a HEAD answer)."""
+    await send_body(send, 200, [], ROOT_TEXT, b"text/plain; charset=utf-8")
 
 
 def _error(message: str, kind: str) -> dict[str, Any]:
@@ -103,6 +121,9 @@ class CaptureApp:
             await self.inner(scope, receive, send)
             return
         scope = self._apply_identity_prefix(_without_client_call_id(scope))
+        if scope["path"] == "/" and scope["method"] in ("GET", "HEAD"):
+            await _send_root(send)
+            return
         if scope["path"] not in PUBLIC_PATHS and not _has_master_key(scope):
             await _send_json(
                 send, 401, _error("missing or invalid proxy key", "authentication_error")
@@ -111,20 +132,30 @@ class CaptureApp:
         if scope["path"].startswith("/claw/"):
             await self.control(scope, receive, send)
             return
-        if scope["method"] != "POST":
+        if scope["method"] in BODYLESS_METHODS:
             await self.inner(scope, receive, send)
             return
         read = await self._read_body(receive, send)
-        if read is None:
+        if read is not None:
+            await self._serve_call(scope, *read, send)
+
+    async def _serve_call(
+        self, scope: Scope, body: bytes, request: dict[str, Any] | None, send
+    ) -> None:
+        """Route a call by the API it speaks and the capture options of its model."""
+        api = api_for_path(scope["path"])
+        options = _options(request)
+        stream = request is not None and request.get("stream") is True
+        if api in BRIDGES and options.api_mode == "bridge":
+            passthrough = stream and options.stream_mode == "passthrough"
+            await self._bridged(scope, request, send, BRIDGES[api], passthrough)
             return
-        body, request = read
-        restream = RESTREAMERS.get(scope["path"])
-        buffer_stream = restream is not None and self._should_buffer_stream(request)
-        current_request.set(context_from_body(request, client_stream=buffer_stream))
-        if buffer_stream:
+        restream = RESTREAMERS.get(api) if stream and options.stream_mode == "buffered" else None
+        current_request.set(context_from_body(request, client_stream=restream is not None))
+        if restream is not None:
             await self._buffered_stream(scope, request, send, restream)
             return
-        await self.inner(scope, _replay(body), send)
+        await self.inner(scope, replay(body), send)
 
     def _watch_shutdown(self, receive):
         async def wrapped() -> dict[str, Any]:
@@ -155,122 +186,97 @@ class CaptureApp:
 
     async def _read_body(self, receive, send) -> tuple[bytes, dict[str, Any] | None] | None:
         """The whole body and its parsed JSON object (None if empty), or None after answering
-        413/400 for an oversize, non-UTF-8, malformed or non-object body."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                await _send_json(
-                    send,
-                    413,
-                    _error(
-                        f"request body exceeds {self.max_body_bytes} bytes", "request_too_large"
-                    ),
-                )
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
-        if not body:
-            return body, None
+        413/400 for a body ``request_body`` refuses (the message names the field)."""
         try:
-            request = json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError:
-            await _send_json(
-                send, 400, _error("request body is not valid UTF-8", "invalid_request_error")
-            )
+            body = await read_body(receive, self.max_body_bytes)
+            if body is None:
+                return None
+            return body, parse_json_object(body)
+        except BodyRejected as rejected:
+            kind = "request_too_large" if rejected.status == 413 else "invalid_request_error"
+            await _send_json(send, rejected.status, _error(rejected.message, kind))
             return None
-        except json.JSONDecodeError as error:
-            await _send_json(
-                send,
-                400,
-                _error(f"request body is not valid JSON: {error}", "invalid_request_error"),
-            )
-            return None
-        if not isinstance(request, dict):
-            await _send_json(
-                send, 400, _error("request body must be a JSON object", "invalid_request_error")
-            )
-            return None
-        return body, request
-
-    @staticmethod
-    def _should_buffer_stream(request: dict[str, Any] | None) -> bool:
-        if request is None or request.get("stream") is not True:
-            return False
-        options = CaptureRuntime.current().options_for(str(request.get("model", "")))
-        return options.stream_mode == "buffered"
 
     async def _buffered_stream(
         self, scope: Scope, request: dict[str, Any], send, restream: Restreamer
     ) -> None:
         include_usage = bool((request.pop("stream_options", None) or {}).get("include_usage"))
         request["stream"] = False
-        headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
         upstream_body = json.dumps(request).encode()
-        headers.append((b"content-length", str(len(upstream_body)).encode()))
-        captured = _CapturedResponse()
-        await self.inner({**scope, "headers": headers}, _replay(upstream_body), captured.send)
+        captured = CapturedResponse()
+        await self.inner(inner_scope(scope, upstream_body), replay(upstream_body), captured.send)
         if captured.status != 200:
             await captured.forward(send)
             return
         stream = restream(json.loads(captured.body), include_usage)
-        response_headers = [
-            (k, v)
-            for k, v in captured.headers
-            if k.lower() not in (b"content-length", b"content-type")
-        ]
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [*response_headers, (b"content-type", b"text/event-stream")],
-            }
-        )
-        await send({"type": "http.response.body", "body": stream})
+        await send_body(send, 200, captured.headers, stream, SSE)
+
+    async def _bridged(
+        self,
+        scope: Scope,
+        request: dict[str, Any] | None,
+        send,
+        bridge_type: type[Bridge],
+        passthrough: bool,
+    ) -> None:
+        """Serve a Responses or Messages call through the inner app's chat completions route."""
+        try:
+            bridge = bridge_type.from_request(request or {})
+            chat = bridge.chat_request(stream=passthrough)
+        except BridgeRequestError as error:
+            await _send_json(send, 400, bridge_type.error_body(400, str(error)))
+            return
+        client_stream = bool(request and request.get("stream") is True)
+        current_request.set(context_from_body(request, client_stream, bridge))
+        body = json.dumps(chat).encode()
+        upstream = inner_scope(scope, body, CHAT_PATH)
+        if passthrough:
+            await self._bridged_stream(upstream, body, send, bridge)
+            return
+        captured = CapturedResponse()
+        await self.inner(upstream, replay(body), captured.send)
+        if captured.status != 200:
+            error = bridge.upstream_error(captured.status, captured.body)
+            await send_body(send, captured.status, captured.headers, error, JSON)
+            return
+        if bridge.answer is None:
+            bridge.answered(ModelResponse(**json.loads(captured.body)))
+        if client_stream:
+            await send_body(send, 200, captured.headers, bridge.events(), SSE)
+        else:
+            await send_body(send, 200, captured.headers, json.dumps(bridge.answer).encode(), JSON)
+
+    async def _bridged_stream(self, scope: Scope, body: bytes, send, bridge: Bridge) -> None:
+        """Translate the inner app's chat stream into the API's events as its chunks come."""
+        stream = ChatChunkStream()
+
+        async def call_inner() -> None:
+            try:
+                await self.inner(scope, replay(body), stream.send)
+            finally:
+                stream.finish()
+
+        task = asyncio.create_task(call_inner())
+        try:
+            await stream.started.wait()
+            if stream.status != 200:
+                await task
+                error = bridge.upstream_error(stream.status, bytes(stream.error))
+                await send_body(send, stream.status, stream.headers, error, JSON)
+                return
+            headers = [*without_entity_headers(stream.headers), (b"content-type", SSE)]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async for frame in bridge.stream(stream.chunks()):
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            await task
+        finally:
+            task.cancel()
 
 
-class _CapturedResponse:
-    """Collects an inner ASGI response so it can be re-shaped before it reaches the client."""
-
-    def __init__(self) -> None:
-        self.status = 500
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.chunks: list[bytes] = []
-
-    async def send(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-            self.headers = list(message.get("headers", []))
-        elif message["type"] == "http.response.body":
-            self.chunks.append(message.get("body", b""))
-
-    @property
-    def body(self) -> bytes:
-        return b"".join(self.chunks)
-
-    async def forward(self, send) -> None:
-        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
-        await send({"type": "http.response.body", "body": self.body})
-
-
-def _replay(body: bytes):
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if sent:
-            await asyncio.Event().wait()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
+def _options(request: dict[str, Any] | None) -> ModelCapture:
+    model = str(request.get("model", "")) if request is not None else ""
+    return CaptureRuntime.current().options_for(model)
 
 
 app = CaptureApp(litellm_app, get_settings().max_body_bytes)

@@ -6,6 +6,12 @@ the streaming iterator hook for streams (the final chunk is held until the turn 
 ``async_post_call_failure_hook`` for errors. Each hook does one local append and returns; Delta
 commits happen in the flusher thread.
 
+Every model route an agent speaks is captured: chat and text completions, and Responses and
+Messages calls, either bridged to the engine's chat call by the HTTP edge (this logger then sees
+a chat call, and the bridge in the request context makes the native answer) or served by
+LiteLLM on the API's own route (call types ``aresponses`` / ``anthropic_messages``; LiteLLM
+1.108.7 runs these same four hooks for both routes).
+
 Registered in resources/litellm.yaml as ``claw_pipelines.capture.callback.capture_logger``.
 """
 
@@ -17,27 +23,28 @@ from typing import Any
 from fastapi import HTTPException
 from litellm.integrations.custom_logger import CustomLogger
 
+from claw_pipelines.capture.apis import CALL_TYPE_APIS, NATIVE_APIS
+from claw_pipelines.capture.bridge import BRIDGES, BridgeRequestError
 from claw_pipelines.capture.identity import IdentityError, identity_from_request
+from claw_pipelines.capture.native import NativeStream, answer_json
 from claw_pipelines.capture.policy import stamp_served_version
 from claw_pipelines.capture.request_context import RequestContext, current_request
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.turns import (
+    PendingCall,
     StreamAccumulator,
     error_turn,
+    native_turn,
     pending_call,
+    scrubbed_json,
     turns_from_response,
 )
-
-CHAT_CALL_TYPES = {"completion", "acompletion", "text_completion", "atext_completion"}
+from claw_pipelines.schemas import AgentApi
 
 
 def _request_headers(data: dict[str, Any]) -> dict[str, str]:
     headers = (data.get("proxy_server_request") or {}).get("headers") or {}
     return {str(k).lower(): str(v) for k, v in headers.items()}
-
-
-def _has_finish_reason(chunk: object) -> bool:
-    return any(getattr(choice, "finish_reason", None) for choice in getattr(chunk, "choices", []))
 
 
 class CaptureLogger(CustomLogger):
@@ -48,17 +55,38 @@ class CaptureLogger(CustomLogger):
         self.runtime = CaptureRuntime.current()
 
     async def async_pre_call_hook(self, user_api_key_dict, cache, data: dict, call_type):
-        if call_type not in CHAT_CALL_TYPES:
+        api = CALL_TYPE_APIS.get(call_type)
+        if api is None:
             return data
-        headers = _request_headers(data)
         context = current_request.get() or RequestContext(None, client_stream=False)
-        metadata = context.body_metadata
-        claw_metadata = (metadata or {}).get("claw")
         try:
-            identity = identity_from_request(headers, claw_metadata)
+            identity = identity_from_request(
+                _request_headers(data), (context.body_metadata or {}).get("claw")
+            )
         except IdentityError as error:
             raise HTTPException(status_code=400, detail=str(error)) from error
-        identity, metadata = stamp_served_version(identity, metadata)
+        identity, metadata = stamp_served_version(identity, context.body_metadata)
+        client_stream = bool(data.get("stream")) or context.client_stream
+        if api in NATIVE_APIS:
+            pending = self._native_pending(data, api, identity, metadata, context, client_stream)
+        else:
+            self._ask_for_token_ids(data)
+            bridge = context.bridge
+            pending = pending_call(
+                str(data["litellm_call_id"]),
+                data,
+                identity,
+                metadata,
+                client_stream,
+                self.runtime.redactor,
+                api=bridge.api if bridge else None,
+                api_request=bridge.request if bridge else None,
+                bridge=bridge,
+            )
+        self.runtime.remember(pending)
+        return data
+
+    def _ask_for_token_ids(self, data: dict) -> None:
         options = self.runtime.options_for(str(data.get("model", "")))
         if options.return_token_ids:
             data["return_token_ids"] = True
@@ -66,26 +94,48 @@ class CaptureLogger(CustomLogger):
             data["logprobs"] = True
             if options.top_logprobs is not None:
                 data["top_logprobs"] = options.top_logprobs
-        client_stream = bool(data.get("stream")) or context.client_stream
-        self.runtime.remember(
-            pending_call(
-                str(data["litellm_call_id"]),
-                data,
-                identity,
-                metadata,
-                client_stream,
-                self.runtime.redactor,
-            )
+
+    def _native_pending(
+        self,
+        data: dict,
+        api: AgentApi,
+        identity,
+        metadata: dict | None,
+        context: RequestContext,
+        client_stream: bool,
+    ) -> PendingCall:
+        """A Responses or Messages call LiteLLM serves itself: its normalized columns are the
+        bridge's chat translation of the agent's request (kept by the edge, as sent)."""
+        body = context.body or {}
+        bridge = BRIDGES[api](body)
+        try:
+            chat = bridge.chat_request(stream=False)
+        except BridgeRequestError:
+            chat = {"model": body.get("model", data.get("model", ""))}
+        return pending_call(
+            str(data["litellm_call_id"]),
+            chat,
+            identity,
+            metadata,
+            client_stream,
+            self.runtime.redactor,
+            api=api,
+            api_request=body,
+            bridge=bridge,
+            native=True,
         )
-        return data
 
     async def async_post_call_success_hook(self, data: dict, user_api_key_dict, response):
         pending = self.runtime.pending.pop(str(data.get("litellm_call_id")), None)
         if pending is None:
             return None
-        turns = turns_from_response(
-            pending, response, self.runtime.redactor, self.runtime.writer.writer_id
-        )
+        redactor, writer_id = self.runtime.redactor, self.runtime.writer.writer_id
+        if pending.native:
+            turns = [native_turn(pending, answer_json(response), redactor, writer_id)]
+        else:
+            answer = pending.bridge.answered(response) if pending.bridge else None
+            api_response = scrubbed_json(answer, redactor)
+            turns = turns_from_response(pending, response, redactor, writer_id, api_response)
         await self.runtime.land_durably(turns)
         return None
 
@@ -100,15 +150,14 @@ class CaptureLogger(CustomLogger):
             async for chunk in response:
                 yield chunk
             return
-        accumulator = StreamAccumulator()
+        collect = NativeStream() if pending.native else StreamAccumulator()
         held: list[Any] = []
         async for chunk in response:
-            accumulator.add(chunk)
-            if held or _has_finish_reason(chunk):
+            if collect.add(chunk) or held:
                 held.append(chunk)
             else:
                 yield chunk
-        turns = accumulator.turns(pending, self.runtime.redactor, self.runtime.writer.writer_id)
+        turns = collect.turns(pending, self.runtime.redactor, self.runtime.writer.writer_id)
         await self.runtime.land_durably(turns)
         for chunk in held:
             yield chunk

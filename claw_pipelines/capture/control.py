@@ -1,8 +1,10 @@
 """Lifecycle, reward, white-box step and policy endpoints on the proxy port (``/claw/v1/...``).
 
 The HTTP edge (``asgi.CaptureApp``) authenticates them with the proxy key before they are
-reached. They land rows through the same spool as the captured turns, so they share its
-durability: a 200 means the row is in this process's spool and will reach Delta. The policy
+reached. Their bodies pass the same checks as a call's (``request_body``: size limit, depth,
+finite numbers, valid Unicode) before FastAPI parses them. They land rows through the same spool
+as the captured turns, so they share its durability: a 200 means the row is in this process's
+spool and will reach Delta; a row the spool cannot take is a 503 with ``Retry-After``. The policy
 routes (``capture.policy``) commit to Delta before answering, as other workers read them there.
 """
 
@@ -21,17 +23,27 @@ from claw_pipelines.capture.identity import (
     IDENTITY_FIELDS,
     IdentityError,
     IdentityValue,
-    NotSecret,
     PolicyVersion,
     identity_from_request,
 )
 from claw_pipelines.capture.policy import policy_router, with_announced_version
+from claw_pipelines.capture.redact import NotSecret
+from claw_pipelines.capture.request_body import (
+    BodyRejected,
+    parse_json_object,
+    read_body,
+    replay,
+)
 from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.capture.spool import SpoolUnavailable
 from claw_pipelines.schemas import Reward, RewardSource, TrajectoryEventRow, Turn, new_id, utc_now
+from claw_pipelines.settings import get_settings
 
 MAX_TOKENS_PER_LIST = 1_000_000
+FLOAT32_MAX = 3.4028234663852886e38
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
-Logprob = Annotated[FiniteFloat, Field(le=0)]
+Logprob = Annotated[FiniteFloat, Field(le=0, ge=-FLOAT32_MAX)]
+"""Stored as float32: a smaller one would land as -inf."""
 
 
 class CompleteTrajectory(BaseModel):
@@ -76,7 +88,11 @@ class StepIn(BaseModel):
 
 
 def _json_text(runtime: CaptureRuntime, value: object) -> str | None:
-    return None if value is None else json.dumps(runtime.redactor.data(value), ensure_ascii=False)
+    """Scrubbed JSON text; ``allow_nan=False`` because stored JSON must be JSON (the body checks
+    already refused non-finite numbers)."""
+    if value is None:
+        return None
+    return json.dumps(runtime.redactor.data(value), ensure_ascii=False, allow_nan=False)
 
 
 def _invalid_request(errors: Sequence[Any], where: tuple[str, ...] = ()) -> JSONResponse:
@@ -86,12 +102,45 @@ def _invalid_request(errors: Sequence[Any], where: tuple[str, ...] = ()) -> JSON
     return JSONResponse({"error": "invalid request", "problems": problems}, status_code=400)
 
 
-def build_control_app() -> FastAPI:
+class _CheckedBodies:
+    """ASGI wrapper: a body ``request_body`` refuses gets its 413/400 before FastAPI parses it
+    (FastAPI would take ``NaN``, any depth and any size); an accepted one is replayed."""
+
+    def __init__(self, app: FastAPI, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await read_body(receive, self.max_body_bytes)
+            if body is None:
+                return
+            parse_json_object(body)
+        except BodyRejected as rejected:
+            if rejected.status == 413:
+                answer = JSONResponse({"error": rejected.message}, status_code=413)
+            else:
+                where = ("body", rejected.field) if rejected.field else ("body",)
+                answer = _invalid_request([{"loc": [], "msg": rejected.message}], where)
+            await answer(scope, receive, send)
+            return
+        await self.app(scope, replay(body), send)
+
+
+def build_control_app(max_body_bytes: int | None = None) -> _CheckedBodies:
+    """The endpoints, behind the body checks (``max_body_bytes`` defaults to the settings')."""
     control = FastAPI(title="claw capture control", docs_url=None, redoc_url=None, openapi_url=None)
 
     @control.exception_handler(RequestValidationError)
     async def _invalid(_, error: RequestValidationError) -> JSONResponse:
         return _invalid_request(error.errors())
+
+    @control.exception_handler(SpoolUnavailable)
+    async def _unavailable(_, error: SpoolUnavailable) -> JSONResponse:
+        return JSONResponse({"error": error.message}, status_code=503, headers=error.headers)
 
     # `:path`: trajectory ids may contain "/" (a %2F-encoded base-URL prefix, an n > 1 choice).
     @control.post("/claw/v1/trajectories/{trajectory_id:path}/complete")
@@ -145,7 +194,7 @@ def build_control_app() -> FastAPI:
             **identity.model_dump(),
             model=body.model,
             call_type="step",
-            finish_reason=body.finish_reason,
+            finish_reason=runtime.redactor.text(body.finish_reason) if body.finish_reason else None,
             token_source="engine",
             prompt_token_ids=body.prompt_token_ids,
             response_token_ids=body.response_token_ids,
@@ -172,4 +221,4 @@ def build_control_app() -> FastAPI:
         }
 
     control.include_router(policy_router(lambda: CaptureRuntime.current().policy))
-    return control
+    return _CheckedBodies(control, max_body_bytes or get_settings().max_body_bytes)

@@ -14,7 +14,6 @@ from typing import Annotated
 from urllib.parse import unquote
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,20 +21,11 @@ from pydantic import (
     ValidationError,
 )
 
-from claw_pipelines.capture.redact import looks_like_secret
-
-
-def _refuse_secret(value: str) -> str:
-    if looks_like_secret(value):
-        raise ValueError("looks like a secret (sk-… key or bearer token); it would be stored as is")
-    return value
-
+from claw_pipelines.capture.redact import NotSecret
 
 PolicyVersion = Annotated[int, Field(ge=0, le=2**63 - 1, strict=True)]
 """Strict: ``1.0`` or ``true`` is not a version (pydantic would otherwise coerce them to 1).
 Bounded by the table's int64 column, so a larger one is a 400, not an unlandable row."""
-NotSecret = AfterValidator(_refuse_secret)
-"""For strings stored verbatim (ids, names), which the redactor must not rewrite."""
 IdentityValue = Annotated[
     str,
     StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$"),
@@ -115,7 +105,8 @@ def _header_value(field: str, raw: str) -> object:
 
 
 def split_identity_prefix(raw_path: str) -> tuple[str, str, str] | None:
-    """``/t/<trajectory>/<group>/v1/x`` -> (trajectory, group, "/v1/x"); None if no prefix.
+    """``/t/<trajectory>/<group>/v1/x`` -> (trajectory, group, "/v1/x"), ``/t/<t>/<g>`` -> (t, g,
+    "/"); None if no prefix.
 
     Takes the raw (still percent-encoded) path, so an id may contain an encoded ``/`` and is
     decoded exactly once; the rest of the path is returned still encoded.
@@ -123,6 +114,6 @@ def split_identity_prefix(raw_path: str) -> tuple[str, str, str] | None:
     if not raw_path.startswith("/t/"):
         return None
     parts = raw_path.split("/", 4)
-    if len(parts) < 5 or not parts[2] or not parts[3]:
+    if len(parts) < 4 or not parts[2] or not parts[3]:
         return None
-    return unquote(parts[2]), unquote(parts[3]), "/" + parts[4]
+    return unquote(parts[2]), unquote(parts[3]), "/" + (parts[4] if len(parts) == 5 else "")

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from pathlib import Path
 
 import httpx
 import uvicorn
 import yaml
-from deltalake.exceptions import DeltaError
 from pydantic import BaseModel, ValidationError
 
+from claw_pipelines.access import key_refusal
 from claw_pipelines.lake import Lake
+from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import probe_bind
 from claw_pipelines.settings import LOCAL_MASTER_KEY, get_settings
 
@@ -20,38 +20,18 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "resources" / "litellm.yaml"
 DEFAULT_BACKEND = "http://127.0.0.1:8001/v1"
 DEFAULT_MODEL_NAME = "policy"
-MIN_STRONG_KEY_LENGTH = 24
 
 
 class ProxyStartError(RuntimeError):
     """The proxy refuses to start; the message says why and what to do."""
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def resolve_master_key(host: str, configured: str | None) -> str:
     """The proxy key: the configured one, or the documented local key on loopback only."""
-    if not configured:
-        if is_loopback(host):
-            return LOCAL_MASTER_KEY
-        raise ProxyStartError(
-            f"refusing to bind {host} without LITELLM_MASTER_KEY; set a strong key "
-            f"(>= {MIN_STRONG_KEY_LENGTH} characters) or bind 127.0.0.1"
-        )
-    weak = configured == LOCAL_MASTER_KEY or len(configured) < MIN_STRONG_KEY_LENGTH
-    if weak and not is_loopback(host):
-        raise ProxyStartError(
-            f"refusing to bind {host} with a weak LITELLM_MASTER_KEY; use a random key of "
-            f">= {MIN_STRONG_KEY_LENGTH} characters"
-        )
-    return configured
+    refusal = key_refusal(host, configured, "LITELLM_MASTER_KEY")
+    if refusal is not None:
+        raise ProxyStartError(refusal)
+    return configured or LOCAL_MASTER_KEY
 
 
 def check_port(host: str, port: int) -> None:
@@ -65,17 +45,14 @@ def check_port(host: str, port: int) -> None:
         ) from error
 
 
-def check_lake_writable(lake: Lake) -> None:
+def check_lake_writable() -> None:
     """Fail at start, not in the background flusher while agents keep getting answers whose
-    turns pile up in the spool."""
+    turns pile up in the spool: the lake of the settings must be configured for safe commits
+    and its store must take them (``Lake.checked``)."""
     try:
-        lake.check_writable()
-    except (OSError, DeltaError) as error:
-        reason = " ".join(str(error).split())
-        raise ProxyStartError(
-            f"cannot write to the lake {lake.root_uri} ({reason}); fix CLAW_LAKE_URI or "
-            "CLAW_STORAGE_OPTIONS"
-        ) from error
+        Lake.checked()
+    except LakeStoreError as error:
+        raise ProxyStartError(str(error)) from error
 
 
 class _ModelCard(BaseModel):
@@ -156,7 +133,7 @@ def run_proxy(
         key = resolve_master_key(host, os.environ.get("LITELLM_MASTER_KEY"))
         check_port(host, port)
         if capture:
-            check_lake_writable(Lake.from_settings())
+            check_lake_writable()
         model = backend_model or (served_model(backend) if backend else None)
     except ProxyStartError as error:
         raise SystemExit(f"claw proxy: {error}") from error

@@ -7,6 +7,7 @@ which first replays whatever stopped processes left in the spool.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -17,8 +18,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from claw_pipelines.capture.policy import ServedPolicy
-from claw_pipelines.capture.redact import Redactor
-from claw_pipelines.capture.spool import SpoolFlusher, SpoolWriter
+from claw_pipelines.capture.redact import Redactor, ScrubbedLogs
+from claw_pipelines.capture.spool import SpoolErrorsLoggedOnce, SpoolWriter
+from claw_pipelines.capture.spool_flusher import SpoolFlusher
 from claw_pipelines.capture.turns import PendingCall
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import LandingRow
@@ -37,13 +39,18 @@ class ModelCapture(BaseModel):
     logprobs: bool = False
     top_logprobs: int | None = None
     stream_mode: Literal["buffered", "passthrough"] = "passthrough"
+    api_mode: Literal["bridge", "native"] = "native"
+    """How Responses and Messages calls are served: ``bridge`` through the engine's chat
+    completions call (exact token IDs), ``native`` by LiteLLM's own route for them."""
 
 
 def model_capture_options(config_path: str | None) -> dict[str, ModelCapture]:
     """Options by served model name; token-returning backends (hosted_vllm/) default to exact mode.
 
     ``buffered`` streams are served from a non-streaming upstream call and re-streamed to the
-    client, because LiteLLM drops ``prompt_token_ids`` from streamed responses.
+    client, because LiteLLM drops ``prompt_token_ids`` from streamed responses; ``bridge``
+    serves Responses and Messages calls through chat, because vLLM's own routes for them return
+    no token IDs.
     """
     if not config_path or not Path(config_path).is_file():
         return {}
@@ -54,7 +61,12 @@ def model_capture_options(config_path: str | None) -> dict[str, ModelCapture]:
         declared = ((entry.get("model_info") or {}).get("claw")) or {}
         defaults = {}
         if upstream.startswith(TOKEN_RETURNING_PREFIXES):
-            defaults = {"return_token_ids": True, "logprobs": True, "stream_mode": "buffered"}
+            defaults = {
+                "return_token_ids": True,
+                "logprobs": True,
+                "stream_mode": "buffered",
+                "api_mode": "bridge",
+            }
         options[str(entry["model_name"])] = ModelCapture.model_validate(defaults | declared)
     return options
 
@@ -68,7 +80,7 @@ class CaptureRuntime:
     def __init__(self, settings: ClawSettings) -> None:
         self.settings = settings
         self.lake = Lake.from_settings(settings)
-        self.redactor = Redactor([os.environ.get("LITELLM_MASTER_KEY", "")])
+        self.redactor = Redactor.from_environment()
         self.models = model_capture_options(os.environ.get("CONFIG_FILE_PATH"))
         self.writer = SpoolWriter(
             settings.spool_dir.absolute(), fsync_per_answer=settings.fsync == "answer"
@@ -83,6 +95,8 @@ class CaptureRuntime:
             else None,
         )
         self.pending: OrderedDict[str, PendingCall] = OrderedDict()
+        logging.getLogger("LiteLLM Proxy").addFilter(SpoolErrorsLoggedOnce())
+        ScrubbedLogs(self.redactor).install()
         self.flusher.start()
         self.policy = ServedPolicy(self.lake, self.writer.writer_id, settings.pause_max_hold_s)
         self.policy.start()

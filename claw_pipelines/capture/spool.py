@@ -1,14 +1,11 @@
-"""The local spool: where a turn becomes durable before its answer leaves the proxy.
+"""The local spool: where a row becomes durable before its answer leaves the proxy.
 
 Each proxy process owns one spool directory (named by its writer id and held with an exclusive
-``flock``). Rows are appended to one active segment per table, one frame per row written with a
-single ``write`` call (format in ``spool_codec``), so a killed process leaves at most a torn
-frame, of a turn that was never answered. ``SpoolFlusher`` seals segments and commits them to
-Delta, each commit tagged with a Delta app transaction ``(writer_id, segment_seq)``; a segment
-is deleted only after its commit, and a commit that landed before a crash is recognised by its
-transaction version and never applied twice. Directories whose owner died are adopted and
-committed by any live process. Frames that cannot be decoded are moved to a quarantine file
-under the spool root (never silently dropped) so they cannot block the rest of the spool.
+``flock``). Rows are appended to one active segment per table, one frame per row (format in
+``spool_codec``). A frame is written whole or not at all: a short write (a full disk) is cut back
+off the file and the call fails with 503 (``SpoolUnavailable``), so no later frame ever follows a
+torn one and no answer is given for a row that is not there. A killed process leaves at most a
+torn last frame, of a turn that was never answered. ``spool_flusher`` commits sealed segments.
 """
 
 from __future__ import annotations
@@ -19,26 +16,19 @@ import fcntl
 import logging
 import os
 import secrets
-import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from claw_pipelines.capture import spool_codec
-from claw_pipelines.lake import Lake, TableWriter
 from claw_pipelines.schemas import LANDING_MODELS, LandingRow
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
 SEGMENT_SUFFIX = ".spool"
-QUARANTINE_DIR = "quarantine"
 
 
 def new_writer_id() -> str:
@@ -61,16 +51,81 @@ def parse_segment_name(name: str) -> tuple[str, int] | None:
     return table, int(seq)
 
 
+RETRY_AFTER_S = 2
+"""What a 503 for a spool that cannot be written asks the client to wait: about two flushes,
+which free the space of the segments they commit."""
+
+
+class SpoolUnavailable(RuntimeError):
+    """A row could not be made durable in the spool (disk full, I/O error, failed fsync).
+
+    The call fails with 503 and ``Retry-After`` instead of answering 200 for a row that may never
+    land. ``status_code``, ``headers`` and ``message`` are what LiteLLM's proxy answers with when a
+    hook raises an exception that carries them, and what the ``/claw/v1`` endpoints answer.
+    """
+
+    status_code = 503
+
+    def __init__(self, what: str, error: OSError) -> None:
+        reason = error.strerror or type(error).__name__
+        self.message = f"the capture spool cannot {what} ({reason}); retry later"
+        self.headers = {"Retry-After": str(RETRY_AFTER_S)}
+        super().__init__(self.message)
+
+
+class SpoolErrorsLoggedOnce(logging.Filter):
+    """Drops another logger's record of a ``SpoolUnavailable`` (LiteLLM logs every failed call
+    with its traceback): the spool logs a shortage once when it starts and once when it ends."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        raised = record.exc_info[1] if record.exc_info else None
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(isinstance(value, SpoolUnavailable) for value in (raised, *args))
+
+
+class _Episode:
+    """Logs a run of spool failures once when it starts and once when it ends, not per call."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.failures = 0
+        self._lock = threading.Lock()
+
+    def failed(self, error: OSError) -> None:
+        with self._lock:
+            self.failures += 1
+            first = self.failures == 1
+        if first:
+            log.error("spool %s failed (%s); calls get 503 until it works again", self.what, error)
+
+    def succeeded(self) -> None:
+        if not self.failures:  # the common case, without taking the lock
+            return
+        with self._lock:
+            failures, self.failures = self.failures, 0
+        if failures:
+            log.warning("spool %s works again after %d failure(s)", self.what, failures)
+
+
 @dataclass
 class _ActiveSegment:
     seq: int
     fd: int
     rows: int = 0
+    size: int = 0
+    """Bytes of the complete frames in the file: where a failed write is cut back to."""
+    torn: bool = False
+    """A failed write left bytes past ``size`` that could not be cut off yet."""
 
 
 @dataclass
 class SpoolWriter:
-    """Appends landing rows to this process's spool directory."""
+    """Appends landing rows to this process's spool directory.
+
+    An append writes the whole frame or fails: a short write (a full disk) is cut back off the
+    file before the error is raised, so a later frame never follows a torn one, and the caller
+    fails the call (``SpoolUnavailable``) instead of answering for a row that is not there.
+    """
 
     root: Path
     writer_id: str = field(default_factory=new_writer_id)
@@ -86,25 +141,32 @@ class SpoolWriter:
         self._sealed_rows: dict[tuple[str, int], int] = {}
         self._next_seq: dict[str, int] = {}
         self._dirty: set[int] = set()
+        self._sync_error: OSError | None = None
         self._fsync_task: asyncio.Future | None = None
+        self.write_failures = _Episode("write")
+        self.fsync_failures = _Episode("fsync")
 
     def append(self, row: LandingRow) -> None:
-        """Write one row to its table's active segment (one ``write`` of one IPC message)."""
+        """Write one row to its table's active segment whole, or raise ``SpoolUnavailable``."""
         table = row.table_name
         message = spool_codec.encode(row)
         with self._mutex:
-            segment = self._active.get(table)
-            if segment is None:
-                segment = self._open_segment(table)
-            os.write(segment.fd, message)
+            try:
+                segment = self._active.get(table) or self._open_segment(table)
+                _write_frame(segment, message)
+            except OSError as error:
+                self.write_failures.failed(error)
+                raise SpoolUnavailable("store this row", error) from error
             segment.rows += 1
+            segment.size += len(message)
             self._dirty.add(segment.fd)
+        self.write_failures.succeeded()
 
     def _open_segment(self, table: str) -> _ActiveSegment:
         seq = self._next_seq.get(table, 0)
-        self._next_seq[table] = seq + 1
         path = self.directory / segment_name(table, seq)
         fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+        self._next_seq[table] = seq + 1
         segment = _ActiveSegment(seq, fd)
         self._active[table] = segment
         return segment
@@ -115,9 +177,10 @@ class SpoolWriter:
             segment = self._active.get(table)
             return segment is not None and segment.seq == seq
 
-    def active_rows(self) -> int:
+    def active_load(self) -> tuple[int, int]:
+        """Rows and bytes in the active segments (what the next flush would seal)."""
         with self._mutex:
-            return self._active_rows()
+            return self._active_rows(), sum(s.size for s in self._active.values())
 
     def spooled_rows(self) -> int:
         """Rows appended and not committed yet: in active segments and in sealed ones waiting
@@ -138,40 +201,69 @@ class SpoolWriter:
         """Close every non-empty active segment so the flusher may commit it.
 
         A segment written since the last sync is fsynced first, so sealing never leaves rows
-        less durable than the fsync policy promised.
+        less durable than the fsync policy promised; a failed fsync is raised by the next
+        ``sync`` (the answers waiting for it fail), and the rows are committed all the same.
         """
         with self._mutex:
             for table, segment in list(self._active.items()):
-                if segment.rows:
-                    if segment.fd in self._dirty:
-                        os.fsync(segment.fd)
-                    os.close(segment.fd)
+                if not segment.rows:
+                    continue
+                if segment.torn:  # what is left past the last frame was never answered
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(segment.fd, segment.size)
+                if segment.fd in self._dirty:
                     self._dirty.discard(segment.fd)
-                    self._sealed_rows[(table, segment.seq)] = segment.rows
-                    del self._active[table]
+                    try:
+                        os.fsync(segment.fd)
+                    except OSError as error:
+                        self._sync_error = self._sync_error or error
+                os.close(segment.fd)
+                self._sealed_rows[(table, segment.seq)] = segment.rows
+                del self._active[table]
 
     def sync(self) -> None:
-        """fsync every segment written since the last sync (one call serves many answers)."""
+        """fsync every segment written since the last sync (one call serves many answers).
+
+        Raises ``SpoolUnavailable`` if an fsync failed (here or in a seal since the last sync):
+        the rows it covered may not survive a power loss.
+        """
         with self._mutex:
             dirty, self._dirty = self._dirty, set()
-        for fd in dirty:
-            with contextlib.suppress(OSError):
-                os.fsync(fd)
+            failure, self._sync_error = self._sync_error, None
+            fds = [os.dup(fd) for fd in dirty]  # a seal may close the originals meanwhile
+        try:
+            for fd in fds:
+                try:
+                    os.fsync(fd)
+                except OSError as error:
+                    failure = failure or error
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if failure is not None:
+            self.fsync_failures.failed(failure)
+            raise SpoolUnavailable("make this row durable", failure) from failure
+        self.fsync_failures.succeeded()
 
     async def durable(self) -> None:
         """Group commit: with per-answer fsync, wait until the rows appended so far are on disk.
 
         Concurrent answers share one fsync running in a thread, so the event loop never blocks
-        and the cost is amortised over everything appended meanwhile.
+        and the cost is amortised over everything appended meanwhile. An fsync that was already
+        running may have started before this row was written, so it is waited out and the next
+        one, which covers the row, decides. Raises ``SpoolUnavailable`` if that fsync failed.
         """
         if not self.fsync_per_answer:
             return
-        if self._fsync_task is None or self._fsync_task.done():
-            self._fsync_task = asyncio.ensure_future(asyncio.to_thread(self.sync))
-            await self._fsync_task
-            return
-        await self._fsync_task
-        await self.durable()
+        while True:
+            running = self._fsync_task
+            if running is None or running.done():
+                task = asyncio.ensure_future(asyncio.to_thread(self.sync))
+                task.add_done_callback(_retrieve_exception)
+                self._fsync_task = task
+                await asyncio.shield(task)
+                return
+            await asyncio.wait([running])
 
     def close(self) -> None:
         self.seal()
@@ -183,224 +275,30 @@ class SpoolWriter:
         os.close(self._lock_fd)
 
 
-def quarantine_frames(root: Path, writer_id: str, segment: Path, frames: list[bytes]) -> Path:
-    """Write undecodable frames to ``<root>/quarantine/<writer>-<segment>.quarantined``.
+def _write_frame(segment: _ActiveSegment, frame: bytes) -> None:
+    """Append ``frame`` whole, or cut the file back to its last complete frame and raise.
 
-    The file is in spool format and written atomically under a fixed name, so quarantining the
-    same segment again (a retry after a failed commit) rewrites identical content.
+    A torn write left by an earlier failure is cut off first; if it cannot be, nothing is
+    appended after it.
     """
-    directory = root / QUARANTINE_DIR
-    directory.mkdir(exist_ok=True)
-    target = directory / f"{writer_id}-{segment.stem}.quarantined"
-    partial = target.with_name(target.name + ".partial")
-    with partial.open("wb") as file:
-        file.write(b"".join(frames))
-        file.flush()
-        os.fsync(file.fileno())
-    partial.replace(target)
-    return target
-
-
-def dedupe_on_key(data: pa.Table, key: str) -> pa.Table:
-    """Keep the first row per key: a replayed or repeated row must not land twice."""
-    if data.num_rows < 2 or pc.count_distinct(data.column(key)).as_py() == data.num_rows:
-        return data
-    indices = pa.table({key: data.column(key), "_i": pa.array(range(data.num_rows))})
-    first = indices.group_by(key, use_threads=False).aggregate([("_i", "min")]).column("_i_min")
-    return data.take(pc.take(first, pc.sort_indices(first)))
-
-
-class SpoolCommitError(RuntimeError):
-    """Some tables of a spool directory could not be committed; their segments stay on disk."""
-
-
-@dataclass
-class SpoolFlusher:
-    """Commits sealed spool segments to Delta in micro-batches, in a background thread."""
-
-    writer: SpoolWriter
-    lake: Lake
-    max_rows: int = 512
-    interval_s: float = 1.0
-    fsync_interval_s: float | None = 0.1
-    adopt_every_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._commit_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._tables: dict[str, TableWriter] = {}
-        self._committed: dict[tuple[str, str], int | None] = {}
-        self.committed_rows = 0
-
-    def start(self) -> None:
-        self.adopt_orphans()
-        self._thread = threading.Thread(target=self._run, name="claw-spool-flusher", daemon=True)
-        self._thread.start()
-
-    def nudge(self) -> None:
-        """Ask for an early flush (called when the active segment is large)."""
-        if self.writer.active_rows() >= self.max_rows:
-            self._wake.set()
-
-    def _run(self) -> None:
-        """Flush every interval (or when nudged) and adopt orphans every ``adopt_every_s``.
-
-        Each keeps its own schedule whether or not its last attempt failed: a failing flush
-        never skips adoption, and is retried once per interval rather than on every tick.
-        """
-        next_flush = time.monotonic() + self.interval_s
-        next_adopt = time.monotonic() + self.adopt_every_s
-        tick = self.fsync_interval_s or self.interval_s
-        while not self._stop.is_set():
-            self._wake.wait(timeout=min(tick, self.interval_s))
-            woken = self._wake.is_set()
-            self._wake.clear()
-            if self.fsync_interval_s is not None:
-                self.writer.sync()
-            now = time.monotonic()
-            if woken or now >= next_flush:
-                next_flush = now + self.interval_s
-                _logging_failure(self.flush, "spool flush")
-            if now >= next_adopt:
-                next_adopt = now + self.adopt_every_s
-                _logging_failure(self.adopt_orphans, "orphan adoption")
-
-    def flush(self) -> int:
-        """Seal the active segments and commit every sealed segment of this writer."""
-        self.writer.seal()
-        return self.commit_directory(self.writer.directory, self.writer.writer_id)
-
-    def commit_directory(self, directory: Path, writer_id: str) -> int:
-        """Commit the sealed segments in ``directory`` per table, oldest first, then delete them.
-
-        A table that fails does not stop the others; ``SpoolCommitError`` is raised afterwards.
-        """
-        own = directory == self.writer.directory
-        by_table: dict[str, list[tuple[int, Path]]] = {}
-        for path in directory.iterdir():
-            parsed = parse_segment_name(path.name)
-            if parsed is None:
-                continue
-            table, seq = parsed
-            if own and self.writer.is_active(table, seq):
-                continue
-            by_table.setdefault(table, []).append((seq, path))
-        committed = 0
-        failures: dict[str, Exception] = {}
-        with self._commit_lock:
-            for table, segments in by_table.items():
-                try:
-                    committed += self._commit_segments(table, sorted(segments), writer_id)
-                except Exception as error:
-                    failures[table] = error
-        self.committed_rows += committed
-        if failures:
-            first = next(iter(failures.values()))
-            raise SpoolCommitError(
-                f"could not commit {', '.join(failures)} from {directory}"
-            ) from first
-        return committed
-
-    def _table(self, table: str) -> TableWriter:
-        if table not in self._tables:
-            self._tables[table] = self.lake.writer(table)
-        return self._tables[table]
-
-    def _last_committed(self, table: str, writer_id: str) -> int | None:
-        """Ask Delta once per (table, writer); afterwards this flusher knows its own commits."""
-        if (table, writer_id) not in self._committed:
-            committed = self._table(table).committed_app_version(writer_id)
-            self._committed[(table, writer_id)] = committed
-        return self._committed[(table, writer_id)]
-
-    def _commit_segments(self, table: str, segments: list[tuple[int, Path]], writer_id: str) -> int:
-        already = self._last_committed(table, writer_id)
-        pending = [(seq, path) for seq, path in segments if already is None or seq > already]
-        for seq, path in segments:
-            if already is not None and seq <= already:
-                self._remove_committed(table, seq, path, writer_id)
-        if not pending:
-            return 0
-        model = LANDING_MODELS[table]
-        parts = [self._decodable_rows(path, table, writer_id) for _, path in pending]
-        data = dedupe_on_key(pa.concat_tables(parts), model.key)
-        if data.num_rows:
-            self._table(table).append(
-                data,
-                app_id=writer_id,
-                app_version=pending[-1][0],
-                metadata={"claw.writer_id": writer_id, "claw.segments": str(len(pending))},
-            )
-            self._committed[(table, writer_id)] = pending[-1][0]
-        for seq, path in pending:
-            self._remove_committed(table, seq, path, writer_id)
-        return data.num_rows
-
-    def _remove_committed(self, table: str, seq: int, path: Path, writer_id: str) -> None:
-        path.unlink(missing_ok=True)
-        if writer_id == self.writer.writer_id:
-            self.writer.landed(table, seq)
-
-    def _decodable_rows(self, path: Path, table: str, writer_id: str) -> pa.Table:
-        """The segment's rows; frames that cannot be decoded are quarantined, with an ERROR."""
-        rows, undecodable = spool_codec.decode_salvaging(path.read_bytes(), table)
-        if undecodable:
-            target = quarantine_frames(self.writer.root, writer_id, path, undecodable)
-            log.error(
-                "%d undecodable %s row(s) of spool segment %s moved to %s",
-                len(undecodable),
-                table,
-                path,
-                target,
-            )
-        return rows
-
-    def adopt_orphans(self) -> int:
-        """Commit and remove the spool directories of processes that are gone.
-
-        A directory that fails is logged and left for the next round; it never stops the others,
-        nor the proxy from starting.
-        """
-        adopted = 0
-        root = self.writer.root
-        for directory in sorted(p for p in root.iterdir() if p.is_dir()):
-            if directory == self.writer.directory:
-                continue
-            lock_path = directory / LOCK_NAME
-            try:
-                fd = os.open(lock_path, os.O_RDWR)
-            except FileNotFoundError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            try:
-                adopted += self.commit_directory(directory, directory.name)
-                shutil.rmtree(directory, ignore_errors=True)
-            except Exception:
-                log.exception("adopting %s failed; it stays spooled and is retried", directory)
-            finally:
-                os.close(fd)
-        if adopted:
-            log.info("adopted %d spooled rows from stopped writers", adopted)
-        return adopted
-
-    def stop(self) -> None:
-        """Stop the thread and commit everything still spooled (graceful shutdown)."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        _logging_failure(self.flush, "final spool flush")
-
-
-def _logging_failure(action: Callable[[], object], what: str) -> None:
-    """Run a background step; a failure is logged and its rows stay spooled for a later try."""
+    if segment.torn:
+        os.ftruncate(segment.fd, segment.size)
+        segment.torn = False
+    view = memoryview(frame)
+    written = 0
     try:
-        action()
-    except Exception:
-        log.exception("%s failed; spooled rows stay on disk and are retried", what)
+        while written < len(frame):
+            written += os.write(segment.fd, view[written:])
+    except OSError:
+        if written:
+            segment.torn = True
+            with contextlib.suppress(OSError):
+                os.ftruncate(segment.fd, segment.size)
+                segment.torn = False
+        raise
+
+
+def _retrieve_exception(task: asyncio.Future) -> None:
+    """Mark a shared fsync's failure as seen: the answers that waited for it have raised it."""
+    if not task.cancelled():
+        task.exception()

@@ -3,8 +3,12 @@
 A record is one frame: ``b"CLW1"``, the lengths of its two parts, a CRC32 of both, then the row's
 scalar fields as JSON (serialised by pydantic in Rust) and its token-ID / logprob lists as raw
 little-endian int32 / float32 buffers (each prefixed by its length, -1 for null). Thousands of
-numbers per turn are never written or parsed as JSON text. A frame cut short by a crash (or with
-a bad checksum) ends the segment: its turn was never answered.
+numbers per turn are never written or parsed as JSON text.
+
+Reading a segment never stops silently: a frame cut short at the end of a segment (a write a crash
+interrupted, whose turn was never answered) is reported as a torn tail, and damaged bytes in the
+middle are skipped up to the next intact frame and reported, so the frames after them still land.
+A row is any size: the JSON reader's block grows to the longest row of the batch.
 """
 
 from __future__ import annotations
@@ -25,6 +29,16 @@ from claw_pipelines.schemas import LANDING_MODELS, LandingRow
 MAGIC = b"CLW1"
 HEADER = struct.Struct("<4sIII")
 LENGTH = struct.Struct("<i")
+JSON_BLOCK_BYTES = 1 << 20
+"""pyarrow's default JSON block; a row longer than its block would fail to decode."""
+MAX_SCALAR_BYTES = 2**31 - 2
+"""A row's JSON must fit one JSON block, whose size pyarrow takes as an int32."""
+
+
+class RowTooLarge(ValueError):
+    """A row the spool cannot frame (its JSON is over ``MAX_SCALAR_BYTES``)."""
+
+
 PACKED_TYPES = {pa.list_(pa.int32()): ("i", np.int32), pa.list_(pa.float32()): ("f", np.float32)}
 
 
@@ -45,6 +59,8 @@ def encode(row: LandingRow) -> bytes:
     """One spool frame for ``row``."""
     packed = packed_fields(row.table_name)
     scalars = row.model_dump_json(exclude=set(packed)).encode()
+    if len(scalars) > MAX_SCALAR_BYTES:
+        raise RowTooLarge(f"a {row.table_name} row of {len(scalars)} bytes is over the limit")
     buffers = []
     for name, kind in packed.items():
         values = getattr(row, name)
@@ -66,23 +82,57 @@ class Frame:
     lists: memoryview
 
 
-def _frames(data: bytes) -> list[Frame]:
-    """The complete, intact frames of a segment, up to the first torn or corrupt one."""
-    frames = []
-    offset = 0
+@dataclass(frozen=True)
+class Scan:
+    """What a segment's bytes hold: its intact frames, damaged stretches between them (bytes that
+    are no frame, followed by an intact one) and the length of a torn tail (an unfinished last
+    frame)."""
+
+    frames: list[Frame]
+    damaged: list[bytes]
+    torn_tail: int
+
+
+def _frame_at(data: bytes, view: memoryview, offset: int) -> Frame | None:
+    """The intact frame starting at ``offset``, or None (short, wrong magic, bad checksum)."""
+    if offset + HEADER.size > len(data):
+        return None
+    magic, scalar_len, lists_len, checksum = HEADER.unpack_from(data, offset)
+    start = offset + HEADER.size
+    end = start + scalar_len + lists_len
+    if magic != MAGIC or end > len(data):
+        return None
+    scalar, packed = view[start : start + scalar_len], view[start + scalar_len : end]
+    if zlib.crc32(packed, zlib.crc32(scalar)) != checksum:
+        return None
+    return Frame(view[offset:end], scalar, packed)
+
+
+def scan(data: bytes) -> Scan:
+    """Split a segment into intact frames, damaged stretches and a torn tail.
+
+    After a bad frame the scan resumes at the next magic that starts an intact frame (the
+    checksum rules out a magic that happens to occur inside a row), so one damaged frame never
+    hides the frames written after it.
+    """
     view = memoryview(data)
-    while offset + HEADER.size <= len(data):
-        magic, scalar_len, lists_len, checksum = HEADER.unpack_from(data, offset)
-        start = offset + HEADER.size
-        end = start + scalar_len + lists_len
-        if magic != MAGIC or end > len(data):
-            break
-        scalar, packed = view[start : start + scalar_len], view[start + scalar_len : end]
-        if zlib.crc32(packed, zlib.crc32(scalar)) != checksum:
-            break
-        frames.append(Frame(view[offset:end], scalar, packed))
-        offset = end
-    return frames
+    frames: list[Frame] = []
+    damaged: list[bytes] = []
+    offset = 0
+    while offset < len(data):
+        frame = _frame_at(data, view, offset)
+        if frame is not None:
+            frames.append(frame)
+            offset += len(frame.raw)
+            continue
+        resume = data.find(MAGIC, offset + 1)
+        while resume != -1 and _frame_at(data, view, resume) is None:
+            resume = data.find(MAGIC, resume + 1)
+        if resume == -1:
+            return Scan(frames, damaged, len(data) - offset)
+        damaged.append(bytes(view[offset:resume]))
+        offset = resume
+    return Scan(frames, damaged, 0)
 
 
 def _list_columns(lists: list[memoryview], packed: dict[str, pa.DataType]) -> dict[str, pa.Array]:
@@ -120,8 +170,10 @@ def _decode_frames(frames: list[Frame], table: str) -> pa.Table:
     if not frames:
         return schema.empty_table()
     options = pa_json.ParseOptions(explicit_schema=scalar_schema(table))
+    longest = max(len(frame.scalars) for frame in frames)
+    block = pa_json.ReadOptions(block_size=max(JSON_BLOCK_BYTES, longest + 1))
     scalars = b"\n".join(frame.scalars for frame in frames)
-    rows = pa_json.read_json(pa.py_buffer(scalars), parse_options=options)
+    rows = pa_json.read_json(pa.py_buffer(scalars), read_options=block, parse_options=options)
     packed = packed_fields(table)
     for name, column in _list_columns([frame.lists for frame in frames], packed).items():
         rows = rows.append_column(schema.field(name), column)
@@ -129,17 +181,16 @@ def _decode_frames(frames: list[Frame], table: str) -> pa.Table:
 
 
 def decode(data: bytes, table: str) -> pa.Table:
-    """The rows of a segment's bytes, up to the first torn or corrupt frame."""
-    return _decode_frames(_frames(data), table)
+    """The rows of a segment's intact frames."""
+    return _decode_frames(scan(data).frames, table)
 
 
-def decode_salvaging(data: bytes, table: str) -> tuple[pa.Table, list[bytes]]:
-    """The decodable rows of a segment, and the raw frames that cannot be decoded.
+def decode_salvaging(frames: list[Frame], table: str) -> tuple[pa.Table, list[bytes]]:
+    """The decodable rows of a segment's frames, and the raw frames that cannot be decoded.
 
     One bad row (say a null in a required column) must not cost the segment's other rows, so
-    when the whole segment does not decode, its frames are decoded one by one.
+    when the frames do not decode together, they are decoded one by one.
     """
-    frames = _frames(data)
     with contextlib.suppress(Exception):
         return _decode_frames(frames, table), []
     decoded, undecodable = [], []

@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from claw_pipelines.capture.identity import IDENTITY_FIELDS, TurnIdentity
 from claw_pipelines.capture.redact import Redactor
-from claw_pipelines.schemas import Turn, utc_now
+from claw_pipelines.schemas import AgentApi, Turn, utc_now
+
+if TYPE_CHECKING:
+    from claw_pipelines.capture.bridge import Bridge
 
 SAMPLING_KEYS = (
     "temperature",
@@ -37,8 +40,11 @@ SAMPLING_KEYS = (
 )
 
 
-def _json(value: object) -> str | None:
-    return None if value is None else json.dumps(value, ensure_ascii=False, default=str)
+def scrubbed_json(value: object, redactor: Redactor) -> str | None:
+    """``value`` as JSON text with secrets scrubbed (None stays None)."""
+    if value is None:
+        return None
+    return json.dumps(redactor.data(value), ensure_ascii=False, default=str)
 
 
 def _field(obj: object, name: str) -> Any:
@@ -58,7 +64,12 @@ def _dump(obj: object) -> Any:
 
 @dataclass
 class PendingCall:
-    """What is known about a call when it enters the proxy, kept until its answer is spooled."""
+    """What is known about a call when it enters the proxy, kept until its answer is spooled.
+
+    ``api_request`` is the agent's own request (Responses and Messages calls); ``bridge``
+    translates between that API and chat, for a call served through chat or, with ``native``,
+    one LiteLLM served on the API's own route.
+    """
 
     call_id: str
     identity: TurnIdentity
@@ -70,6 +81,10 @@ class PendingCall:
     request_tools: str | None
     sampling_params: str | None
     metadata: str | None
+    api: AgentApi
+    api_request: str | None = None
+    bridge: Bridge | None = None
+    native: bool = False
 
 
 def pending_call(
@@ -79,8 +94,18 @@ def pending_call(
     body_metadata: dict[str, Any] | None,
     client_stream: bool,
     redactor: Redactor,
+    *,
+    api: AgentApi | None = None,
+    api_request: dict[str, Any] | None = None,
+    bridge: Bridge | None = None,
+    native: bool = False,
 ) -> PendingCall:
-    """Snapshot the request side of a call (scrubbed) at the moment the proxy accepts it."""
+    """Snapshot the request side of a call (scrubbed) at the moment the proxy accepts it.
+
+    ``data`` is a chat (or text completion) request: for a Responses or Messages call, its
+    translation to chat, so the normalized columns read the same whatever the agent spoke
+    (``api`` says which; by default the one ``data`` is).
+    """
     messages = data.get("messages")
     if messages is None and data.get("prompt") is not None:
         messages = [{"role": "user", "content": data["prompt"]}]
@@ -89,17 +114,22 @@ def pending_call(
     if isinstance(claw, dict):
         metadata["claw"] = {k: v for k, v in claw.items() if k not in IDENTITY_FIELDS}
     sampling = {key: data[key] for key in SAMPLING_KEYS if data.get(key) is not None}
+    text_completion = "prompt" in data and "messages" not in data
     return PendingCall(
         call_id=call_id,
         identity=identity,
         model=redactor.text(str(data.get("model", ""))),
-        call_type="completion" if "prompt" in data and "messages" not in data else "chat",
+        call_type="completion" if text_completion else "chat",
         stream=client_stream,
         started_at=utc_now(),
-        request_messages=_json(redactor.data(messages)),
-        request_tools=_json(redactor.data(data.get("tools"))),
-        sampling_params=_json(redactor.data(sampling) if sampling else None),
-        metadata=_json(redactor.data(metadata) if metadata else None),
+        request_messages=scrubbed_json(messages, redactor),
+        request_tools=scrubbed_json(data.get("tools"), redactor),
+        sampling_params=scrubbed_json(sampling, redactor) if sampling else None,
+        metadata=scrubbed_json(metadata, redactor) if metadata else None,
+        api=api or ("completions" if text_completion else "chat"),
+        api_request=scrubbed_json(api_request, redactor),
+        bridge=bridge,
+        native=native,
     )
 
 
@@ -156,11 +186,17 @@ def _choice_identity(pending: PendingCall, choice: int) -> dict[str, Any]:
     }
 
 
-def _base_turn(pending: PendingCall, choice: int, **values: Any) -> Turn:
+def _base_turn(
+    pending: PendingCall, choice: int, buffered_stream: bool = False, **values: Any
+) -> Turn:
     ended_at = utc_now()
+    if buffered_stream:
+        values["first_token_at"] = ended_at
     return Turn(
         **_choice_identity(pending, choice),
         call_type=pending.call_type,
+        api=pending.api,
+        api_request=pending.api_request,
         stream=pending.stream,
         started_at=pending.started_at,
         ended_at=ended_at,
@@ -174,11 +210,17 @@ def _base_turn(pending: PendingCall, choice: int, **values: Any) -> Turn:
 
 
 def turns_from_response(
-    pending: PendingCall, response: object, redactor: Redactor, writer_id: str
+    pending: PendingCall,
+    response: object,
+    redactor: Redactor,
+    writer_id: str,
+    api_response: str | None = None,
 ) -> list[Turn]:
     """One turn per choice of a complete (non-streamed upstream) response.
 
     Chat responses carry ``prompt_token_ids`` once; text completions carry them per choice.
+    A buffered stream reaches the agent all at once, right after its turn is spooled, so its
+    first token arrives at ``ended_at``.
     """
     response_prompt_ids = _field(response, "prompt_token_ids")
     usage = _field(response, "usage")
@@ -204,14 +246,49 @@ def turns_from_response(
                 prompt_token_ids=prompt_ids,
                 response_token_ids=response_ids,
                 response_logprobs=_logprob_values(_field(choice, "logprobs")),
-                response_message=_json(redactor.data(message)),
+                response_message=scrubbed_json(message, redactor),
                 response_text=redactor.text(message.get("content") or "") or None,
                 prompt_tokens=_field(usage, "prompt_tokens") if usage else None,
                 completion_tokens=_completion_tokens(response_ids, usage),
                 writer_id=writer_id,
+                api_response=api_response,
+                buffered_stream=pending.stream,
             )
         )
     return turns
+
+
+def native_turn(
+    pending: PendingCall,
+    answer: dict[str, Any],
+    redactor: Redactor,
+    writer_id: str,
+    first_token_at: datetime | None = None,
+) -> Turn:
+    """The row of a Responses or Messages call LiteLLM served on that API's own route.
+
+    Its answer carries no engine token IDs (vLLM's routes return none), so ``token_source`` is
+    none; the normalized columns come from the bridge's translation of the answer to chat. The
+    answer is kept as LiteLLM's route made it, naming the model as the agent asked for it (as
+    LiteLLM's proxy does on the way out; it also hands a Responses id out encrypted).
+    """
+    message, finish_reason = pending.bridge.chat_view(answer)
+    usage = answer.get("usage") or {}
+    return _base_turn(
+        pending,
+        0,
+        model=str(answer.get("model") or pending.model),
+        status="success",
+        finish_reason=finish_reason,
+        token_source="none",
+        response_message=scrubbed_json(message, redactor),
+        response_text=redactor.text(message["content"]) or None,
+        prompt_tokens=usage.get("input_tokens"),
+        completion_tokens=usage.get("output_tokens"),
+        first_token_at=first_token_at,
+        api_response=scrubbed_json({**answer, "model": pending.model}, redactor),
+        writer_id=writer_id,
+    )
 
 
 def error_turn(
@@ -254,19 +331,23 @@ class StreamAccumulator:
     usage: object = None
     first_token_at: datetime | None = None
 
-    def add(self, chunk: object) -> None:
+    def add(self, chunk: object) -> bool:
+        """Take a chunk; True if it ends a choice (so it must wait until the turn is spooled)."""
         self.model = self.model or _field(chunk, "model")
         self.prompt_token_ids = self.prompt_token_ids or _field(chunk, "prompt_token_ids")
         if _field(chunk, "usage") is not None:
             self.usage = _field(chunk, "usage")
+        ends = False
         for choice in _field(chunk, "choices") or []:
             state = self.choices.setdefault(_field(choice, "index") or 0, _StreamedChoice())
             delta = _field(choice, "delta")
             content = _field(delta, "content") if delta is not None else _field(choice, "text")
+            tool_calls = (_field(delta, "tool_calls") if delta is not None else None) or []
+            if content or tool_calls:
+                self.first_token_at = self.first_token_at or utc_now()
             if content:
                 state.content.append(content)
-                self.first_token_at = self.first_token_at or utc_now()
-            for call in (_field(delta, "tool_calls") if delta is not None else None) or []:
+            for call in tool_calls:
                 self._add_tool_call(state, call)
             token_ids = _field(choice, "token_ids")
             if token_ids is None:
@@ -280,7 +361,10 @@ class StreamAccumulator:
             if values is not None:
                 state.saw_logprobs = True
                 state.logprobs.extend(values)
-            state.finish_reason = _field(choice, "finish_reason") or state.finish_reason
+            finish_reason = _field(choice, "finish_reason")
+            state.finish_reason = finish_reason or state.finish_reason
+            ends = ends or bool(finish_reason)
+        return ends
 
     @staticmethod
     def _add_tool_call(state: _StreamedChoice, call: object) -> None:
@@ -314,7 +398,7 @@ class StreamAccumulator:
                     prompt_token_ids=self.prompt_token_ids,
                     response_token_ids=response_ids,
                     response_logprobs=state.logprobs if state.saw_logprobs else None,
-                    response_message=_json(redactor.data(message)),
+                    response_message=scrubbed_json(message, redactor),
                     response_text=redactor.text(message["content"]) or None,
                     first_token_at=self.first_token_at,
                     prompt_tokens=_field(self.usage, "prompt_tokens") if self.usage else None,

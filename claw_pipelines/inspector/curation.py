@@ -1,17 +1,20 @@
 """Curation decisions as `labels` rows: one step, one trajectory, or every trajectory of a filter.
 
 Labels are appended (history is kept, the latest wins); the pipeline's `curated_steps` asset applies
-them on its next refresh, so the inspector never rewrites a derived table itself.
+them on its next refresh, so the inspector never rewrites a derived table itself. A note is free
+text and is scrubbed of secrets like every stored string; the label, tags and author are stored
+verbatim (they are filtered on), so one shaped like a secret is refused instead.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import polars as pl
 import pyarrow as pa
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from claw_pipelines.capture.redact import NotSecret, Redactor
 from claw_pipelines.inspector.filters import TrajectoryFilter, apply
 from claw_pipelines.inspector.summary import PROVISIONAL
 from claw_pipelines.inspector.tables import LakeState
@@ -28,11 +31,11 @@ class LabelRequest(BaseModel):
     target_kind: Literal["step", "trajectory", "filter"]
     target_ids: list[str] = Field(default_factory=list, max_length=10_000)
     filter: TrajectoryFilter | None = None
-    quality_label: str | None = Field(default=None, max_length=100)
+    quality_label: Annotated[str, Field(max_length=100), NotSecret] | None = None
     trainable: bool | None = None
-    tags: list[str] | None = Field(default=None, max_length=50)
+    tags: list[Annotated[str, NotSecret]] | None = Field(default=None, max_length=50)
     note: str | None = Field(default=None, max_length=4000)
-    author: str = Field(min_length=1, max_length=100)
+    author: Annotated[str, Field(min_length=1, max_length=100), NotSecret]
 
     @model_validator(mode="after")
     def _says_something(self) -> LabelRequest:
@@ -98,7 +101,11 @@ def label_rows(request: LabelRequest, kind: str, ids: pl.Series) -> pa.Table:
     return frame.to_arrow().cast(Label.arrow_schema())
 
 
-def write_labels(lake: Lake, request: LabelRequest, state: LakeState) -> LabelResult:
+def write_labels(
+    lake: Lake, request: LabelRequest, state: LakeState, redactor: Redactor
+) -> LabelResult:
+    if request.note:
+        request = request.model_copy(update={"note": redactor.text(request.note)})
     kind, ids = resolve_targets(request, state)
     if ids.is_empty():
         return LabelResult(written=0, target_kind=kind, labels_version=state.versions.get("labels"))

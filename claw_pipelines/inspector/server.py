@@ -12,8 +12,6 @@ from the Delta change feeds in a background thread, serves every request.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -33,6 +31,8 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from claw_pipelines.access import is_loopback, key_refusal
+from claw_pipelines.capture.redact import Redactor
 from claw_pipelines.inspector import render
 from claw_pipelines.inspector.api_models import (
     BatchPreviewOut,
@@ -44,6 +44,7 @@ from claw_pipelines.inspector.api_models import (
     TrajectoryList,
     TrajectoryRow,
 )
+from claw_pipelines.inspector.auth import KeyRequired
 from claw_pipelines.inspector.batch_preview import (
     Preview,
     PreviewCache,
@@ -61,7 +62,9 @@ from claw_pipelines.inspector.overview import Overview, RecipeStatus, compute, r
 from claw_pipelines.inspector.tables import LakeIndex
 from claw_pipelines.inspector.trajectory import prompt_tokens, trajectory_detail
 from claw_pipelines.lake import Lake
+from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.recipes import Recipe
+from claw_pipelines.settings import get_settings
 
 HERE = Path(__file__).parent
 REFRESH_S = 1.0
@@ -171,11 +174,15 @@ def create_app(
     *,
     background: bool = True,
     allowed_hosts: list[str] | None = None,
+    key: str | None = None,
 ) -> FastAPI:
     """The app over ``lake`` (default: CLAW_LAKE_URI). ``background=False`` leaves refreshing
     to the caller (tests call ``app.state.inspector.refresh()``); ``allowed_hosts`` restricts
-    the Host header (a loopback server refuses other names, against DNS rebinding)."""
+    the Host header (a loopback server refuses other names, against DNS rebinding); ``key``,
+    if given, is required by every request (``auth``)."""
     inspector = Inspector(lake or Lake.from_settings())
+    redactor = Redactor.from_environment()
+    redactor.add_secret(key)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -189,6 +196,8 @@ def create_app(
     app.state.inspector = inspector
     if allowed_hosts:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
+    if key:
+        app.add_middleware(KeyRequired, key=key)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
@@ -298,7 +307,7 @@ def create_app(
     @app.post("/api/labels")
     def labels_json(request: Annotated[LabelRequest, Body()]) -> LabelResult:
         try:
-            result = write_labels(inspector.lake, request, inspector.index.state)
+            result = write_labels(inspector.lake, request, inspector.index.state, redactor)
         except UnknownTargets as error:
             raise HTTPException(404, str(error)) from None
         inspector.refresh()
@@ -371,7 +380,16 @@ LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1"]
 
 
 def serve(host: str = "127.0.0.1", port: int = 8120) -> None:
-    """Run the inspector over CLAW_LAKE_URI until interrupted."""
-    loopback = ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    app = create_app(allowed_hosts=LOOPBACK_NAMES if loopback else None)
+    """Run the inspector over CLAW_LAKE_URI until interrupted; off loopback only with a strong
+    ``CLAW_INSPECTOR_KEY``, as the proxy needs a strong master key. A lake it could not write
+    labels to is refused at start, with one line."""
+    key = get_settings().inspector_key
+    refusal = key_refusal(host, key, "CLAW_INSPECTOR_KEY")
+    if refusal is not None:
+        raise SystemExit(f"claw inspect: {refusal}")
+    try:
+        lake = Lake.checked()
+    except LakeStoreError as error:
+        raise SystemExit(f"claw inspect: {error}") from error
+    app = create_app(lake, allowed_hosts=LOOPBACK_NAMES if is_loopback(host) else None, key=key)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -5,17 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import polars as pl
 import pytest
-from stack_fixtures import CaptureStack, launch_stack
+from stack_fixtures import CaptureStack, Load, launch_stack
 
-from claw_pipelines.processes import stop_group
+from claw_pipelines.processes import free_port, stop_group
 from claw_pipelines.stack import start_proxy
 
 CLIENTS = 64
@@ -59,68 +57,28 @@ def test_concurrent_clients_on_two_workers_land_every_answer_once(
 
     asyncio.run(run_all())
     assert len(answered) == CLIENTS * TURNS_PER_CLIENT
-    turns = two_worker_stack.wait_for_rows(lambda df: df.height >= len(answered), timeout_s=120)
+    turns = two_worker_stack.wait_for_rows(
+        lambda df: set(answered) <= set(df["turn_id"]), timeout_s=120
+    )
     assert turns.height == len(answered)
     assert turns["turn_id"].n_unique() == turns.height
     assert set(turns["turn_id"]) == set(answered)
     assert turns["writer_id"].n_unique() == 2
 
 
-class _Load:
-    """Clients that keep calling the proxy (through restarts) and record every answered turn."""
-
-    def __init__(self, stack: CaptureStack, clients: int) -> None:
-        self.stack = stack
-        self.clients = clients
-        self.answered: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    async def _one(self, index: int) -> None:
-        client = openai.AsyncOpenAI(
-            base_url=f"{self.stack.proxy_url}/t/crash-{index}/g/v1",
-            api_key=self.stack.key,
-            max_retries=0,
-            timeout=30,
-        )
-        async with client:
-            while not self.stop.is_set():
-                try:
-                    raw = await client.chat.completions.with_raw_response.create(
-                        model="policy",
-                        messages=[{"role": "user", "content": "What is 6 * 7?"}],
-                        max_tokens=16,
-                    )
-                except (openai.APIConnectionError, openai.APIStatusError, openai.APITimeoutError):
-                    await asyncio.sleep(0.2)
-                    continue
-                self.answered.append(raw.headers["x-litellm-call-id"])
-
-    async def _run(self) -> None:
-        await asyncio.gather(*(self._one(i) for i in range(self.clients)))
-
-
-def _wait_for_answers(load: _Load, count: int, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while len(load.answered) < count:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(load.answered)} answers")
-        time.sleep(0.2)
-
-
 def test_kill_9_under_load_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     stack = launch_stack(tmp_path)
     port = int(stack.proxy_url.rsplit(":", 1)[1])
-    load = _Load(stack, clients=16)
+    load = Load(stack.key, [f"{stack.proxy_url}/t/crash-{i}/g/v1" for i in range(16)])
     load.thread.start()
     try:
         for _ in range(3):
-            _wait_for_answers(load, len(load.answered) + 150)
+            load.wait_for(len(load.answered) + 150)
             os.killpg(stack.proxy.pid, signal.SIGKILL)
             stack.proxy.process.wait(timeout=30)
             stack.proxy = start_proxy(port, tmp_path, f"{stack.engine.url}/v1", stack.env)
             stack.proxy.wait_ready("/health/liveliness", timeout_s=240)
-        _wait_for_answers(load, len(load.answered) + 100)
+        load.wait_for(len(load.answered) + 100)
     finally:
         load.stop.set()
         load.thread.join(timeout=60)
@@ -134,3 +92,31 @@ def test_kill_9_under_load_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     assert turns["turn_id"].n_unique() == turns.height, "duplicate turn ids"
     assert turns.filter(pl.col("status") == "success").height >= len(answered)
     assert not any(Path(stack.env["CLAW_SPOOL_DIR"]).glob("*/*.spool"))
+
+
+def test_separate_proxy_processes_on_one_lake_land_every_answer_once(tmp_path: Path) -> None:
+    """Two `claw proxy` processes (as on two machines: their own spool directories) append to
+    the same tables at once."""
+    first = launch_stack(tmp_path / "first")
+    second_dir = tmp_path / "second"
+    env = {**first.env, "CLAW_SPOOL_DIR": str(second_dir / "spool")}
+    second_proxy = start_proxy(free_port(), second_dir, f"{first.engine.url}/v1", env)
+    second = CaptureStack(second_dir, first.engine, second_proxy, first.key, env)
+    answered: list[str] = []
+    try:
+        second_proxy.wait_ready("/health/liveliness", timeout_s=240)
+
+        async def run_all() -> None:
+            stacks = (first, second)
+            await asyncio.gather(*(_client_loop(stacks[i % 2], i, answered) for i in range(32)))
+
+        asyncio.run(run_all())
+    finally:
+        for proxy in (first.proxy, second_proxy):
+            stop_group(proxy.process, grace_s=30, sig=signal.SIGTERM)
+        first.engine.stop()
+    assert len(answered) == 32 * TURNS_PER_CLIENT
+    turns = first.rows()
+    assert turns.height == turns["turn_id"].n_unique() == len(answered)
+    assert set(turns["turn_id"]) == set(answered)
+    assert turns["writer_id"].n_unique() == 2

@@ -100,6 +100,7 @@ def test_streamed_turns_land_with_the_engines_exact_ids(capture_stack: CaptureSt
         assert row["stream"] is True
         assert row["prompt_token_ids"] == prompt_ids
         assert (row["response_text"] or "") == text
+        assert row["first_token_at"] == row["ended_at"]  # a buffered stream arrives at once
         assert_matches_engine(capture_stack, row, response_id)
 
 
@@ -453,7 +454,7 @@ def test_a_client_call_id_header_never_becomes_the_turn_id(capture_stack: Captur
 def test_a_call_the_engine_rejects_does_not_bench_the_deployment(
     capture_stack: CaptureStack,
 ) -> None:
-    """The embedded engine has no /v1/responses: its 404 must not put `policy` in cooldown."""
-    rejected = post(capture_stack, "/v1/responses", b'{"model": "policy", "input": "hi"}')
+    """The embedded engine has no /v1/embeddings: its 404 must not put `policy` in cooldown."""
+    rejected = post(capture_stack, "/v1/embeddings", b'{"model": "policy", "input": "hi"}')
     assert rejected.status_code == 404, rejected.text
     chat(client_for(capture_stack))

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 import yaml
-from deltalake.exceptions import DeltaError
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from claw_pipelines.capture import spool_codec
 from claw_pipelines.capture.control import RewardIn, StepIn, build_control_app
 from claw_pipelines.capture.identity import (
     IdentityError,
@@ -31,18 +28,13 @@ from claw_pipelines.capture.launcher import (
     served_model,
 )
 from claw_pipelines.capture.redact import REDACTED, Redactor
+from claw_pipelines.capture.request_body import BodyRejected, parse_json_object
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
-from claw_pipelines.capture.spool import (
-    QUARANTINE_DIR,
-    SpoolCommitError,
-    SpoolFlusher,
-    SpoolWriter,
-)
 from claw_pipelines.capture.turns import StreamAccumulator, pending_call, turns_from_response
 from claw_pipelines.lake import Lake
+from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import free_port
-from claw_pipelines.schemas import Reward, Turn, utc_now
 from claw_pipelines.settings import LOCAL_MASTER_KEY, ClawSettings
 
 
@@ -61,6 +53,30 @@ def test_redactor_scrubs_credential_keys_and_values() -> None:
     assert "sk-live" not in scrubbed["nested"]["note"]
     assert "my-master-key-123" not in json.dumps(scrubbed)
     assert scrubbed["prompt_token_ids"] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("text", "scrubbed"),
+    [
+        ("api_key_sk-0a1b2c3d4e5f6a7b8c9d", "api_key_[REDACTED]"),
+        ("xsk-proj-4fQx9ZkLm2PaT7rW8eYc1Vb3", "x[REDACTED]"),
+        ("42sk-ant-api03-AbCdEf0123456789xyz", "42[REDACTED]"),
+        ("keyAKIAIOSFODNN7EXAMPLE!", "key[REDACTED]!"),
+        ("auth_Bearer abcdef123456", "auth_[REDACTED]"),
+        ("use sk-live-abcdef123456 now", "use [REDACTED] now"),
+    ],
+)
+def test_keys_glued_to_other_characters_are_scrubbed(text: str, scrubbed: str) -> None:
+    assert Redactor().text(text) == scrubbed
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["task-3fa85f64-5717-4562-b3fc-2c963f66afa6", "risk-averse", "desk-lamp-model-x1", "sk-learn"],
+)
+def test_words_and_ids_glued_to_sk_are_kept(text: str) -> None:
+    """Not key material after ``sk-``: no run of 16 letters and digits with a digit in it."""
+    assert Redactor().text(text) == text
 
 
 def test_identity_headers_win_over_metadata() -> None:
@@ -150,6 +166,9 @@ def test_master_key_rules() -> None:
         resolve_master_key("0.0.0.0", LOCAL_MASTER_KEY)
     strong = "sk-" + "x" * 40
     assert resolve_master_key("0.0.0.0", strong) == strong
+    with pytest.raises(ProxyStartError, match="weak"):
+        resolve_master_key("0.0.0.0", "k" * 23)
+    assert resolve_master_key("0.0.0.0", "k" * 24) == "k" * 24
 
 
 def test_restream_carries_prompt_and_response_ids() -> None:
@@ -260,122 +279,6 @@ def test_each_choice_is_its_own_rollout_of_the_group(trajectory: str | None) -> 
         assert {t.group_id for t in turns} == {"g"}
 
 
-def _turn(turn_id: str) -> Turn:
-    now = utc_now()
-    return Turn(turn_id=turn_id, model="m", started_at=now, ended_at=now, prompt_token_ids=[1])
-
-
-def test_torn_last_frame_is_ignored(tmp_path: Path) -> None:
-    writer = SpoolWriter(tmp_path / "spool")
-    writer.append(_turn("a"))
-    writer.append(_turn("b"))
-    writer.seal()
-    segment = next(writer.directory.glob("turns-*"))
-    segment.write_bytes(segment.read_bytes()[:-20])
-    assert spool_codec.decode(segment.read_bytes(), "turns").column("turn_id").to_pylist() == ["a"]
-
-
-def test_commit_is_never_applied_twice(tmp_path: Path) -> None:
-    """A crash after the Delta commit but before the segment is deleted must not duplicate it."""
-    lake = Lake(str(tmp_path / "lake"))
-    writer = SpoolWriter(tmp_path / "spool")
-    flusher = SpoolFlusher(writer, lake)
-    writer.append(_turn("a"))
-    writer.append(_turn("a"))
-    writer.seal()
-    segment = next(writer.directory.glob("turns-*"))
-    kept = segment.read_bytes()
-    assert flusher.flush() == 1
-    segment.write_bytes(kept)
-    assert flusher.flush() == 0
-    assert not segment.exists()
-    assert lake.scan("turns").collect().height == 1
-
-
-def test_orphaned_spool_is_adopted(tmp_path: Path) -> None:
-    lake = Lake(str(tmp_path / "lake"))
-    dead = SpoolWriter(tmp_path / "spool")
-    dead.append(_turn("left-behind"))
-    dead.close()
-    live = SpoolWriter(tmp_path / "spool")
-    assert SpoolFlusher(live, lake).adopt_orphans() == 1
-    assert not dead.directory.exists()
-    assert lake.scan("turns").collect()["turn_id"].to_list() == ["left-behind"]
-
-
-def test_spool_codec_round_trips_null_empty_and_long_lists() -> None:
-    now = utc_now()
-    turns = [
-        Turn(turn_id="none", model="m", started_at=now, ended_at=now),
-        Turn(turn_id="empty", model="m", started_at=now, ended_at=now, prompt_token_ids=[]),
-        Turn(
-            turn_id="long",
-            model="m",
-            started_at=now,
-            ended_at=now,
-            prompt_token_ids=list(range(2**31 - 3000, 2**31 - 1)),
-            response_token_ids=[0, 1],
-            response_logprobs=[-0.25, -1.5],
-        ),
-    ]
-    decoded = spool_codec.decode(b"".join(spool_codec.encode(t) for t in turns), "turns")
-    for turn, row in zip(turns, decoded.to_pylist(), strict=True):
-        assert row["turn_id"] == turn.turn_id
-        assert row["prompt_token_ids"] == turn.prompt_token_ids
-        assert row["response_token_ids"] == turn.response_token_ids
-        assert row["response_logprobs"] == turn.response_logprobs
-        assert row["started_at"] == turn.started_at
-
-
-def _nan_reward() -> Reward:
-    """A row the boundary now refuses, as an older proxy could still have spooled it."""
-    return Reward.model_construct(reward_id="bad", trajectory_id="t", value=float("nan"))
-
-
-def test_undecodable_rows_are_quarantined_and_block_nothing(tmp_path: Path) -> None:
-    lake = Lake(str(tmp_path / "lake"))
-    dead = SpoolWriter(tmp_path / "spool")
-    dead.append(Reward(reward_id="orphan-ok", trajectory_id="t", value=1.0))
-    dead.append(_nan_reward())
-    dead.close()
-    writer = SpoolWriter(tmp_path / "spool")
-    writer.append(Reward(reward_id="ok", trajectory_id="t", value=0.5))
-    writer.append(_nan_reward())
-    writer.append(_turn("turn-after"))
-    flusher = SpoolFlusher(writer, lake)
-    flusher.start()
-    flusher.stop()
-    rewards = lake.scan("rewards").collect()["reward_id"].to_list()
-    assert sorted(rewards) == ["ok", "orphan-ok"]
-    assert lake.scan("turns").collect()["turn_id"].to_list() == ["turn-after"]
-    assert not any(writer.directory.glob("*.spool")) and not dead.directory.exists()
-    quarantined = sorted((tmp_path / "spool" / QUARANTINE_DIR).iterdir())
-    assert len(quarantined) == 2
-    for path in quarantined:
-        assert len(spool_codec._frames(path.read_bytes())) == 1
-
-
-def test_a_failing_flush_backs_off_and_never_stops_startup(tmp_path: Path) -> None:
-    dead = SpoolWriter(tmp_path / "spool")
-    dead.append(_turn("orphan"))
-    dead.close()
-    flusher = SpoolFlusher(
-        SpoolWriter(tmp_path / "spool"), Lake(str(tmp_path / "lake")), interval_s=0.5
-    )
-    attempts = []
-
-    def failing_commit(directory: Path, writer_id: str) -> int:
-        attempts.append(directory)
-        raise OSError("lake unreachable")
-
-    flusher.commit_directory = failing_commit  # type: ignore[method-assign]
-    flusher.start()
-    time.sleep(1.2)
-    flusher.stop()
-    own = [d for d in attempts if d == flusher.writer.directory]
-    assert 2 <= len(own) <= 4, f"{len(own)} flush attempts in 1.2 s at a 0.5 s interval"
-
-
 def test_lake_write_probe_leaves_nothing_and_fails_on_what_cannot_be_written(
     tmp_path: Path,
 ) -> None:
@@ -385,40 +288,10 @@ def test_lake_write_probe_leaves_nothing_and_fails_on_what_cannot_be_written(
     Lake("memory:///lake").check_writable()
     in_the_way = tmp_path / "a-file-where-the-lake-should-go"
     in_the_way.write_text("")
-    with pytest.raises(NotADirectoryError):
+    with pytest.raises(LakeStoreError, match="Not a directory"):
         Lake(str(in_the_way / "lake")).check_writable()
-    with pytest.raises(DeltaError, match="Unknown scheme"):
+    with pytest.raises(LakeStoreError, match="Unknown scheme"):
         Lake("no-such-store://bucket/lake").check_writable()
-
-
-def test_status_counts_spooled_rows_until_they_land(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Rows of sealed segments whose commit failed are still waiting: an operator reading
-    spooled_rows == 0 must be able to trust that everything answered has landed."""
-    in_the_way = tmp_path / "a-file-where-the-lake-should-go"
-    in_the_way.write_text("")
-    settings = ClawSettings(
-        lake_uri=str(in_the_way / "lake"), spool_dir=tmp_path / "spool", flush_interval_s=3600
-    )
-    runtime = CaptureRuntime(settings)
-    monkeypatch.setattr(CaptureRuntime, "_instance", runtime)
-    client = TestClient(build_control_app())
-
-    def spooled_rows() -> int:
-        return client.get("/claw/v1/status").json()["spooled_rows"]
-
-    try:
-        runtime.land([_turn(f"turn-{i}") for i in range(3)])
-        with pytest.raises(SpoolCommitError):
-            runtime.flusher.flush()
-        runtime.land([_turn("turn-3")])
-        assert spooled_rows() == 4
-        in_the_way.unlink()
-        assert runtime.flusher.flush() == 4
-        assert spooled_rows() == 0
-    finally:
-        CaptureRuntime.shutdown_current()
 
 
 def test_a_trajectory_whose_id_has_a_slash_can_be_completed(
@@ -479,3 +352,31 @@ def test_a_backend_that_does_not_answer_is_not_given_a_made_up_model(tmp_path: P
     dead = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(ProxyStartError, match=f"backend {dead}/models did not answer"):
         served_model(dead)
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "problem"),
+    [
+        (b'{"m": [{"c": 1e999}]}', "m[0].c", "not a finite number"),
+        (b'{"a": {"b": -Infinity}}', "a.b", "not a finite number"),
+        (b'{"a": 1' + b"0" * 400 + b".5}", "a", "not a finite number"),
+        (b'{"ids": [1, 2, 3, [' + b"[" * 70 + b"]" * 71 + b"]}", "ids[3]", "nested deeper"),
+        (b'{"\\udfff": 1}', "\\udfff", "lone UTF-16 surrogate"),
+    ],
+)
+def test_request_bodies_are_refused_naming_the_field(body: bytes, field: str, problem: str) -> None:
+    with pytest.raises(BodyRejected) as refused:
+        parse_json_object(body)
+    assert refused.value.status == 400
+    assert refused.value.message.startswith(field) and problem in refused.value.message
+
+
+def test_request_bodies_that_only_look_suspect_are_accepted() -> None:
+    """Brackets and escapes inside strings, a surrogate pair, big and tiny floats, long lists."""
+    body = {
+        "text": "[[[[" * 40 + "\\ud800 is written as text",
+        "pair": "\U0001f600",
+        "floats": [1.7e308, 5e-324, -0.0],
+        "ids": list(range(100_000)),
+    }
+    assert parse_json_object(json.dumps(body).encode()) == body

@@ -4,48 +4,18 @@ its lake cannot be written."""
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
-from stack_fixtures import capture_env
+from stack_fixtures import refused_start
 
-from claw_pipelines.processes import free_port, stop_group
-
-CLI = [sys.executable, "-m", "claw_pipelines.cli"]
-
-
-def refused_start(workdir: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    """Run ``claw proxy`` and return its last output line, after checking that it exited
-    non-zero and left no process of its group running."""
-    process = subprocess.Popen(
-        [*CLI, "proxy", *args],
-        cwd=workdir,
-        env={**os.environ, **capture_env(workdir, "sk-test-start"), **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=120)
-        assert process.returncode != 0, output
-        try:
-            os.killpg(process.pid, 0)
-            raise AssertionError("processes of the refused proxy are still running")
-        except ProcessLookupError:
-            pass
-    finally:
-        stop_group(process, grace_s=5)
-    return output.strip().splitlines()[-1]
+from claw_pipelines.processes import free_port
 
 
 def test_a_taken_port_is_one_clear_line(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        line = refused_start(tmp_path, "--port", str(port))
+        line = refused_start(tmp_path, "proxy", "--port", str(port))
     assert line == (
         f"claw proxy: cannot bind 127.0.0.1:{port} (Address already in use); stop what holds "
         "it or pick another port with --port"
@@ -54,7 +24,7 @@ def test_a_taken_port_is_one_clear_line(tmp_path: Path) -> None:
 
 def test_a_backend_that_does_not_answer_is_refused(tmp_path: Path) -> None:
     backend = f"http://127.0.0.1:{free_port()}/v1"
-    line = refused_start(tmp_path, "--port", str(free_port()), "--backend", backend)
+    line = refused_start(tmp_path, "proxy", "--port", str(free_port()), "--backend", backend)
     assert line.startswith(f"claw proxy: backend {backend}/models did not answer (")
     assert line.endswith("); start it first, or name its model with --backend-model")
 
@@ -63,6 +33,28 @@ def test_a_lake_that_cannot_be_written_is_refused(tmp_path: Path) -> None:
     in_the_way = tmp_path / "a-file-where-the-lake-should-go"
     in_the_way.write_text("")
     lake = in_the_way / "lake"
-    line = refused_start(tmp_path, "--port", str(free_port()), env={"CLAW_LAKE_URI": str(lake)})
+    line = refused_start(
+        tmp_path, "proxy", "--port", str(free_port()), env={"CLAW_LAKE_URI": str(lake)}
+    )
     assert line.startswith(f"claw proxy: cannot write to the lake {lake} (")
     assert line.endswith("); fix CLAW_LAKE_URI or CLAW_STORAGE_OPTIONS")
+
+
+def test_a_non_loopback_bind_needs_a_master_key_of_24_characters(tmp_path: Path) -> None:
+    weak = refused_start(
+        tmp_path, "--host", "0.0.0.0", "--port", str(free_port()),
+        env={"LITELLM_MASTER_KEY": "k" * 23},
+    )  # fmt: skip
+    assert weak == (
+        "claw proxy: refusing to bind 0.0.0.0 with a weak LITELLM_MASTER_KEY; use a random key "
+        "of >= 24 characters"
+    )
+    # 24 characters pass: what stops this start is its port, held here (bound, never listening).
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        port = held.getsockname()[1]
+        strong = refused_start(
+            tmp_path, "--host", "0.0.0.0", "--port", str(port),
+            env={"LITELLM_MASTER_KEY": "k" * 24},
+        )  # fmt: skip
+    assert strong.startswith(f"claw proxy: cannot bind 0.0.0.0:{port} ")

@@ -96,7 +96,7 @@ def test_lake_resource_keeps_secrets_out_of_config(monkeypatch) -> None:
         lake = resource.lake()
     finally:
         get_settings.cache_clear()
-    assert lake.storage_options == options
+    assert lake.storage_options == {**options, "conditional_put": "etag"}  # safe S3 commits
     assert lake.uri("batches/grpo") == "s3://bucket/lake/batches/grpo"
     local = LakeResource.from_settings(ClawSettings(lake_uri="relative/lake"))
     assert Path(local.lake_uri).is_absolute()

@@ -121,7 +121,8 @@ def test_landing_to_exported_grpo_batch_incrementally(
     # Re-materializing the first batch after more data landed reproduces it exactly.
     driver.materialize(["batch_grpo"], partition_key=batch_id)
     reproduced = _batch_rows(bound.lake, batch_id)
-    assert reproduced.select("turn_id", "reward").equals(rows.select("turn_id", "reward"))
+    assert reproduced.columns == rows.columns
+    assert reproduced.equals(rows), "a re-materialized batch differs in some column"
     # So does re-materializing it once the recipe was edited: the batch keeps the recipe it was
     # planned under (here its credit assignment), new batches get the edit.
     edited = recipes()["grpo"].model_copy(update={"credit_assignment": CreditAssignment()})
@@ -132,7 +133,7 @@ def test_landing_to_exported_grpo_batch_incrementally(
         partition_key=batch_id,
     )
     under_edit = _batch_rows(bound.lake, batch_id)
-    assert under_edit.select("turn_id", "reward").equals(rows.select("turn_id", "reward"))
+    assert under_edit.equals(rows), "a batch re-materialized under an edited recipe changed"
 
     # The 4 groups left over make the second batch, with none of the first batch's steps.
     (second,) = driver.tick("batch_grpo_planner").run_requests

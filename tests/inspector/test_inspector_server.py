@@ -146,20 +146,47 @@ def test_user_content_is_escaped_on_every_page(client, lake):
     rollouts = land_rollouts(lake, groups=1, rollouts=1)
     refresh(client)
     evil = "<script>alert('x')</script>"
-    client.post(
+    saved = client.post(
         "/api/labels",
         json={
             "target_kind": "trajectory",
             "target_ids": rollouts.trajectories,
             "note": evil,
             "quality_label": evil,
+            "tags": [evil],
             "author": evil,
         },
     )
-    pages = [f"/trajectories/{rollouts.trajectories[0]}", f"/groups/{rollouts.groups[0]}"]
-    for path in [*pages, "/trajectories"]:
-        assert "<script>alert" not in client.get(path).text
-    assert "&lt;script&gt;alert" in client.get("/trajectories").text
+    assert saved.status_code == 200, saved.text
+    assert saved.json()["written"] == 1
+    (label,) = lake.scan("labels").collect().iter_rows(named=True)
+    assert (label["note"], label["quality_label"], label["tags"]) == (evil, evil, [evil])
+    escaped = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"
+    pages = [
+        f"/trajectories/{rollouts.trajectories[0]}",
+        f"/groups/{rollouts.groups[0]}",
+        "/trajectories",
+    ]
+    for path in pages:
+        html = client.get(path).text
+        assert "<script>alert" not in html, path
+        assert escaped in html, f"the label is not shown on {path}"
+
+
+def test_label_notes_are_scrubbed_and_secret_shaped_labels_refused(client, lake):
+    rollouts = land_rollouts(lake, groups=1, rollouts=1)
+    refresh(client)
+    key = "api_key_sk-" + "0f" * 20
+    label = {"target_kind": "trajectory", "target_ids": rollouts.trajectories, "author": "ann"}
+    saved = client.post("/api/labels", json={**label, "note": f"leaked {key} here"})
+    assert saved.status_code == 200, saved.text
+    (row,) = lake.scan("labels").collect().iter_rows(named=True)
+    assert row["note"] == "leaked api_key_[REDACTED] here"
+    for field, value in [("quality_label", key), ("tags", [key]), ("author", key)]:
+        refused = client.post("/api/labels", json={**label, "trainable": False, field: value})
+        assert refused.status_code == 422, (field, refused.text)
+        assert "looks like a secret" in refused.text
+    assert lake.scan("labels").collect().height == 1
 
 
 def test_a_step_shows_the_tools_its_request_declared(client, lake):

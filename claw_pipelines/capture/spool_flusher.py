@@ -1,0 +1,326 @@
+"""Commits the spool to Delta: sealed segments in micro-batches, from a background thread.
+
+Each commit is tagged with a Delta app transaction ``(writer_id, segment_seq)``; a segment is
+deleted only after its commit, and a commit that landed before a crash is recognised by its
+transaction version and never applied twice. Directories whose owner died are adopted and
+committed by any live process. Nothing a segment holds is dropped unseen: frames that cannot be
+decoded and damaged bytes are moved to a quarantine file under the spool root, so they cannot
+block the rest of the spool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from claw_pipelines.capture import spool_codec
+from claw_pipelines.capture.spool import (
+    LOCK_NAME,
+    SpoolUnavailable,
+    SpoolWriter,
+    parse_segment_name,
+)
+from claw_pipelines.lake import Lake, TableWriter
+from claw_pipelines.schemas import LANDING_MODELS
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_DIR = "quarantine"
+SEGMENT_BYTES = 64 * 1024 * 1024
+"""A flush is asked for once the active segments hold this much (and a commit takes at most
+this much), so large rows never pile up in memory."""
+
+
+def quarantine(
+    root: Path, writer_id: str, segment: Path, pieces: list[bytes], kind: str = "quarantined"
+) -> Path:
+    """Keep what a segment holds but cannot land: undecodable frames (``quarantined``, in spool
+    format) or damaged bytes (``damaged``), in ``<root>/quarantine/<writer>-<segment>.<kind>``.
+
+    The file is written atomically under a fixed name, so quarantining the same segment again
+    (a retry after a failed commit) rewrites identical content.
+    """
+    directory = root / QUARANTINE_DIR
+    directory.mkdir(exist_ok=True)
+    target = directory / f"{writer_id}-{segment.stem}.{kind}"
+    partial = target.with_name(target.name + ".partial")
+    with partial.open("wb") as file:
+        file.write(b"".join(pieces))
+        file.flush()
+        os.fsync(file.fileno())
+    partial.replace(target)
+    return target
+
+
+def dedupe_on_key(data: pa.Table, key: str) -> pa.Table:
+    """Keep the first row per key: a replayed or repeated row must not land twice."""
+    if data.num_rows < 2 or pc.count_distinct(data.column(key)).as_py() == data.num_rows:
+        return data
+    indices = pa.table({key: data.column(key), "_i": pa.array(range(data.num_rows))})
+    first = indices.group_by(key, use_threads=False).aggregate([("_i", "min")]).column("_i_min")
+    return data.take(pc.take(first, pc.sort_indices(first)))
+
+
+@dataclass
+class Schedule:
+    """When the flusher flushes and adopts: each on its own period from ``start``, whether or
+    not its last attempt failed, so a failing flush never skips adoption and is retried once per
+    interval rather than on every tick."""
+
+    interval_s: float
+    adopt_every_s: float
+    start: float
+
+    def __post_init__(self) -> None:
+        self._next_flush = self.start + self.interval_s
+        self._next_adopt = self.start + self.adopt_every_s
+
+    def due(self, now: float, woken: bool) -> tuple[bool, bool]:
+        """Whether to flush (its interval passed, or a nudge) and whether to adopt, at ``now``."""
+        flush = woken or now >= self._next_flush
+        if flush:
+            self._next_flush = now + self.interval_s
+        adopt = now >= self._next_adopt
+        if adopt:
+            self._next_adopt = now + self.adopt_every_s
+        return flush, adopt
+
+
+class SpoolCommitError(RuntimeError):
+    """Some tables of a spool directory could not be committed; their segments stay on disk."""
+
+
+@dataclass
+class SpoolFlusher:
+    """Commits sealed spool segments to Delta in micro-batches, in a background thread."""
+
+    writer: SpoolWriter
+    lake: Lake
+    max_rows: int = 512
+    max_bytes: int = SEGMENT_BYTES
+    interval_s: float = 1.0
+    fsync_interval_s: float | None = 0.1
+    adopt_every_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._commit_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._tables: dict[str, TableWriter] = {}
+        self._committed: dict[tuple[str, str], int | None] = {}
+        self.committed_rows = 0
+
+    def start(self) -> None:
+        self.adopt_orphans()
+        self._thread = threading.Thread(target=self._run, name="claw-spool-flusher", daemon=True)
+        self._thread.start()
+
+    def nudge(self) -> None:
+        """Ask for an early flush when the active segments hold ``max_rows`` or ``max_bytes``."""
+        rows, size = self.writer.active_load()
+        if rows >= self.max_rows or size >= self.max_bytes:
+            self._wake.set()
+
+    def _run(self) -> None:
+        """Flush every interval (or when nudged) and adopt orphans every ``adopt_every_s``,
+        on the ``Schedule``, which no attempt's outcome changes."""
+        schedule = Schedule(self.interval_s, self.adopt_every_s, time.monotonic())
+        tick = self.fsync_interval_s or self.interval_s
+        while not self._stop.is_set():
+            self._wake.wait(timeout=min(tick, self.interval_s))
+            woken = self._wake.is_set()
+            self._wake.clear()
+            if self.fsync_interval_s is not None:
+                with contextlib.suppress(SpoolUnavailable):  # logged once per episode
+                    self.writer.sync()
+            flush, adopt = schedule.due(time.monotonic(), woken)
+            if flush:
+                _logging_failure(self.flush, "spool flush")
+            if adopt:
+                _logging_failure(self.adopt_orphans, "orphan adoption")
+
+    def flush(self) -> int:
+        """Seal the active segments and commit every sealed segment of this writer."""
+        self.writer.seal()
+        return self.commit_directory(self.writer.directory, self.writer.writer_id)
+
+    def commit_directory(self, directory: Path, writer_id: str) -> int:
+        """Commit the sealed segments in ``directory`` per table, oldest first, then delete them.
+
+        A table that fails does not stop the others; ``SpoolCommitError`` is raised afterwards.
+        """
+        own = directory == self.writer.directory
+        by_table: dict[str, list[tuple[int, Path]]] = {}
+        for path in directory.iterdir():
+            parsed = parse_segment_name(path.name)
+            if parsed is None:
+                continue
+            table, seq = parsed
+            if own and self.writer.is_active(table, seq):
+                continue
+            by_table.setdefault(table, []).append((seq, path))
+        committed = 0
+        failures: dict[str, Exception] = {}
+        with self._commit_lock:
+            for table, segments in by_table.items():
+                try:
+                    committed += self._commit_segments(table, sorted(segments), writer_id)
+                except Exception as error:
+                    failures[table] = error
+        self.committed_rows += committed
+        if failures:
+            first = next(iter(failures.values()))
+            raise SpoolCommitError(
+                f"could not commit {', '.join(failures)} from {directory}"
+            ) from first
+        return committed
+
+    def _table(self, table: str) -> TableWriter:
+        if table not in self._tables:
+            self._tables[table] = self.lake.writer(table)
+        return self._tables[table]
+
+    def _last_committed(self, table: str, writer_id: str) -> int | None:
+        """Ask Delta once per (table, writer); afterwards this flusher knows its own commits."""
+        if (table, writer_id) not in self._committed:
+            committed = self._table(table).committed_app_version(writer_id)
+            self._committed[(table, writer_id)] = committed
+        return self._committed[(table, writer_id)]
+
+    def _commit_segments(self, table: str, segments: list[tuple[int, Path]], writer_id: str) -> int:
+        already = self._last_committed(table, writer_id)
+        pending = [(seq, path) for seq, path in segments if already is None or seq > already]
+        for seq, path in segments:
+            if already is not None and seq <= already:
+                self._remove_committed(table, seq, path, writer_id)
+        return sum(
+            self._commit_batch(table, batch, writer_id)
+            for batch in _batches_of_bytes(pending, self.max_bytes)
+        )
+
+    def _commit_batch(self, table: str, segments: list[tuple[int, Path]], writer_id: str) -> int:
+        """One Delta commit of ``segments``' rows, tagged with the last one's sequence number."""
+        model = LANDING_MODELS[table]
+        parts = [self._decodable_rows(path, table, writer_id) for _, path in segments]
+        data = dedupe_on_key(pa.concat_tables(parts), model.key)
+        if data.num_rows:
+            try:
+                self._table(table).append(
+                    data,
+                    app_id=writer_id,
+                    app_version=segments[-1][0],
+                    metadata={"claw.writer_id": writer_id, "claw.segments": str(len(segments))},
+                )
+            except Exception:
+                # It may have landed all the same (on an object store, a PUT whose answer was
+                # lost): the next try asks Delta again instead of trusting what we knew.
+                self._committed.pop((table, writer_id), None)
+                raise
+            self._committed[(table, writer_id)] = segments[-1][0]
+        for seq, path in segments:
+            self._remove_committed(table, seq, path, writer_id)
+        return data.num_rows
+
+    def _remove_committed(self, table: str, seq: int, path: Path, writer_id: str) -> None:
+        path.unlink(missing_ok=True)
+        if writer_id == self.writer.writer_id:
+            self.writer.landed(table, seq)
+
+    def _decodable_rows(self, path: Path, table: str, writer_id: str) -> pa.Table:
+        """The segment's rows. Nothing it holds is dropped unseen: frames that cannot be decoded
+        and damaged bytes are quarantined, with an ERROR; a torn tail (a write a crash cut
+        short, whose call was never answered) is dropped with a WARNING."""
+        scan = spool_codec.scan(path.read_bytes())
+        rows, undecodable = spool_codec.decode_salvaging(scan.frames, table)
+        root = self.writer.root
+        if undecodable:
+            target = quarantine(root, writer_id, path, undecodable)
+            log.error("%d undecodable row(s) of %s moved to %s", len(undecodable), path, target)
+        if scan.damaged:
+            target = quarantine(root, writer_id, path, scan.damaged, kind="damaged")
+            log.error("%d damaged stretch(es) of %s moved to %s", len(scan.damaged), path, target)
+        if scan.torn_tail:
+            log.warning(
+                "dropped the torn last %d bytes of %s: a write cut short by a crash, whose call "
+                "was never answered",
+                scan.torn_tail,
+                path,
+            )
+        return rows
+
+    def adopt_orphans(self) -> int:
+        """Commit and remove the spool directories of processes that are gone.
+
+        A directory that fails is logged and left for the next round; it never stops the others,
+        nor the proxy from starting.
+        """
+        adopted = 0
+        root = self.writer.root
+        for directory in sorted(p for p in root.iterdir() if p.is_dir()):
+            if directory == self.writer.directory:
+                continue
+            lock_path = directory / LOCK_NAME
+            try:
+                fd = os.open(lock_path, os.O_RDWR)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                adopted += self.commit_directory(directory, directory.name)
+                shutil.rmtree(directory, ignore_errors=True)
+            except Exception:
+                log.exception("adopting %s failed; it stays spooled and is retried", directory)
+            finally:
+                os.close(fd)
+        if adopted:
+            log.info("adopted %d spooled rows from stopped writers", adopted)
+        return adopted
+
+    def stop(self) -> None:
+        """Stop the thread and commit everything still spooled (graceful shutdown)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        _logging_failure(self.flush, "final spool flush")
+
+
+def _batches_of_bytes(
+    segments: list[tuple[int, Path]], max_bytes: int
+) -> list[list[tuple[int, Path]]]:
+    """Consecutive runs of segments of at most ``max_bytes`` on disk (at least one segment
+    each), so a backlog of large rows is committed in pieces instead of read into memory whole."""
+    batches: list[list[tuple[int, Path]]] = [[]]
+    size = 0
+    for segment in segments:
+        length = segment[1].stat().st_size
+        if batches[-1] and size + length > max_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].append(segment)
+        size += length
+    return [batch for batch in batches if batch]
+
+
+def _logging_failure(action: Callable[[], object], what: str) -> None:
+    """Run a background step; a failure is logged and its rows stay spooled for a later try."""
+    try:
+        action()
+    except Exception:
+        log.exception("%s failed; spooled rows stay on disk and are retried", what)
