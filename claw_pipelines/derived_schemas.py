@@ -350,11 +350,9 @@ def with_turn_columns(
         if "started_at" in rows.columns and "started_at" in readable:
             wanted = wanted.filter(_within(rows.get_column("started_at")))
         wanted = wanted.select("turn_id", *found)
-        tokens = (
-            keyed(wanted, "turn_id", rows.get_column("turn_id"))
-            .unique("turn_id", keep="first")
-            .collect()
-        )
+        tokens = keyed(wanted, "turn_id", rows.get_column("turn_id")).collect()
+        if tokens.get_column("turn_id").is_duplicated().any():
+            tokens = tokens.unique("turn_id", keep="first", maintain_order=True)
         joined = joined.join(tokens, on="turn_id", how="left", maintain_order="left")
     return joined.with_columns(
         pl.lit(None, dtype).alias(name)
@@ -382,8 +380,9 @@ def polars_schema(schema: pa.Schema) -> pl.Schema:
 
 
 def empty(schema: pa.Schema) -> pl.DataFrame:
-    """An empty frame with the table's columns, so "nothing new" flows through every transform."""
-    return pl.from_arrow(schema.empty_table())  # type: ignore[return-value]
+    """An empty frame with the table's columns, so "nothing new" flows through every transform.
+    (Not ``Schema.empty_table``: it imports pandas, a good part of a short run.)"""
+    return pl.from_arrow(pa.Table.from_batches([], schema=schema))  # type: ignore[return-value]
 
 
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)
