@@ -260,7 +260,7 @@ def _link(frame: pl.DataFrame, tokens: pl.DataFrame, sources: pl.Series) -> pl.D
     )
     rows, previous = frame.get_column("_row"), frame.get_column("_prev")
     return frame.with_columns(
-        *(tokens.get_column(name).gather(rows) for name in TOKEN_COLUMNS),
+        *(_in_order(tokens.get_column(name), rows) for name in TOKEN_COLUMNS),
         *(
             pl.when(pl.col("_from_tail"))
             .then(pl.col(f"_tail_{name}"))
@@ -273,6 +273,16 @@ def _link(frame: pl.DataFrame, tokens: pl.DataFrame, sources: pl.Series) -> pl.D
             )
         ),
     )
+
+
+def _in_order(values: pl.Series, rows: pl.Series) -> pl.Series:
+    """``values`` gathered at ``rows``; as they are when ``rows`` is every row in order (turns
+    landing in step order, as time-ordered trajectory ids do), so no token list is copied."""
+    if rows.len() == values.len() and rows.equals(
+        pl.int_range(rows.len(), dtype=rows.dtype, eager=True)
+    ):
+        return values
+    return values.gather(rows)
 
 
 def extract_steps(
