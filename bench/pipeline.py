@@ -202,16 +202,18 @@ def phase_write(lake: Lake, target: str) -> dict:
     return {"seconds": seconds, "rows": table.num_rows, "encodings": encodings}
 
 
-def _step_seconds(result) -> dict[str, float]:
+def _step_seconds(instance, run_id: str) -> dict[str, float]:
     """Each step's wall time in the run, from its start and success events."""
+    import dagster as dg
+
     started: dict[str, float] = {}
     seconds: dict[str, float] = {}
-    for event in result.all_events:
-        kind, key = event.event_type_value, event.step_key
-        if kind == "STEP_START":
-            started[key] = event.timestamp
-        elif kind == "STEP_SUCCESS" and key in started:
-            seconds[key] = round(event.timestamp - started[key], 3)
+    for entry in instance.all_logs(run_id):
+        kind, key = entry.dagster_event_type, entry.step_key
+        if kind == dg.DagsterEventType.STEP_START:
+            started[key] = entry.timestamp
+        elif kind == dg.DagsterEventType.STEP_SUCCESS and key in started:
+            seconds[key] = round(entry.timestamp - started[key], 3)
     return seconds
 
 
@@ -244,7 +246,7 @@ def phase_pipeline(lake: Lake, groups: int) -> dict:
     (exported,) = [m for m in logged if m.asset_key == dg.AssetKey("export_grpo")]
     return {
         "seconds": seconds,
-        "steps": _step_seconds(result),
+        "steps": _step_seconds(instance, result.run_id),
         "ok": result.success,
         "batch_rows": batch.metadata["dagster/partition_row_count"].value,
         "export_rows": exported.metadata["dagster/partition_row_count"].value,
