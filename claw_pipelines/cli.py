@@ -119,14 +119,37 @@ def demo(
         "http://127.0.0.1:4000"
     ),
     concurrency: Annotated[int, typer.Option(help="Rollouts in flight at once.")] = 8,
+    online: Annotated[
+        bool,
+        typer.Option(
+            help="Also play the trainer: take each GRPO batch, pause, announce version + 1, "
+            "resume; rounds go on until it trained --train-steps batches."
+        ),
+    ] = False,
+    train_steps: Annotated[int, typer.Option(help="With --online: batches to train on.")] = 6,
+    train_s: Annotated[
+        float, typer.Option(help="With --online: seconds one pretend training step takes.")
+    ] = 2.0,
+    online_timeout_s: Annotated[
+        float, typer.Option(help="With --online: give up after this long without a batch.")
+    ] = 300.0,
 ) -> None:
     """Drive a tool-using agent through the proxy: real traffic for the pipeline."""
-    from claw_pipelines.demo import run_demo
+    from claw_pipelines.demo import Online, run_demo
 
     summary = run_demo(
-        prompts=prompts, rollouts=rollouts, proxy_url=proxy_url, concurrency=concurrency
+        prompts=prompts,
+        rollouts=rollouts,
+        proxy_url=proxy_url,
+        concurrency=concurrency,
+        online=Online(train_steps, online_timeout_s, train_s) if online else None,
     )
     if summary.errors == summary.trajectories:
+        raise typer.Exit(code=1)
+    if summary.trainer is not None and summary.trainer.timed_out:
+        typer.echo(
+            f"no GRPO batch for {online_timeout_s:.0f} s: is Dagster running (claw up)?", err=True
+        )
         raise typer.Exit(code=1)
 
 

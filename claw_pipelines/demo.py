@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import secrets
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,18 +28,21 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from claw_pipelines.demo_trainer import CONSUMER, TrainerRun, play_trainer
 from claw_pipelines.engine.tasks import Task, evaluate, generate_tasks, parse_final_answer
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import new_id
+from claw_pipelines.settings import LOCAL_MASTER_KEY
+from claw_pipelines.trainer import BatchConsumer, PolicyClient
 
 MODEL = "policy"
 AGENT = "demo-calculator"
 DATA_SOURCE = "arith"
-BATCH_TABLE = "batches/grpo"
+RECIPE = "grpo"
+BATCH_TABLE = f"batches/{RECIPE}"
 MAX_TURNS = 4
 MAX_TOKENS = 192
 MAX_ERRORS_SHOWN = 5
-DEFAULT_KEY = "sk-claw-local"
 SYSTEM_PROMPT = (
     "You are a careful math assistant. Use the calculator tool when it helps, "
     "and end with 'The answer is N.'"
@@ -202,13 +206,16 @@ class Summary:
     mixed_groups: int
     groups: int
     batches: int | None
+    trainer: TrainerRun | None = None
 
     @property
     def mean_reward(self) -> float | None:
         return sum(self.rewards) / len(self.rewards) if self.rewards else None
 
 
-def summarize(outcomes: Sequence[Outcome], batches: int | None) -> Summary:
+def summarize(
+    outcomes: Sequence[Outcome], batches: int | None, trainer: TrainerRun | None = None
+) -> Summary:
     """Counts for the final table; a group is "mixed" when its rewards differ (GRPO signal)."""
     rewards = [o.reward for o in outcomes if o.reward is not None]
     by_group: dict[str, set[float]] = {}
@@ -223,6 +230,7 @@ def summarize(outcomes: Sequence[Outcome], batches: int | None) -> Summary:
         mixed_groups=sum(len(values) > 1 for values in by_group.values()),
         groups=len({o.rollout.group_id for o in outcomes}),
         batches=batches,
+        trainer=trainer,
     )
 
 
@@ -253,7 +261,49 @@ def summary_table(summary: Summary) -> Table:
     table.add_row("groups with mixed rewards", f"{summary.mixed_groups} / {summary.groups}")
     batches = summary.batches
     table.add_row(f"batches ({BATCH_TABLE})", "not yet" if not batches else str(batches))
+    if summary.trainer is not None:
+        versions = [step.version for step in summary.trainer.steps]
+        trained = f"{len(versions)} batches, policy versions {versions}" if versions else "none"
+        table.add_row("trained on (online)", trained)
     return table
+
+
+@dataclass(frozen=True)
+class Online:
+    """``--online``: batches the pretend trainer takes, its give-up time and step length."""
+
+    steps: int
+    timeout_s: float
+    train_s: float
+
+
+async def _run_online(
+    prompts: int,
+    rollouts: int,
+    proxy_url: str,
+    key: str,
+    concurrency: int,
+    console: Console,
+    online: Online,
+    lake: Lake,
+) -> tuple[list[Outcome], TrainerRun]:
+    """Rounds of rollouts back to back while the trainer thread takes batches."""
+    stop = threading.Event()
+    consumer = BatchConsumer(RECIPE, CONSUMER, lake.root_uri, storage_options=lake.storage_options)
+    with PolicyClient(proxy_url, key) as policy:
+        trainer = asyncio.create_task(
+            asyncio.to_thread(
+                play_trainer, consumer, policy, online.steps, online.timeout_s, online.train_s, stop
+            )
+        )
+        outcomes: list[Outcome] = []
+        try:
+            while not trainer.done():
+                plan = plan_rollouts(generate_tasks(prompts, seed=secrets.randbits(31)), rollouts)
+                outcomes += await _run_all(plan, proxy_url, key, concurrency, console)
+        finally:
+            stop.set()
+        return outcomes, await trainer
 
 
 async def _run_all(
@@ -284,18 +334,28 @@ def run_demo(
     concurrency: int,
     key: str | None = None,
     lake: Lake | None = None,
+    online: Online | None = None,
 ) -> Summary:
-    """Play ``prompts`` x ``rollouts`` trajectories through the proxy and print a summary.
+    """Play ``prompts`` x ``rollouts`` trajectories through the proxy and print a summary; with
+    ``online``, rounds of them until the pretend trainer is done.
 
     ``key`` defaults to LITELLM_MASTER_KEY (else the local key), ``lake`` to the configured one.
     """
     console = Console()
-    key = key or os.environ.get("LITELLM_MASTER_KEY", DEFAULT_KEY)
-    plan = plan_rollouts(generate_tasks(prompts, seed=secrets.randbits(31)), rollouts)
-    outcomes = asyncio.run(_run_all(plan, proxy_url.rstrip("/"), key, max(1, concurrency), console))
+    key = key or os.environ.get("LITELLM_MASTER_KEY", LOCAL_MASTER_KEY)
+    lake = lake or Lake.from_settings()
+    proxy_url, concurrency = proxy_url.rstrip("/"), max(1, concurrency)
+    trainer = None
+    if online is None:
+        plan = plan_rollouts(generate_tasks(prompts, seed=secrets.randbits(31)), rollouts)
+        outcomes = asyncio.run(_run_all(plan, proxy_url, key, concurrency, console))
+    else:
+        outcomes, trainer = asyncio.run(
+            _run_online(prompts, rollouts, proxy_url, key, concurrency, console, online, lake)
+        )
     errors = Counter(outcome.error for outcome in outcomes if outcome.error)
     for error, count in errors.most_common(MAX_ERRORS_SHOWN):
         console.print(f"[red]{count} x[/red] {error}")
-    summary = summarize(outcomes, count_batches(lake or Lake.from_settings()))
+    summary = summarize(outcomes, count_batches(lake), trainer)
     console.print(summary_table(summary))
     return summary

@@ -42,7 +42,7 @@ def test_a_lake_that_cannot_be_written_is_refused(tmp_path: Path) -> None:
 
 def test_a_non_loopback_bind_needs_a_master_key_of_24_characters(tmp_path: Path) -> None:
     weak = refused_start(
-        tmp_path, "--host", "0.0.0.0", "--port", str(free_port()),
+        tmp_path, "proxy", "--host", "0.0.0.0", "--port", str(free_port()),
         env={"LITELLM_MASTER_KEY": "k" * 23},
     )  # fmt: skip
     assert weak == (
@@ -54,7 +54,7 @@ def test_a_non_loopback_bind_needs_a_master_key_of_24_characters(tmp_path: Path)
         held.bind(("0.0.0.0", 0))
         port = held.getsockname()[1]
         strong = refused_start(
-            tmp_path, "--host", "0.0.0.0", "--port", str(port),
+            tmp_path, "proxy", "--host", "0.0.0.0", "--port", str(port),
             env={"LITELLM_MASTER_KEY": "k" * 24},
         )  # fmt: skip
     assert strong.startswith(f"claw proxy: cannot bind 0.0.0.0:{port} ")

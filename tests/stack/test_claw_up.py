@@ -1,5 +1,6 @@
-"""The README's main command: ``claw up`` brings everything up, ``claw demo`` yields a GRPO batch
-without anyone clicking, and Ctrl-C stops every process ``claw up`` started."""
+"""The README's main command: ``claw up`` brings everything up, ``claw demo --online`` yields GRPO
+batches without anyone clicking and trains on them (pause, announce, ack), and Ctrl-C stops
+every process ``claw up`` started."""
 
 from __future__ import annotations
 
@@ -11,13 +12,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+import polars as pl
 import psutil
 import pytest
 from typer.testing import CliRunner
 
 from claw_pipelines.cli import app
+from claw_pipelines.demo_trainer import CONSUMER
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import free_port, start_service, stop_group
+from claw_pipelines.settings import LOCAL_MASTER_KEY
 
 CLI = [sys.executable, "-m", "claw_pipelines.cli"]
 
@@ -49,19 +54,29 @@ def test_claw_up_demo_batch_and_clean_stop(tmp_path: Path) -> None:
         children = psutil.Process(up.pid).children(recursive=True)
         assert len(children) >= 4, "engine, proxy, dagster and inspector"
 
+        online = [*CLI, "demo", "--online", "--train-steps", "2", "--train-s", "0.5"]
         demo = subprocess.run(
-            [*CLI, "demo", "--prompts", "8", "--rollouts", "4", "--proxy-url", proxy_url],
+            [*online, "--prompts", "8", "--rollouts", "4", "--proxy-url", proxy_url],
             cwd=tmp_path,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=420,
             check=False,
         )
         assert demo.returncode == 0, demo.stdout + demo.stderr
-        assert "32 ok / 0 with errors" in demo.stdout, demo.stdout
+        assert " 0 with errors" in demo.stdout, demo.stdout
+        assert "2 batches, policy versions [1, 2]" in demo.stdout, demo.stdout
 
         lake = Lake(str(tmp_path / ".claw" / "lake"))
-        wait_for(lambda: batch_rows(lake) > 0, 300, "the first GRPO batch")
+        assert batch_rows(lake) > 0
+        acks = lake.scan("batch_consumption/grpo").collect()
+        assert acks.filter(pl.col("consumer") == CONSUMER)["trainer_step"].sort().to_list() == [
+            1,
+            2,
+        ]
+        announced = lake.scan("policy_versions").filter(pl.col("event") == "announce").collect()
+        assert sorted(announced["version"]) == [1, 2]
+        assert_next_turn_carries_version(proxy_url, lake, 2)
 
         os.kill(up.pid, signal.SIGINT)
         up.process.wait(timeout=120)
@@ -73,6 +88,26 @@ def test_claw_up_demo_batch_and_clean_stop(tmp_path: Path) -> None:
         for child in children:
             if child.is_running():
                 child.kill()
+
+
+def assert_next_turn_carries_version(proxy_url: str, lake: Lake, version: int) -> None:
+    """A call answered after the trainer's last announce lands under its version."""
+    key = os.environ.get("LITELLM_MASTER_KEY", LOCAL_MASTER_KEY)
+    response = httpx.post(
+        f"{proxy_url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json={"model": "policy", "messages": [{"role": "user", "content": "What is 2 + 3?"}]},
+        timeout=60,
+    )
+    response.raise_for_status()
+    turn_id = response.headers["x-litellm-call-id"]
+
+    def landed() -> pl.LazyFrame:
+        scan = lake.scan("turns")
+        return pl.LazyFrame() if scan is None else scan.filter(pl.col("turn_id") == turn_id)
+
+    wait_for(lambda: landed().collect().height == 1, 60, f"turn {turn_id}")
+    assert landed().collect()["policy_version"].to_list() == [version]
 
 
 def test_claw_up_help_says_only_the_proxy_leaves_loopback() -> None:
