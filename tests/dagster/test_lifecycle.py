@@ -685,7 +685,7 @@ def test_derived_tables_keep_statistics_for_flat_columns_only(tmp_path: Path) ->
     names = ["step_id", "turn_id", "trajectory_id", "policy_version", *TOKEN_COLUMNS]
     rows = pa.table(
         [["s-1"], ["u-1"], ["t-1"], [3], [[1, 2]], [[3]], [[-0.1]]],
-        schema=pa.schema([STEPS.field(name) for name in names]),
+        schema=pa.schema([EXTRACTED_STEPS.field(name) for name in names]),
     )
     write_deltalake(str(steps), rows, writer_properties=WRITER)
     (data_file,) = steps.glob("*.parquet")
