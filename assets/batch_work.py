@@ -6,14 +6,11 @@ the batch's partition."""
 
 import json
 import warnings
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 
 import dagster as dg
 import polars as pl
-import pyarrow as pa
 from deltalake import write_deltalake
 from deltalake.exceptions import CommitFailedError
 
@@ -21,9 +18,9 @@ from assets import ledger
 from assets.checks import repeated_ids
 from assets.incremental import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
 from assets.metadata import counts, histogram, markdown_table, table_metadata
-from claw_pipelines.batch_tables import batches_table, exports_folder, ledger_table
+from claw_pipelines.batch_tables import batch_rows, batches_table, exports_folder, ledger_table
 from claw_pipelines.batch_units import GROUPED
-from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
+from claw_pipelines.derived_schemas import DPO_PAIRS, STORED_BATCH_ROWS, conform
 from claw_pipelines.exporters import Destination, export_batch
 from claw_pipelines.lake import Lake, compact, sql_in
 from claw_pipelines.recipes import BatchPlan, Recipe
@@ -36,33 +33,22 @@ def partitions(recipe: str) -> dg.DynamicPartitionsDefinition:
 
 
 def batch_schema(recipe: Recipe):
-    return DPO_PAIRS if recipe.algorithm == "dpo" else BATCH_ROWS
-
-
-def _prefetched(chunks: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """``chunks``, each produced on a worker thread while the previous one is consumed: reading
-    the next token lists overlaps writing the current ones (polars and delta-rs release the
-    GIL), with at most two chunks in memory."""
-    with ThreadPoolExecutor(max_workers=1) as worker:
-        pending = worker.submit(next, chunks, None)
-        while (chunk := pending.result()) is not None:
-            pending = worker.submit(next, chunks, None)
-            yield chunk
+    """What ``batches/<recipe>`` stores: dpo pairs complete, other rows pointing at turns."""
+    return DPO_PAIRS if recipe.algorithm == "dpo" else STORED_BATCH_ROWS
 
 
 def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
-    """Replace the batch's rows in one commit, so a re-run never duplicates them; the rows are
-    streamed a chunk at a time, so a big batch never holds all its token lists. A batch is one
-    file, so the table is compacted as batches pile up. The schema is merged: a table from
-    before a batch column (``request_tools``) gains it, null in older batches' rows."""
+    """Replace the batch's rows in one commit, so a re-run never duplicates them. Rows point at
+    their turns (no token lists: ``derived_schemas.STORED_BATCH_ROWS``), so even a batch of
+    every step is a small write. A batch is one file, so the table is compacted as batches
+    pile up. The schema is merged: a table from before a batch column gains it, null in older
+    batches' rows."""
     schema = batch_schema(recipe)
     table = lake.ensure(batches_table(recipe.name), schema)
-    chunks = (conform(rows, schema) for rows in plan.row_chunks())
-    batches = (b for chunk in _prefetched(chunks) for b in chunk.to_batches())
     try:
         write_deltalake(
             table,
-            pa.RecordBatchReader.from_batches(schema, batches),
+            conform(plan.planned, schema),
             mode="overwrite",
             predicate=sql_in("batch_id", [plan.batch_id]),
             schema_mode="merge",
@@ -234,7 +220,7 @@ def export_written(lake: Lake, recipe: Recipe, batch_id: str, built: Built | Non
     """Export the written ``batch_id`` and return its materialization metadata; ``built``: the
     batch was just built and checked in this step, so it is not checked again."""
     name = recipe.name
-    rows = lake.scan(batches_table(name)).filter(pl.col("batch_id") == batch_id).collect()
+    rows = batch_rows(lake, name, recipe.algorithm, batch_id)
     if rows.is_empty():
         raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
     if built is None:

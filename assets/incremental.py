@@ -48,8 +48,11 @@ from deltalake.exceptions import CommitFailedError
 from claw_pipelines.derived_schemas import SKIPPING_COLUMNS, conform, empty
 from claw_pipelines.lake import Lake, changes, compact, keyed, sql_in, watermark_app
 
-CHUNK_TRAJECTORIES = 8192
-"""Trajectories recomputed per commit by ``Increment.recompute``."""
+CHUNK_TRAJECTORIES = 32_768
+"""Trajectories recomputed per commit by ``Increment.recompute``. The step tables hold no token
+lists or messages (they point at their turns), so a chunk of a first build takes tens of MiB;
+each chunk costs a scan of the input and a commit (~60 ms together), which at 8,192 per chunk
+was a second of a 100k-step build."""
 
 ROW_GROUP_ROWS = 8192
 """Small row groups, so re-reading a chunk of (time-ordered) trajectory ids skips the rest of
@@ -207,7 +210,8 @@ class Increment:
         after, upto = versions or (self.after[source], self.upto[source])
         if upto is None:
             return None
-        frame = changes(self.inputs[source], after, upto, columns)
+        options = self.lake.storage_options or None
+        frame = changes(self.inputs[source], after, upto, columns, options)
         if frame is None:
             return None
         cdf = ["_change_type", "_commit_timestamp"] + ([] if keep_version else ["_commit_version"])

@@ -30,8 +30,8 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """A quality score in [0, 1] per step and the reasons that lowered it.
 
     Signals and weights come from assets/quality.yaml; trajectories re-credited upstream are
-    re-scored and their rows replaced. Token signals read the rows' token lists from ``steps``
-    (append-only, so its latest version holds every rewarded step).
+    re-scored and their rows replaced. Token signals come from what the step extractor stored
+    (``SIGNAL_COLUMNS``), or else from the rows' token lists read from ``turns``.
     """
     increment = Increment.begin(lake.lake(), "scored_steps", "scored_steps", ["rewarded_steps"])
     affected = trajectory_ids(increment.new_rows("rewarded_steps", ["trajectory_id"]))
@@ -40,10 +40,12 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
         announced = highest_announced_version(increment.lake)
         latest_policy = lag_reference(announced, increment.inputs["rewarded_steps"])
 
+    turns = increment.lake.scan("turns")
+
     def build(keys: list[str]) -> pl.DataFrame:
         return score_steps(
             increment.rows_where("rewarded_steps", "trajectory_id", keys),
-            increment.lake.scan("steps"),
+            turns,
             quality_config(),
             latest_policy_version=latest_policy,
         ).collect()

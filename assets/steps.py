@@ -17,11 +17,11 @@ from assets.checks import (
     unique_step_ids,
 )
 from assets.closed_tails import ClosedTails
+from assets.configs import quality_config
 from assets.incremental import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
 from claw_pipelines.derived_schemas import (
-    NARROW_STEPS,
     OPEN_STATE,
     STEP_SOURCE_COLUMNS,
     STEPS,
@@ -31,7 +31,7 @@ from claw_pipelines.derived_schemas import (
 )
 from claw_pipelines.lake import keyed
 from claw_pipelines.schemas import utc_now
-from claw_pipelines.transforms.steps import extract_steps
+from claw_pipelines.transforms.steps import extract_steps, stored_steps
 from claw_pipelines.transforms.trajectories import summarize_trajectories
 from resources.lake import LakeResource
 
@@ -60,6 +60,10 @@ class StepsConfig(dg.Config):
 def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeResource):
     """Turns of closed trajectories as ordered steps, with prefix-consistency per step.
 
+    A step points at its turn (turn_id, started_at, source_version) instead of copying its
+    token lists and messages (``derived_schemas.TURN_COLUMNS``); what the quality signals need
+    from the token lists is computed here, while they are in memory (``SIGNAL_COLUMNS``).
+
     Reads only turns and trajectory events landed since its watermark plus its own small state
     (``steps_open``: turns of trajectories still open; ``steps_tails``: the closed tails it
     touches, appended to, never rewritten), so work grows with new data. A
@@ -76,6 +80,7 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     events = increment.new_rows("trajectory_events")
     chunks, last_range = _turn_chunks(increment)
     now, table, written, state_version = utc_now(), increment.snapshot, [], None
+    ngram = quality_config().repetition_ngram
     for index, chunk in enumerate(chunks):
         final = index == len(chunks) - 1
         known_tails = tails.scan()
@@ -88,7 +93,7 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
             now=now,
             idle_timeout_s=config.idle_timeout_s,
             reopen_window_s=config.reopen_window_s,
-            emitted=increment.lake.scan("steps"),
+            landed=increment.scan("turns"),
         )
         new_steps, open_turns = extraction.steps, extraction.open_turns.lazy()
         if not (new_steps.height or increment.has_new_data or increment.predates(STEPS)):
@@ -101,7 +106,8 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
         replace = (
             ("step_id", new_steps.get_column("step_id").to_list()) if len(chunks) > 1 else None
         )
-        table = increment.commit(conform(new_steps, STEPS), replace, watermark=final)
+        stored = conform(stored_steps(new_steps, ngram), STEPS)
+        table = increment.commit(stored, replace, watermark=final)
         written.append(
             new_steps.select(
                 "step_id",
@@ -284,7 +290,7 @@ def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
 
     def build(keys: list[str]) -> pl.DataFrame:
         return summarize_trajectories(
-            increment.rows_where("steps", "trajectory_id", keys, NARROW_STEPS.names),
+            increment.rows_where("steps", "trajectory_id", keys, STEPS.names),
             increment.rows_where("trajectory_events", "trajectory_id", keys),
         ).collect()
 

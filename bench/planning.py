@@ -78,7 +78,7 @@ def phase_preview(lake: Lake) -> dict:
     state = LakeIndex(lake, list(recipes)).refresh()
     started = time.perf_counter()
     planned = preview(lake, state, recipes["grpo"])
-    return {"seconds": time.perf_counter() - started, "batch_rows": planned.plan.rows.height}
+    return {"seconds": time.perf_counter() - started, "batch_rows": planned.plan.planned.height}
 
 
 def main() -> None:

@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from claw_pipelines.derived_schemas import (
-    BATCH_ROWS,
     DPO_PAIRS,
-    STEP_ONLY_COLUMNS,
+    STORED_BATCH_ROWS,
     fit,
-    with_tokens,
+    with_turn_columns,
 )
 from claw_pipelines.transforms.group_stats import trajectory_advantages
 
@@ -173,21 +172,20 @@ def trajectory_batch(
             pl.lit(versions).alias("source_versions"),
         )
     )
-    return fit(rows, BATCH_ROWS), pl.concat(drops), ready, rows
+    return fit(rows, STORED_BATCH_ROWS), pl.concat(drops), ready, rows
 
 
 def dpo_batch(
     recipe: Recipe,
     steps: pl.DataFrame,
-    tokens: pl.LazyFrame | pl.DataFrame,
+    turns: pl.LazyFrame | pl.DataFrame,
     batch_id: str,
     versions: str,
 ) -> tuple[pl.DataFrame, pl.DataFrame, bool, pl.DataFrame]:
-    """One pair per state (group, prompt): best vs worst credited reward, gap >= minimum."""
-    eligible = with_tokens(
-        steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_not_null()),
-        tokens,
-        STEP_ONLY_COLUMNS,
+    """One pair per state (group, prompt): best vs worst credited reward, gap >= minimum.
+    The pairs are complete rows (token lists and messages read from ``turns``)."""
+    eligible = with_turn_columns(
+        steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_not_null()), turns
     )
     drops = [
         dropped_as(steps.filter(pl.col("_reason").is_not_null()), pl.col("_reason")),

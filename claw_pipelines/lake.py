@@ -26,6 +26,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.fs import DeltaStorageHandler
 from pyarrow.fs import FileType
 
+from claw_pipelines.appended import appended_rows
 from claw_pipelines.lake_store import check_store, is_remote, store_options
 from claw_pipelines.settings import ClawSettings, get_settings
 
@@ -202,7 +203,7 @@ class Lake:
         if delta_table is None:
             return None, after_version
         latest = delta_table.version() if up_to_version is None else up_to_version
-        return changes(delta_table, after_version, latest, columns), latest
+        return changes(delta_table, after_version, latest, columns, self._options()), latest
 
     def scan(self, table: str, version: int | None = None) -> pl.LazyFrame | None:
         """A lazy scan of the table at ``version`` (default latest); None if it does not exist."""
@@ -292,9 +293,11 @@ def changes(
     after_version: int | None,
     up_to_version: int,
     columns: list[str] | None = None,
+    storage_options: dict[str, str] | None = None,
 ) -> pl.DataFrame | None:
     """Rows inserted into an open table in versions ``(after_version, up_to_version]``, read
-    from its change data feed (None when the range is empty).
+    from its change data feed (None when the range is empty); commits that only appended are
+    read by polars from the files they added (``appended.appended_rows``).
 
     The feed reads the files each version added. Once compaction merged them and a vacuum
     deleted them (the landing tables, ``assets.maintenance``), a read from the start of an
@@ -305,6 +308,9 @@ def changes(
     if after_version is not None and up_to_version <= after_version:
         return None
     start = 0 if after_version is None else after_version + 1
+    appended = appended_rows(delta_table, start, up_to_version, columns, storage_options)
+    if appended is not None:
+        return appended
     wanted = None if columns is None else [*columns, "_change_type", "_commit_version"]
     try:
         reader = delta_table.load_cdf(

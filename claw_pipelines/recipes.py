@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -25,10 +24,8 @@ from claw_pipelines.derived_schemas import (
     BATCH_ROWS,
     DROPPED,
     LEDGER,
-    LENGTH_COLUMNS,
-    STEP_ONLY_COLUMNS,
     fit,
-    with_tokens,
+    with_turn_columns,
 )
 from claw_pipelines.lake import keyed
 from claw_pipelines.transforms.credit import CreditAssignment, assign_credit
@@ -177,20 +174,15 @@ def load_recipes(path: str | Path) -> dict[str, Recipe]:
     return by_name
 
 
-TOKENS_PER_CHUNK = 1 << 25
-"""Token IDs whose lists ``BatchPlan.row_chunks`` reads at a time (32M: 128 MiB of IDs, at
-most as much again of logprobs): memory is bounded by tokens whatever the sequence lengths,
-and a big batch of short steps is read in a few large scans instead of many small ones."""
-
-
 @dataclass(frozen=True)
 class BatchPlan:
     batch_id: str
     planned: pl.DataFrame
-    """``derived_schemas.BATCH_ROWS`` in deterministic order, token lists and tools still null
-    (read from ``tokens`` by ``rows`` / ``row_chunks``); for dpo complete ``DPO_PAIRS`` rows."""
-    tokens: pl.LazyFrame | pl.DataFrame | None
-    """The steps the token lists and tools are read from (None when ``planned`` is complete)."""
+    """What ``batches/<recipe>`` stores of the batch, in deterministic order:
+    ``derived_schemas.STORED_BATCH_ROWS`` (rows pointing at their turns), for dpo complete
+    ``DPO_PAIRS`` rows."""
+    turns: pl.LazyFrame | pl.DataFrame | None
+    """The turns the rows' ``TURN_COLUMNS`` are read from (None when ``planned`` is complete)."""
     dropped: pl.DataFrame
     """``derived_schemas.DROPPED``: unconsumed steps left out of this batch, with the reason
     (filters, waiting for a group, straggler drop, zero variance, no pair, next batch)."""
@@ -208,30 +200,9 @@ class BatchPlan:
 
     @cached_property
     def rows(self) -> pl.DataFrame:
-        """The complete batch rows (all token lists at once)."""
-        return self._with_tokens(self.planned)
-
-    def row_chunks(self) -> Iterator[pl.DataFrame]:
-        """The complete rows, about ``TOKENS_PER_CHUNK`` tokens at a time (sized from the steps'
-        lengths): a big batch is written without holding every token list."""
-        if self.tokens is None:
-            yield self.planned
-            return
-        lengths = with_tokens(self.planned.select("turn_id"), self.tokens, LENGTH_COLUMNS)
-        size = pl.sum_horizontal(LENGTH_COLUMNS)
-        chunk = lengths.select(((size.cum_sum() - size) // TOKENS_PER_CHUNK).alias("_chunk"))
-        parts = self.planned.with_columns(chunk.to_series()).partition_by(
-            "_chunk", maintain_order=True, include_key=False
-        )
-        for part in parts:
-            yield self._with_tokens(part)
-
-    def _with_tokens(self, rows: pl.DataFrame) -> pl.DataFrame:
-        if self.tokens is None:
-            return rows
-        return fit(
-            with_tokens(rows.drop(STEP_ONLY_COLUMNS), self.tokens, STEP_ONLY_COLUMNS), BATCH_ROWS
-        )
+        """The complete batch rows (``BATCH_ROWS``: with their turns' token lists and
+        messages), as exports and trainers take them."""
+        return complete_rows(self.planned, self.turns)
 
     def ledger_rows(self, recipe: str, planned_at: datetime) -> pl.DataFrame:
         """``derived_schemas.LEDGER`` rows marking this batch's steps consumed."""
@@ -346,7 +317,7 @@ def final_drops(recipe: Recipe, dropped: pl.DataFrame) -> pl.DataFrame:
 def plan_batch(
     recipe: Recipe,
     curated_steps: pl.LazyFrame | pl.DataFrame,
-    steps: pl.LazyFrame | pl.DataFrame,
+    turns: pl.LazyFrame | pl.DataFrame,
     ledger: pl.LazyFrame | pl.DataFrame | None,
     now: datetime,
     *,
@@ -370,7 +341,8 @@ def plan_batch(
     plan's ``open_from_next``, lowered to any trajectory changed since) says every trajectory
     sorting before it is consumed or retired: only the rest of each table is read, which file
     statistics make cheap as ids are time-ordered. Planning reads only the narrow curated
-    columns; the token lists of the selected rows are then read from ``steps``.
+    columns: a grpo-style batch's rows point at their turns (``BatchPlan.rows`` reads their
+    token lists from ``turns``); dpo reads the eligible steps' token lists to pair them.
     """
     curated = curated_steps.lazy()
     if latest_policy_version is None:
@@ -402,7 +374,7 @@ def plan_batch(
     )
     versions = json.dumps(source_versions or {}, sort_keys=True)
     if recipe.algorithm == "dpo":
-        rows, dropped, ready, consumed = dpo_batch(recipe, frame, steps, batch_id, versions)
+        rows, dropped, ready, consumed = dpo_batch(recipe, frame, turns, batch_id, versions)
     else:
         rows, dropped, ready, picked = trajectory_batch(recipe, frame, now, batch_id, versions)
         consumed = picked.select("turn_id", "trajectory_id", "group_id")
@@ -418,10 +390,19 @@ def plan_batch(
     return BatchPlan(
         batch_id=batch_id,
         planned=rows,
-        tokens=None if recipe.algorithm == "dpo" else steps,
+        turns=None if recipe.algorithm == "dpo" else turns,
         dropped=dropped,
         ready=ready,
         consumed=consumed.sort("turn_id"),
         final=final,
         open_from_next=open_from_next,
     )
+
+
+def complete_rows(stored: pl.DataFrame, turns: pl.LazyFrame | pl.DataFrame | None) -> pl.DataFrame:
+    """A batch's rows as ``batches/<recipe>`` stores them, completed: grpo-style rows get
+    their ``TURN_COLUMNS`` from ``turns`` (``BATCH_ROWS``); ``turns`` None: complete already
+    (dpo pairs)."""
+    if turns is None:
+        return stored
+    return fit(with_turn_columns(stored, turns), BATCH_ROWS)

@@ -209,7 +209,7 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
     plan = plan_batch(
         recipe,
         curate_steps(pl.scan_delta(scored), labels if labels.height else None),
-        lake.scan("steps", state.versions["steps"]),
+        lake.scan("turns"),
         lake.scan(ledger, state.versions[ledger]) if state.has(ledger) else None,
         datetime.now(UTC),
         retired=retired,
@@ -220,13 +220,13 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
     if retired is not None:  # dropped by earlier plans for good: listed, not planned again
         dropped = pl.concat([dropped, retired.select(dropped.columns).collect()])
     why = None
-    if plan.rows.is_empty():
+    if plan.planned.is_empty():
         why = "no complete, rewarded groups left that pass the recipe's filters"
     return Preview(
         recipe,
         dagster_asset_url(recipe.name),
         plan,
-        group_table(plan.rows, plan.consumed) if plan.rows.height else pl.DataFrame(),
+        group_table(plan.planned, plan.consumed) if plan.planned.height else pl.DataFrame(),
         dropped_table(dropped) if dropped.height else pl.DataFrame(),
         why,
         datetime.now(UTC),

@@ -127,7 +127,7 @@ class Inspector:
             statuses.append(
                 RecipeStatus(
                     recipe=name,
-                    ready_groups=None if plan is None else plan.rows["group_id"].n_unique(),
+                    ready_groups=None if plan is None else plan.planned["group_id"].n_unique(),
                     batch_ready=None if plan is None else plan.ready,
                     batches_produced=produced,
                     steps_in_batches=in_batches,
@@ -161,7 +161,7 @@ def preview_out(preview: Preview) -> BatchPreviewOut:
         dagster_url=preview.dagster_url,
         ready=None if plan is None else plan.ready,
         batch_id=None if plan is None else plan.batch_id,
-        rows=0 if plan is None else plan.rows.height,
+        rows=0 if plan is None else plan.planned.height,
         groups=[GroupPlan(**g) for g in preview.groups.to_dicts()],
         dropped=[DroppedReason(**d) for d in preview.dropped.to_dicts()],
         why_empty=preview.why_empty,

@@ -21,11 +21,15 @@ from assets.checks import unique_step_ids
 from assets.closed_tails import ClosedTails
 from assets.configs import recipes
 from assets.incremental import WRITER, ConcurrentRun, Increment
+from claw_pipelines.batch_tables import batch_rows
 from claw_pipelines.derived_schemas import (
     BATCH_ROWS,
+    EXTRACTED_STEPS,
     OPEN_STATE,
+    SIGNAL_COLUMNS,
     STEPS,
     TOKEN_COLUMNS,
+    TURN_COLUMNS,
     conform,
     empty,
     fit,
@@ -41,12 +45,8 @@ def driver(bound, instance) -> Driver:
 
 
 def _batch_rows(lake, batch_id: str) -> pl.DataFrame:
-    return (
-        lake.scan("batches/grpo")
-        .filter(pl.col("batch_id") == batch_id)
-        .sort("group_id", "trajectory_id", "step_index")
-        .collect()
-    )
+    """The batch's rows as exporters and trainers take them (token lists joined from turns)."""
+    return batch_rows(lake, "grpo", "grpo", batch_id)
 
 
 def assert_batch_matches(rows: pl.DataFrame, landed: Rollouts, group_size: int) -> None:
@@ -60,6 +60,21 @@ def assert_batch_matches(rows: pl.DataFrame, landed: Rollouts, group_size: int) 
         assert row["response_token_ids"] == turn["response_token_ids"]
         assert row["trajectory_id"] == turn["trajectory_id"]
         assert row["reward"] == pytest.approx(landed.rewards[row["trajectory_id"]])
+
+
+def assert_tokens_stored_once(lake: Lake, landed: Rollouts, batch_id: str) -> None:
+    """Only ``turns`` holds the token lists and messages in the lake's tables: steps and batch
+    rows point at their turns. The export is self-contained: its rollouts file alone carries
+    each step's token IDs as landed."""
+    for table in (*CHAIN, "batches/grpo"):
+        names = lake.scan(table).collect_schema().names()
+        assert not set(TURN_COLUMNS) & set(names), table
+    export = Path(lake.uri(f"exports/grpo/{batch_id}"))
+    rollouts = pq.read_table(export / "trl/rollouts.parquet").to_pylist()
+    assert len(rollouts) == 32
+    for row, turn_id in zip(rollouts, _batch_rows(lake, batch_id)["turn_id"], strict=True):
+        assert row["prompt_ids"] == landed.turns[turn_id]["prompt_token_ids"]
+        assert row["completion_ids"] == landed.turns[turn_id]["response_token_ids"]
 
 
 @pytest.mark.parametrize("compact_after_files", [64, 1], ids=["shipped", "compacting-each-run"])
@@ -102,6 +117,7 @@ def test_landing_to_exported_grpo_batch_incrementally(
         (Path(bound.lake.uri(f"exports/grpo/{batch_id}")) / "manifest.json").read_text()
     )
     assert manifest["batch_id"] == batch_id and manifest["rows"] == 32
+    assert_tokens_stored_once(bound.lake, landed, batch_id)
 
     # A re-run with nothing new reads an empty version range and duplicates nothing.
     again = driver.refresh()
@@ -204,20 +220,23 @@ def test_a_stale_concurrent_run_cannot_commit_twice(bound) -> None:
     assert bound.lake.open("steps").transaction_version("claw/steps/turns") == turns_version
 
 
-def test_tables_from_before_request_tools_gain_the_column(driver: Driver, bound) -> None:
-    """A lake whose steps and batch tables predate ``request_tools``: the next run of each
-    merges the column in, even a steps run with nothing new (so its schema check passes), and
-    batches and their TRL export carry the tools."""
-    for table, schema in {"steps": STEPS, "batches/grpo": BATCH_ROWS}.items():
+def test_tables_an_earlier_version_wrote_keep_working(driver: Driver, bound) -> None:
+    """A lake whose steps and batch tables an earlier version wrote (token lists and messages
+    copied into them, no ``request_tools``, no token signals): the next steps run merges the
+    new columns in, even with nothing new, and the schema checks accept the legacy ones; batch
+    rows and their TRL export carry the tools, read from ``turns``."""
+    legacy = {"steps": EXTRACTED_STEPS, "batches/grpo": BATCH_ROWS}
+    for table, schema in legacy.items():
         bound.lake.ensure(table, pa.schema([f for f in schema if f.name != "request_tools"]))
-    driver.materialize(["steps"])
-    assert "request_tools" in bound.lake.scan("steps").collect_schema().names()
+    driver.materialize(["steps"])  # every check passes
+    assert set(SIGNAL_COLUMNS) <= set(bound.lake.scan("steps").collect_schema().names())
     tools = json.dumps([{"type": "function", "function": {"name": "calc"}}])
     land_rollouts(bound.lake, groups=4, group_size=4, steps=1, request_tools=tools)
     driver.refresh()
     (request,) = driver.tick("batch_grpo_planner").run_requests
     driver.materialize(["batch_grpo", "export_grpo"], partition_key=request.partition_key)
-    assert set(bound.lake.scan("batches/grpo").collect()["request_tools"]) == {tools}
+    rows = batch_rows(bound.lake, "grpo", "grpo", request.partition_key)
+    assert set(rows["request_tools"]) == {tools}
     export = Path(bound.lake.uri(f"exports/grpo/{request.partition_key}"))
     assert set(pl.read_parquet(export / "trl/prompts.parquet")["tools"]) == {tools}
 
@@ -666,7 +685,7 @@ def test_derived_tables_keep_statistics_for_flat_columns_only(tmp_path: Path) ->
     names = ["step_id", "turn_id", "trajectory_id", "policy_version", *TOKEN_COLUMNS]
     rows = pa.table(
         [["s-1"], ["u-1"], ["t-1"], [3], [[1, 2]], [[3]], [[-0.1]]],
-        schema=pa.schema([STEPS.field(name) for name in names]),
+        schema=pa.schema([EXTRACTED_STEPS.field(name) for name in names]),
     )
     write_deltalake(str(steps), rows, writer_properties=WRITER)
     (data_file,) = steps.glob("*.parquet")
