@@ -50,7 +50,10 @@ def _play_until_an_sft_batch(fleet: Fleet) -> set[str]:
             break
     assert successes >= SFT_BATCH, f"{successes} successful trajectories in {MAX_ROUNDS} rounds"
     ours = pl.col("agent").eq(AGENT) & pl.col("started_at").ge(started)
-    landed = _wait(lambda: _rows(fleet, "turns").filter(ours), lambda f: f.height >= turns)
+    rows = _wait(
+        lambda: _rows(fleet, "turns"), lambda f: not f.is_empty() and f.filter(ours).height >= turns
+    )
+    landed = rows.filter(ours) if not rows.is_empty() else rows
     assert landed.height == turns
     trajectories = set(landed["trajectory_id"])
     _wait(
