@@ -17,16 +17,16 @@ import pyarrow as pa
 from deltalake import write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from assets import ledger
+from claw_pipelines.batching import ledger
 from assets.checks import repeated_ids
-from assets.incremental import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
+from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
 from assets.metadata import counts, histogram, markdown_table, table_metadata
 from claw_pipelines.batch_tables import batches_table, exports_folder, ledger_table
-from claw_pipelines.batch_units import GROUPED
+from claw_pipelines.batching.units import GROUPED
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
 from claw_pipelines.exporters import Destination, export_batch
 from claw_pipelines.lake import Lake, compact, sql_in
-from claw_pipelines.recipes import BatchPlan, Recipe
+from claw_pipelines.batching.planner import BatchPlan, Recipe
 from claw_pipelines.retired import retired_table
 from claw_pipelines.schemas import utc_now
 

@@ -15,17 +15,17 @@ from datetime import datetime, timedelta
 import dagster as dg
 import polars as pl
 
-from assets import ledger
+from claw_pipelines.batching import ledger
 from assets.automation import after_its_batch
 from assets.batch_work import batch_checks, build_batch, export_written, partitions
-from assets.configs import recipes
-from assets.incremental import ConcurrentRun
+from claw_pipelines.config_files import recipes
+from claw_pipelines.incremental.increment import ConcurrentRun
 from assets.landing import OWNERS
 from assets.quality import curated_steps
 from assets.release import release_key
 from assets.runs import TO_COME, has_run
 from claw_pipelines.batch_tables import ledger_table
-from claw_pipelines.recipes import Recipe
+from claw_pipelines.batching.planner import Recipe
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
 

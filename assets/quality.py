@@ -5,8 +5,8 @@ import polars as pl
 
 from assets.automation import on_new_data
 from assets.checks import schema_spec, schema_unchanged
-from assets.configs import quality_config
-from assets.incremental import Increment, trajectory_ids
+from claw_pipelines.config_files import quality_config
+from claw_pipelines.incremental.increment import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
 from assets.rewards import rewarded_steps

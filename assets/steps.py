@@ -16,8 +16,8 @@ from assets.checks import (
     schema_unchanged,
     unique_step_ids,
 )
-from assets.closed_tails import ClosedTails
-from assets.incremental import Increment, trajectory_ids
+from claw_pipelines.incremental.closed_tails import ClosedTails
+from claw_pipelines.incremental.increment import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
 from claw_pipelines.derived_schemas import (

@@ -48,7 +48,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from assets.incremental import WRITER
+from claw_pipelines.incremental.increment import WRITER
 from claw_pipelines.derived_schemas import TOKEN_COLUMNS
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import TrajectoryEventRow, Turn
@@ -167,7 +167,7 @@ def phase_pipeline(lake: Lake, batch_id: str, groups: int) -> dict:
     import dagster as dg
 
     from assets.batches import build_batch_asset
-    from assets.configs import recipes
+    from claw_pipelines.config_files import recipes
     from claw_pipelines.definitions import build_definitions
     from resources.lake import LakeResource
 

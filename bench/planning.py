@@ -49,8 +49,8 @@ def phase_plan(lake: Lake, batch_id: str, groups: int, retired: bool) -> dict:
     from the same inputs that reads everything, and records nothing)."""
     import pyarrow.compute  # noqa: F401  (imported once by the long-running planner, not per plan)
 
-    from assets import ledger
-    from assets.configs import recipes
+    from claw_pipelines.batching import ledger
+    from claw_pipelines.config_files import recipes
     from claw_pipelines.schemas import utc_now
 
     recipe = recipes()["grpo"].model_copy(update={"groups_per_batch": groups})

@@ -1,7 +1,7 @@
 """Reading a recipe's retired steps (``batch_retired/<recipe>``): which still stand, and where a
 plan may start reading.
 
-The batch asset writes the table (``assets.retirements``); it and the inspector's batch preview
+The batch asset writes the table (``claw_pipelines.batching.retirements``); it and the inspector's batch preview
 plan with it. A retirement stands while no row of its trajectory or group has changed since the
 curated_steps version the table is current through, under the recipe it was decided with.
 """
@@ -14,7 +14,7 @@ import polars as pl
 from deltalake import DeltaTable
 
 from claw_pipelines.lake import keyed
-from claw_pipelines.recipes import Recipe
+from claw_pipelines.batching.planner import Recipe
 
 RECIPE_APP = "claw/retired/recipe"
 """App transaction naming the recipe the retirements were decided under (its fingerprint as a

@@ -24,7 +24,7 @@ import polars as pl
 from claw_pipelines.inspector.tables import LakeState
 from claw_pipelines.lake import Lake, changes, watermark_app
 from claw_pipelines.policy_versions import highest_announced_version, lag_reference
-from claw_pipelines.recipes import BatchPlan, Recipe, load_recipes, plan_batch
+from claw_pipelines.batching.planner import BatchPlan, Recipe, load_recipes, plan_batch
 from claw_pipelines.retired import (
     current_through,
     lowered,

@@ -63,7 +63,7 @@ from claw_pipelines.inspector.tables import LakeIndex
 from claw_pipelines.inspector.trajectory import prompt_tokens, trajectory_detail
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
-from claw_pipelines.recipes import Recipe
+from claw_pipelines.batching.planner import Recipe
 from claw_pipelines.settings import get_settings
 
 HERE = Path(__file__).parent

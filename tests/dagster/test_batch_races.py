@@ -14,8 +14,9 @@ from dagster_harness import Driver, retry_reasons
 from dagster_rollouts import land_rollouts
 from deltalake import DeltaTable
 
-from assets import batch_work, ledger
-from assets.configs import recipes
+from assets import batch_work
+from claw_pipelines.batching import ledger
+from claw_pipelines.config_files import recipes
 from claw_pipelines.schemas import utc_now
 
 

@@ -19,8 +19,9 @@ from dagster._core.storage.tags import WILL_RETRY_TAG
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
-from assets import batch_work, batches, ledger
-from assets.configs import recipes
+from assets import batch_work, batches
+from claw_pipelines.batching import ledger
+from claw_pipelines.config_files import recipes
 from claw_pipelines.schemas import utc_now
 
 RELAUNCHER = "batch_grpo_relauncher"

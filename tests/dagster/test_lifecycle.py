@@ -18,9 +18,9 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from assets.batches import build_batch_asset
 from assets.checks import unique_step_ids
-from assets.closed_tails import ClosedTails
-from assets.configs import recipes
-from assets.incremental import WRITER, ConcurrentRun, Increment
+from claw_pipelines.incremental.closed_tails import ClosedTails
+from claw_pipelines.config_files import recipes
+from claw_pipelines.incremental.increment import WRITER, ConcurrentRun, Increment
 from claw_pipelines.derived_schemas import (
     BATCH_ROWS,
     OPEN_STATE,
@@ -69,11 +69,11 @@ def test_landing_to_exported_grpo_batch_incrementally(
     """Also with every derived, ledger and batch table compacted after each commit: merges
     change no data, so batches, ledgers and re-materialized partitions stay the same."""
     import assets.batch_work
-    import assets.closed_tails
-    import assets.incremental
-    import assets.ledger
+    import claw_pipelines.incremental.closed_tails
+    import claw_pipelines.incremental.increment
+    import claw_pipelines.batching.ledger
 
-    for module in (assets.incremental, assets.closed_tails, assets.ledger, assets.batch_work):
+    for module in (claw_pipelines.incremental.increment, claw_pipelines.incremental.closed_tails, claw_pipelines.batching.ledger, assets.batch_work):
         monkeypatch.setattr(module, "COMPACT_AFTER_FILES", compact_after_files)
     landed = land_rollouts(bound.lake, groups=5, group_size=4, steps=2)
     first_turns = bound.lake.version("turns")
@@ -376,10 +376,10 @@ def test_tails_past_the_reopen_window_leave_the_log(driver: Driver, bound, monke
     """A run that commits deletes the tails closed before the reopen window, compacts a log of
     many small files and drops the state files no version needs any more; a turn landing after
     the window starts a new emission."""
-    import assets.closed_tails
+    import claw_pipelines.incremental.closed_tails
     import assets.steps
 
-    monkeypatch.setattr(assets.closed_tails, "COMPACT_AFTER_FILES", 2)
+    monkeypatch.setattr(claw_pipelines.incremental.closed_tails, "COMPACT_AFTER_FILES", 2)
     landed = land_rollouts(bound.lake, groups=1, group_size=2, steps=1)
     driver.refresh()
     for seed in (1, 2):
@@ -522,10 +522,10 @@ def test_a_reader_whose_versions_were_vacuumed_elsewhere_fails_clearly(
 def test_chunked_recompute_survives_a_crash_part_way(driver: Driver, bound, monkeypatch) -> None:
     """Big backlogs are recomputed a few trajectories per commit; a run dying after some chunks
     committed (watermark not moved yet) is redone by the next run without duplicates."""
-    import assets.incremental
+    import claw_pipelines.incremental.increment
     import assets.quality
 
-    monkeypatch.setattr(assets.incremental, "CHUNK_TRAJECTORIES", 3)
+    monkeypatch.setattr(claw_pipelines.incremental.increment, "CHUNK_TRAJECTORIES", 3)
     land_rollouts(bound.lake, groups=4, group_size=4, steps=1)
     monkeypatch.setattr(
         assets.quality, "score_steps", KilledOnCall(assets.quality.score_steps, n=3)

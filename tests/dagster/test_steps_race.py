@@ -14,7 +14,7 @@ import pytest
 from dagster_harness import Driver, retry_reasons
 from dagster_rollouts import Rollouts, land_rollouts
 
-from assets.incremental import Increment
+from claw_pipelines.incremental.increment import Increment
 from claw_pipelines.schemas import TrajectoryEventRow, rows_to_arrow
 
 WAIT_S = 60.0

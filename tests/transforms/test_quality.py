@@ -9,7 +9,7 @@ import pytest
 from transform_rows import SYSTEM, at, chain, event, events, labels, turn, turns
 
 from claw_pipelines.derived_schemas import CURATED_STEPS, conform
-from claw_pipelines.reward_rules import RewardConfig
+from claw_pipelines.transforms.reward_rules import RewardConfig
 from claw_pipelines.transforms import (
     QualityConfig,
     curate_steps,

@@ -11,7 +11,7 @@ import pytest
 from transform_rows import at, chain, event, events, rewards, turns
 
 from claw_pipelines.derived_schemas import REWARDED_STEPS, conform
-from claw_pipelines.reward_rules import (
+from claw_pipelines.transforms.reward_rules import (
     JudgeConfig,
     RewardConfig,
     RewardRule,

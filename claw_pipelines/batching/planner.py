@@ -20,7 +20,7 @@ import polars as pl
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from claw_pipelines.batch_units import GROUPED, dpo_batch, trajectory_batch
+from claw_pipelines.batching.units import GROUPED, dpo_batch, trajectory_batch
 from claw_pipelines.derived_schemas import (
     BATCH_ROWS,
     DROPPED,

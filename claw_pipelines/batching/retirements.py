@@ -30,10 +30,10 @@ import polars as pl
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from assets.incremental import CHUNK_TRAJECTORIES, COMPACT_AFTER_FILES
+from claw_pipelines.incremental.increment import CHUNK_TRAJECTORIES, COMPACT_AFTER_FILES
 from claw_pipelines.derived_schemas import RETIRED, conform
 from claw_pipelines.lake import Lake, changes, compact, sql_in
-from claw_pipelines.recipes import BatchPlan, Recipe
+from claw_pipelines.batching.planner import BatchPlan, Recipe
 from claw_pipelines.retired import (
     OPEN_FROM,
     RECIPE_APP,

@@ -20,7 +20,7 @@ from claw_pipelines.derived_schemas import (
 from claw_pipelines.transforms.group_stats import trajectory_advantages
 
 if TYPE_CHECKING:
-    from claw_pipelines.recipes import Recipe
+    from claw_pipelines.batching.planner import Recipe
 
 GROUPED: frozenset[str] = frozenset({"grpo", "rloo"})
 """Algorithms whose batches are made of complete groups of rollouts of one prompt."""
