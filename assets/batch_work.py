@@ -22,12 +22,13 @@ from assets.checks import repeated_ids
 from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
 from assets.metadata import counts, histogram, markdown_table, table_metadata
 from claw_pipelines.batch_tables import batches_table, exports_folder, ledger_table
-from claw_pipelines.batching.units import GROUPED
+from claw_pipelines.batching.recipe import GROUPED
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
 from claw_pipelines.exporters import Destination, export_batch
 from claw_pipelines.lake import Lake, compact, sql_in
-from claw_pipelines.batching.planner import BatchPlan, Recipe
-from claw_pipelines.retired import retired_table
+from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.batching.planner import BatchPlan
+from claw_pipelines.batching.retirements import retired_table
 from claw_pipelines.schemas import utc_now
 
 

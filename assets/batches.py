@@ -16,6 +16,7 @@ import dagster as dg
 import polars as pl
 
 from claw_pipelines.batching import ledger
+from assets.races import retried_when_raced
 from assets.automation import after_its_batch
 from assets.batch_work import batch_checks, build_batch, export_written, partitions
 from claw_pipelines.config_files import recipes
@@ -25,7 +26,7 @@ from assets.quality import curated_steps
 from assets.release import release_key
 from assets.runs import TO_COME, has_run
 from claw_pipelines.batch_tables import ledger_table
-from claw_pipelines.batching.planner import Recipe
+from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
 
@@ -78,6 +79,7 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
         ),
         check_specs=batch_checks(name, parts),
     )
+    @retried_when_raced
     def batch_asset(context: dg.AssetExecutionContext, lake: LakeResource):
         built = build_batch(lake.lake(), recipe, context.partition_key, context.log)
         if built is None:

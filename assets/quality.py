@@ -3,6 +3,7 @@
 import dagster as dg
 import polars as pl
 
+from assets.races import retried_when_raced
 from assets.automation import on_new_data
 from assets.checks import schema_spec, schema_unchanged
 from claw_pipelines.config_files import quality_config
@@ -26,6 +27,7 @@ from resources.lake import LakeResource
     pool="claw_scored_steps",
     check_specs=[schema_spec("scored_steps")],
 )
+@retried_when_raced
 def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """A quality score in [0, 1] per step and the reasons that lowered it.
 
@@ -85,6 +87,7 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     pool="claw_curated_steps",
     check_specs=[schema_spec("curated_steps")],
 )
+@retried_when_raced
 def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """Scored steps with human labels applied (latest wins): label, trainable flag, tags.
 

@@ -19,7 +19,7 @@ from claw_pipelines.incremental.increment import ConcurrentRun
 from assets.landing import OWNERS
 from assets.quality import curated_steps
 from claw_pipelines.lake import Lake
-from claw_pipelines.batching.planner import Recipe
+from claw_pipelines.batching.recipe import Recipe
 from resources.lake import LakeResource
 
 MAX_BATCHES_PER_RUN = 8

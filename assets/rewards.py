@@ -3,6 +3,7 @@
 import dagster as dg
 import polars as pl
 
+from assets.races import retried_when_raced
 from assets.automation import on_new_data
 from assets.checks import schema_spec, schema_unchanged
 from claw_pipelines.config_files import reward_config
@@ -27,6 +28,7 @@ REWARD_SAMPLE = ["trajectory_id", "step_index", "reward", "reward_sources", "res
     pool="claw_rewarded_steps",
     check_specs=[schema_spec("rewarded_steps")],
 )
+@retried_when_raced
 def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """Steps with their credited reward; late rewards re-credit their trajectory on arrival.
 

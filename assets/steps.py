@@ -7,6 +7,7 @@ import dagster as dg
 import numpy as np
 import polars as pl
 
+from assets.races import retried_when_raced
 from assets.automation import on_new_data, on_new_data_or_idle_sweep
 from assets.checks import (
     STEP_CHECKS,
@@ -57,6 +58,7 @@ class StepsConfig(dg.Config):
     pool="claw_steps",
     check_specs=STEP_CHECKS,
 )
+@retried_when_raced
 def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeResource):
     """Turns of closed trajectories as ordered steps, with prefix-consistency per step.
 
@@ -267,6 +269,7 @@ def _trajectory_chunks(
     op_tags={"dagster/priority": "-1"},  # off the way to a batch: after the releases in a run
     check_specs=[schema_spec("trajectories")],
 )
+@retried_when_raced
 def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
     """One summary row per trajectory: steps, tokens, duration, outcome, prefix-tree saving.
 

@@ -71,10 +71,11 @@ def phase_plan(lake: Lake, batch_id: str, groups: int, retired: bool) -> dict:
 
 def phase_preview(lake: Lake) -> dict:
     """The inspector's grpo batch preview over its index of the lake."""
-    from claw_pipelines.inspector.batch_preview import preview, read_recipes
+    from claw_pipelines import config_files
+    from claw_pipelines.inspector.batch_preview import preview
     from claw_pipelines.inspector.tables import LakeIndex
 
-    recipes = read_recipes()
+    recipes = config_files.recipes()
     state = LakeIndex(lake, list(recipes)).refresh()
     started = time.perf_counter()
     planned = preview(lake, state, recipes["grpo"])

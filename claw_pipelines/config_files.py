@@ -10,7 +10,7 @@ from functools import cache
 from importlib.util import find_spec
 from pathlib import Path
 
-from claw_pipelines.batching.planner import Recipe, load_recipes
+from claw_pipelines.batching.recipe import Recipe, load_recipes
 from claw_pipelines.transforms.quality import QualityConfig
 from claw_pipelines.transforms.reward_rules import RewardConfig
 

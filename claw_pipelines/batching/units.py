@@ -1,15 +1,15 @@
 """How a batch plan picks its units from the eligible steps: whole trajectories (ppo,
 reinforce_pp, sft), complete groups of them (grpo, rloo), or preference pairs from one state
 (dpo), with the reason each step left out was dropped. Pure polars, called by
-``recipes.plan_batch``."""
+``planner.plan_batch``."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 import polars as pl
 
+from claw_pipelines.batching.recipe import GROUPED, Recipe
 from claw_pipelines.derived_schemas import (
     BATCH_ROWS,
     DPO_PAIRS,
@@ -19,11 +19,6 @@ from claw_pipelines.derived_schemas import (
 )
 from claw_pipelines.transforms.group_stats import trajectory_advantages
 
-if TYPE_CHECKING:
-    from claw_pipelines.batching.planner import Recipe
-
-GROUPED: frozenset[str] = frozenset({"grpo", "rloo"})
-"""Algorithms whose batches are made of complete groups of rollouts of one prompt."""
 
 
 def dropped_as(frame: pl.DataFrame, reason: str | pl.Expr) -> pl.DataFrame:

@@ -8,7 +8,8 @@ Rows and watermark land in the same atomic commit, so:
 * a run that crashed after committing (before Dagster recorded it) is not replayed;
 * two runs of the same asset racing from the same snapshot collide on the app id and delta-rs
   rejects the second commit (``Concurrent transaction failed``) instead of duplicating rows,
-  and Dagster retries the losing step (``ConcurrentRun``), which reads on from the winner's.
+  and the losing step is retried (``ConcurrentRun``, ``assets.races``), reading on from the
+  winner's.
 
 Every such commit also carries ``claw/<asset>/run``, the number of runs that committed: a run
 that read nothing new (a sweep closing idle trajectories) commits the same input versions as
@@ -32,7 +33,6 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import dagster as dg
 import polars as pl
 import pyarrow as pa
 from deltalake import (
@@ -86,21 +86,11 @@ ATTEMPT_RANDOM_BITS = 24
 and two attempts of one run (a race, a retry) differ."""
 
 
-RACE_RETRIES = 3
-"""How often a step that lost a commit race is retried (each retry reads on from the winner)."""
-
-RACE_RETRY_WAIT_S = 1.0
-
-
-class ConcurrentRun(dg.RetryRequested):
-    """Another run of the asset committed to its output while this run ran. That commit stands;
-    this run's rows and state never count. Dagster retries the step (up to ``RACE_RETRIES``
-    times), which reads on from the committed watermark, so an instance without the pool limits
-    of dagster.yaml (which queue such runs instead) still refreshes without anyone relaunching."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(max_retries=RACE_RETRIES, seconds_to_wait=RACE_RETRY_WAIT_S)
-        self.args = (message,)
+class ConcurrentRun(RuntimeError):
+    """Another run committed to the table this run was about to commit to (its output, a
+    batch's ledger or rows) since this run's snapshot. That commit stands; this run's rows and
+    state never count. A retry reads on from the committed watermark (``assets.races`` makes
+    Dagster retry the step)."""
 
 
 @dataclass

@@ -16,16 +16,15 @@ import os
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib.util import find_spec
-from pathlib import Path
 
 import polars as pl
 
 from claw_pipelines.inspector.tables import LakeState
 from claw_pipelines.lake import Lake, changes, watermark_app
 from claw_pipelines.policy_versions import highest_announced_version, lag_reference
-from claw_pipelines.batching.planner import BatchPlan, Recipe, load_recipes, plan_batch
-from claw_pipelines.retired import (
+from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.batching.planner import BatchPlan, plan_batch
+from claw_pipelines.batching.retirements import (
     current_through,
     lowered,
     recorded_open_from,
@@ -40,18 +39,6 @@ DAGSTER_URL_ENV = "CLAW_DAGSTER_URL"
 def dagster_asset_url(recipe: str) -> str:
     base = os.environ.get(DAGSTER_URL_ENV, "http://127.0.0.1:3000").rstrip("/")
     return f"{base}/assets/batch_{recipe}"
-
-
-def recipes_file() -> Path:
-    """assets/batches.yaml, found without importing the Dagster code location."""
-    spec = find_spec("assets")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the 'assets' package (assets/batches.yaml) is not importable")
-    return Path(next(iter(spec.submodule_search_locations))) / "batches.yaml"
-
-
-def read_recipes() -> dict[str, Recipe]:
-    return load_recipes(recipes_file())
 
 
 CHANGE_KEYS = ["trajectory_id", "group_id"]

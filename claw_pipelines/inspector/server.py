@@ -49,7 +49,6 @@ from claw_pipelines.inspector.batch_preview import (
     Preview,
     PreviewCache,
     dagster_asset_url,
-    read_recipes,
 )
 from claw_pipelines.inspector.curation import (
     LabelRequest,
@@ -63,7 +62,8 @@ from claw_pipelines.inspector.tables import LakeIndex
 from claw_pipelines.inspector.trajectory import prompt_tokens, trajectory_detail
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
-from claw_pipelines.batching.planner import Recipe
+from claw_pipelines.batching.recipe import Recipe, load_recipes
+from claw_pipelines.config_files import RECIPES_FILE
 from claw_pipelines.settings import get_settings
 
 HERE = Path(__file__).parent
@@ -77,7 +77,7 @@ class Inspector:
     def __init__(self, lake: Lake) -> None:
         self.lake = lake
         try:
-            self.recipes: dict[str, Recipe] = read_recipes()
+            self.recipes: dict[str, Recipe] = load_recipes(RECIPES_FILE)
             self.recipes_error: str | None = None
         except Exception as error:  # a broken batches.yaml must not take the inspector down
             self.recipes, self.recipes_error = {}, f"cannot load assets/batches.yaml: {error}"

@@ -10,7 +10,8 @@ from transform_rows import SYSTEM, at, event, events, rewards, turn, turns
 
 from claw_pipelines.exporters import Destination, export_batch
 from claw_pipelines.exporters.verl import VerlLayout, verl_tensors
-from claw_pipelines.batching.planner import Recipe, plan_batch
+from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.batching.planner import plan_batch
 from claw_pipelines.transforms.reward_rules import RewardConfig
 from claw_pipelines.transforms import (
     QualityConfig,
