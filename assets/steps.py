@@ -185,7 +185,7 @@ class TurnChunk:
     def read(self, increment: Increment) -> pl.DataFrame | None:
         if self.trajectories is None:
             return increment.new_rows(
-                "turns", STEP_SOURCE_COLUMNS, keep_version=True, versions=self.versions
+                "turns", STEP_SOURCE_COLUMNS, with_version=True, versions=self.versions
             )
         turns = increment.scan("turns").select(STEP_SOURCE_COLUMNS)
         identified = keyed(turns, "trajectory_id", pl.Series(self.trajectories, dtype=pl.String))
@@ -201,7 +201,7 @@ def _turn_chunks(increment: Increment) -> tuple[list[TurnChunk], pl.DataFrame]:
     """Chunks of about ``CHUNK_TURNS`` new turns (one when fewer): consecutive version ranges,
     or for a first build whose turns all share one version, groups of whole trajectories; and
     per trajectory with new turns the index of the chunk of its last."""
-    light = increment.new_rows("turns", ["trajectory_id"], keep_version=True)
+    light = increment.new_rows("turns", ["trajectory_id"], with_version=True)
     after, upto = increment.after["turns"], increment.upto["turns"]
     if light is None or light.height <= CHUNK_TURNS:
         chunks, last = [TurnChunk((after, upto))], _last_versions(light)

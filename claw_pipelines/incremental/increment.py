@@ -185,25 +185,21 @@ class Increment:
         source: str,
         columns: list[str] | None = None,
         *,
-        keep_version: bool = False,
+        with_version: bool = False,
         versions: tuple[int | None, int | None] | None = None,
     ) -> pl.DataFrame | None:
-        """Rows inserted into ``source`` within this run's range (None when none).
-
-        ``keep_version`` keeps ``_commit_version`` (the input version each row landed in);
-        ``versions`` = ``(after, upto]`` reads a part of the range (not counted in ``rows_read``,
-        which counts the whole range).
+        """``lake.changes`` of ``source`` over this run's range: the rows inserted (None when
+        none), ``with_version`` with the ``_commit_version`` each landed in. ``versions`` =
+        ``(after, upto]`` reads a part of the range (not counted in ``rows_read``, which counts
+        the whole range).
         """
         after, upto = versions or (self.after[source], self.upto[source])
         if upto is None:
             return None
-        frame = changes(self.inputs[source], after, upto, columns)
-        if frame is None:
-            return None
-        cdf = ["_change_type", "_commit_timestamp"] + ([] if keep_version else ["_commit_version"])
-        if versions is None:
+        frame = changes(self.inputs[source], after, upto, columns, with_version=with_version)
+        if frame is not None and versions is None:
             self.rows_read[source] = frame.height
-        return frame.drop(cdf, strict=False)
+        return frame
 
     def scan(self, source: str) -> pl.LazyFrame | None:
         """The whole input as of the version this run pinned."""

@@ -30,7 +30,7 @@ from claw_pipelines.derived_schemas import (
     empty,
     fit,
 )
-from claw_pipelines.lake import Lake, VersionsVacuumed, column_bound, compact, keyed
+from claw_pipelines.lake import Lake, VersionsVacuumed, changes, column_bound, compact, keyed
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
 from claw_pipelines.transforms.credit import CreditAssignment
 
@@ -509,14 +509,15 @@ def test_a_reader_whose_versions_were_vacuumed_elsewhere_fails_clearly(
         land_rollouts(bound.lake, groups=1, group_size=2, steps=1, seed=seed)
     compact(bound.lake.open("turns"), max_files=1)
     bound.lake.vacuum("turns", 0, enforce_retention_duration=False)
+    turns, read = bound.lake.open("turns"), bound.lake.open("steps").transaction_version(
+        "claw/steps/turns")  # fmt: skip
     with pytest.raises(VersionsVacuumed, match="fell further behind than the vacuum retention"):
-        bound.lake.read_changes("turns", bound.lake.open("steps").transaction_version(
-            "claw/steps/turns"))  # fmt: skip
+        changes(turns, read, turns.version())
     result = driver.attempt(["steps"])
     assert not result.success
     assert result.failure_data_for_node("steps").error.cause.cls_name == "VersionsVacuumed"
-    rows, version = bound.lake.read_changes("turns", None, columns=["turn_id"])
-    assert rows.height == 6 and set(rows["_commit_version"]) == {version}
+    rows = changes(turns, None, turns.version(), ["turn_id"], with_version=True)
+    assert rows.height == 6 and set(rows["_commit_version"]) == {turns.version()}
 
 
 def test_chunked_recompute_survives_a_crash_part_way(driver: Driver, bound, monkeypatch) -> None:
