@@ -100,8 +100,7 @@ CLOSED_TAILS = pa.schema(
 """Table ``steps_tails``: the closed tails, appended by the steps run (``run``, ``attempt``) that
 closed a trajectory or extended it with late turns; a trajectory's current tail is its row with
 the highest ``step_index``. Rows with ``state = committed`` record that the attempt ``-attempt``
-made a steps commit, so its tails count (``claw_pipelines.incremental.closed_tails``); null ``attempt``: written
-before attempt ids."""
+made a steps commit, so its tails count (``incremental.closed_tails``)."""
 
 TRAJECTORIES = pa.schema(
     [

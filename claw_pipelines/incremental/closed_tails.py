@@ -53,8 +53,7 @@ class ClosedTails:
     attempt: int
     """The attempt appending: its rows carry this id."""
     counted: frozenset[int]
-    """The attempts whose rows count: recorded as committed, the last committer, this one
-    (and rows from before attempt ids, whose ``attempt`` is null)."""
+    """The attempts whose rows count: recorded as committed, the last committer, this one."""
     unrecorded: int | None = None
     """The attempt that made the steps table's last commit, when it wrote tails that no row
     records as committed yet: recorded by this run before its own commit."""
@@ -78,8 +77,7 @@ class ClosedTails:
         frame = self.lake.scan(TABLE)
         if frame is None:
             return None
-        attempt = pl.col("attempt")
-        counted = attempt.is_null() | attempt.is_in(list(self.counted))
+        counted = pl.col("attempt").is_in(list(self.counted))
         return fit(frame, CLOSED_TAILS).filter(counted)
 
     def append(self, tails: pl.DataFrame | pl.LazyFrame) -> None:

@@ -78,8 +78,6 @@ STATE_LOOKBACK = 200
 """How many state-table commits to look back through for the one the output's last commit
 matches: each attempt that died or lost a race between its state and output commits adds one."""
 
-LEGACY_STATE_LOOKBACK = 5
-"""The same for outputs from before attempt ids (matched by run number, a version at a time)."""
 
 ATTEMPT_RANDOM_BITS = 24
 """An attempt id is its run number followed by this many random bits: ids grow run after run,
@@ -108,13 +106,13 @@ class Written:
 
 
 def _runs(table: DeltaTable | None, asset: str) -> int:
-    """How many runs of ``asset`` committed to ``table`` (0 before any, or before run numbers)."""
+    """How many runs of ``asset`` committed to ``table`` (0 before any)."""
     return 0 if table is None else table.transaction_version(watermark_app(asset, "run")) or 0
 
 
 def _attempt_of(table: DeltaTable | None, asset: str, app: str = "attempt") -> int | None:
     """The attempt that made ``table``'s last watermark commit of ``asset`` (``app="writer"``:
-    its last commit); None before attempt ids."""
+    its last commit); None before any."""
     return None if table is None else table.transaction_version(watermark_app(asset, app))
 
 
@@ -154,8 +152,7 @@ class Increment:
 
     @property
     def committed_attempt(self) -> int | None:
-        """The attempt that made the output's last watermark commit (None before the first, or
-        before attempt ids)."""
+        """The attempt that made the output's last watermark commit (None before the first)."""
         return _attempt_of(self.snapshot, self.asset)
 
     @classmethod
@@ -373,8 +370,6 @@ class Increment:
 
     def _state_version(self, state_table: str, latest: DeltaTable) -> int:
         attempt = self.committed_attempt
-        if attempt is None:
-            return self._legacy_state_version(state_table, latest)
         if _attempt_of(latest, self.asset) == attempt:
             return latest.version()
         for commit in latest.history(STATE_LOOKBACK):
@@ -383,15 +378,6 @@ class Increment:
         raise RuntimeError(
             f"no version of {state_table} was written by the last commit of {self.output}"
         )
-
-    def _legacy_state_version(self, state_table: str, latest: DeltaTable) -> int:
-        """``state_as_of`` for an output from before attempt ids: matched by run number."""
-        run, version = self.run - 1, latest.version()
-        for candidate in range(version, max(version - LEGACY_STATE_LOOKBACK, -1), -1):
-            table = latest if candidate == version else self.lake.open(state_table, candidate)
-            if _runs(table, self.asset) == run:
-                return candidate
-        raise RuntimeError(f"no version of {state_table} was written by run {run}")
 
     def ranges(self) -> dict[str, list[int | None]]:
         """Per input ``[after, upto]``: the Delta version range this run read."""
