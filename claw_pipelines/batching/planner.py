@@ -227,19 +227,59 @@ def plan_batch(
     curated = curated_steps.lazy()
     if latest_policy_version is None:
         latest_policy_version = curated.select(pl.col("policy_version").max()).collect().item()
-    latest = pl.lit(latest_policy_version, pl.Int64)
     if batch_id is None:
-        batches_so_far = 0
-        if ledger is not None:
-            batches_so_far = ledger.lazy().select(pl.col("batch_id").n_unique()).collect().item()
-        batch_id = f"{recipe.name}-{batches_so_far + 1:06d}"
-    in_play = pl.lit(True)
-    if open_from is not None:
-        in_play = pl.col("trajectory_id").is_null() | (pl.col("trajectory_id") >= open_from)
+        batch_id = _next_batch_id(recipe, ledger)
+    in_play = _in_play(open_from)
     curated = curated.filter(in_play)
+    frame = _candidates(recipe, curated, [ledger, retired], in_play, latest_policy_version)
+    versions = json.dumps(source_versions or {}, sort_keys=True)
+    if recipe.algorithm == "dpo":
+        units = dpo_batch(recipe, frame, steps, batch_id, versions)
+    else:
+        units = trajectory_batch(recipe, frame, now, batch_id, versions)
+    dropped = fit(units.dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED)
+    final = final_drops(recipe, dropped)
+    settled = [final.select("turn_id"), *([units.consumed.select("turn_id")] if units.ready else [])]
+    return BatchPlan(
+        batch_id=batch_id,
+        planned=units.rows,
+        tokens=None if recipe.algorithm == "dpo" else steps,
+        dropped=dropped,
+        ready=units.ready,
+        consumed=units.consumed.sort("turn_id"),
+        final=final,
+        open_from_next=_open_from_next(frame, pl.concat(settled), curated, open_from),
+    )
+
+
+def _next_batch_id(recipe: Recipe, ledger: pl.LazyFrame | pl.DataFrame | None) -> str:
+    """``<recipe>-<n+1>``, n the batches in the ledger."""
+    batches_so_far = 0
+    if ledger is not None:
+        batches_so_far = ledger.lazy().select(pl.col("batch_id").n_unique()).collect().item()
+    return f"{recipe.name}-{batches_so_far + 1:06d}"
+
+
+def _in_play(open_from: str | None) -> pl.Expr:
+    """The rows a plan starting at ``open_from`` reads (a trajectory id sorting before it is
+    consumed or retired)."""
+    if open_from is None:
+        return pl.lit(True)
+    return pl.col("trajectory_id").is_null() | (pl.col("trajectory_id") >= open_from)
+
+
+def _candidates(
+    recipe: Recipe,
+    curated: pl.LazyFrame,
+    excluding: list[pl.LazyFrame | pl.DataFrame | None],
+    in_play: pl.Expr,
+    latest_policy_version: int | None,
+) -> pl.DataFrame:
+    """The credited curated steps in play that no frame of ``excluding`` (ledger, retired
+    steps) holds, each with the first filter it fails (``_reason``), in batch order."""
     excluded = [
         frame.lazy().filter(in_play).select("turn_id", "trajectory_id")
-        for frame in (ledger, retired)
+        for frame in excluding
         if frame is not None
     ]
     candidates = (
@@ -247,33 +287,22 @@ def plan_batch(
         if excluded
         else assign_credit(curated, recipe.credit_assignment)
     )
-    frame = (
+    latest = pl.lit(latest_policy_version, pl.Int64)
+    return (
         candidates.with_columns(_step_reasons(recipe, latest).alias("_reason"))
         .sort("started_at", "trajectory_id", "step_index", "turn_id")
         .collect(engine="streaming")
     )
-    versions = json.dumps(source_versions or {}, sort_keys=True)
-    if recipe.algorithm == "dpo":
-        rows, dropped, ready, consumed = dpo_batch(recipe, frame, steps, batch_id, versions)
-    else:
-        rows, dropped, ready, picked = trajectory_batch(recipe, frame, now, batch_id, versions)
-        consumed = picked.select("turn_id", "trajectory_id", "group_id")
-    dropped = fit(dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED)
-    final = final_drops(recipe, dropped)
-    settled = pl.concat([final.select("turn_id"), consumed.select("turn_id")]) if ready else final
-    still_in_play = frame.join(settled, on="turn_id", how="anti").get_column("trajectory_id")
+
+
+def _open_from_next(
+    candidates: pl.DataFrame, settled: pl.DataFrame, curated: pl.LazyFrame, open_from: str | None
+) -> str | None:
+    """The smallest trajectory id among the ``candidates`` not ``settled`` (consumed by this
+    batch, retired), or the newest curated id when none is left: what comes later is newer, or
+    shows in the change feed."""
+    still_in_play = candidates.join(settled, on="turn_id", how="anti").get_column("trajectory_id")
     if still_in_play.len():
-        open_from_next = still_in_play.min()
-    else:  # nothing in play: what comes later is newer, or shows in the change feed
-        newest = curated.select(pl.col("trajectory_id").max()).collect().item()
-        open_from_next = newest if newest is not None else open_from
-    return BatchPlan(
-        batch_id=batch_id,
-        planned=rows,
-        tokens=None if recipe.algorithm == "dpo" else steps,
-        dropped=dropped,
-        ready=ready,
-        consumed=consumed.sort("turn_id"),
-        final=final,
-        open_from_next=open_from_next,
-    )
+        return still_in_play.min()
+    newest = curated.select(pl.col("trajectory_id").max()).collect().item()
+    return newest if newest is not None else open_from
