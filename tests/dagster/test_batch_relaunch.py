@@ -166,7 +166,7 @@ def test_a_batch_whose_runs_keep_failing_is_relaunched_up_to_the_cap_then_logged
     def worker_killed(lake, recipe, plan):
         raise RuntimeError("worker killed")
 
-    monkeypatch.setattr(batch_work, "_write_batch", worker_killed)
+    monkeypatch.setattr(batch_work, "write_batch", worker_killed)
     assert not driver.attempt(_selected(lost), partition_key=lost.partition_key).success
     _past_the_grace_period(monkeypatch)
     run_keys = []

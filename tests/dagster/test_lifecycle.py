@@ -68,12 +68,10 @@ def test_landing_to_exported_grpo_batch_incrementally(
 ) -> None:
     """Also with every derived, ledger and batch table compacted after each commit: merges
     change no data, so batches, ledgers and re-materialized partitions stay the same."""
-    import assets.batch_work
-    import claw_pipelines.incremental.closed_tails
-    import claw_pipelines.incremental.increment
-    import claw_pipelines.batching.ledger
+    from claw_pipelines.batching import building, ledger
+    from claw_pipelines.incremental import closed_tails, increment
 
-    for module in (claw_pipelines.incremental.increment, claw_pipelines.incremental.closed_tails, claw_pipelines.batching.ledger, assets.batch_work):
+    for module in (increment, closed_tails, ledger, building):
         monkeypatch.setattr(module, "COMPACT_AFTER_FILES", compact_after_files)
     landed = land_rollouts(bound.lake, groups=5, group_size=4, steps=2)
     first_turns = bound.lake.version("turns")
