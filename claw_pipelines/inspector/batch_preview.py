@@ -16,6 +16,7 @@ import os
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 import polars as pl
 
@@ -63,9 +64,16 @@ def _labelled(state: LakeState, after_version: int | None) -> pl.DataFrame:
     )
 
 
-def standing_retirements(
-    lake: Lake, state: LakeState, recipe: Recipe
-) -> tuple[pl.LazyFrame | None, str | None]:
+class Standing(NamedTuple):
+    """The retirements a preview plans with."""
+
+    retired: pl.LazyFrame | None
+    """The retired steps that still stand (None: none)."""
+    open_from: str | None
+    """Where the plan may start reading (None: everything)."""
+
+
+def standing_retirements(lake: Lake, state: LakeState, recipe: Recipe) -> Standing:
     """The recipe's retired steps that still stand for a plan over ``state``, and where that plan
     may start reading; (None, None) plans over everything.
 
@@ -78,7 +86,7 @@ def standing_retirements(
     curated = lake.open("curated_steps")
     through = None if table is None or curated is None else current_through(table, recipe)
     if through is None:
-        return None, None
+        return Standing(None, None)
     scored = lake.open("scored_steps")
     feeds = [
         changes(curated, through, curated.version(), CHANGE_KEYS),
@@ -94,7 +102,7 @@ def standing_retirements(
     retired = pl.scan_delta(table)
     void = voided(retired, changed)
     standing = retired.join(void.to_frame().lazy(), on="trajectory_id", how="anti")
-    return standing, lowered(recorded_open_from(table), changed, void)
+    return Standing(standing, lowered(recorded_open_from(table), changed, void))
 
 
 @dataclass(frozen=True)
