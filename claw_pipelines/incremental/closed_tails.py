@@ -30,7 +30,7 @@ from deltalake import write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER
-from claw_pipelines.derived_schemas import CLOSED_TAILS, conform, fit
+from claw_pipelines.derived_schemas import CLOSED_TAILS, OPEN_STATE, conform, empty, fit
 from claw_pipelines.lake import Lake, column_bound, compact
 from claw_pipelines.schemas import utc_now
 
@@ -138,3 +138,14 @@ class ClosedTails:
                 table.delete(f"closed_at < '{cutoff.isoformat()}'")
         compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
         self.lake.drop_removed_files(TABLE)
+
+
+def open_turns_of(state: pl.LazyFrame | None, tails: ClosedTails) -> pl.LazyFrame:
+    """The open turns of ``steps_open``. Lakes from before ``steps_tails`` also kept the closed
+    tails there: those move to the log (once, as the state this run writes has none)."""
+    if state is None:
+        return empty(OPEN_STATE).lazy()
+    closed = state.filter(pl.col("state") == "closed")
+    if closed.select(pl.len()).collect().item():
+        tails.append(closed)
+    return state.filter(pl.col("state") == "open")

@@ -553,8 +553,9 @@ def test_a_turns_backlog_is_extracted_in_chunks_that_survive_a_crash(
     """A backlog of turn versions is extracted a chunk per commit; a run dying after a chunk
     committed is redone by the next run without duplicates, with the steps of one pass."""
     import assets.steps
+    from claw_pipelines.incremental import turn_chunks
 
-    monkeypatch.setattr(assets.steps, "CHUNK_TURNS", 4)
+    monkeypatch.setattr(turn_chunks, "CHUNK_TURNS", 4)
     for seed in range(3):  # three turns versions of 4 turns (2 two-step trajectories) each
         land_rollouts(bound.lake, groups=1, group_size=2, steps=2, seed=seed)
     extract = KilledOnCall(assets.steps.extract_steps, n=2)
@@ -585,8 +586,9 @@ def test_a_first_build_from_a_vacuumed_landing_table_is_chunked_by_trajectory(
     steps rebuilt from it are still extracted a chunk of whole trajectories at a time, with
     the steps of one pass."""
     import assets.steps
+    from claw_pipelines.incremental import turn_chunks
 
-    monkeypatch.setattr(assets.steps, "CHUNK_TURNS", 4)
+    monkeypatch.setattr(turn_chunks, "CHUNK_TURNS", 4)
     for seed in range(3):  # 12 turns: 6 two-step trajectories
         landed = land_rollouts(bound.lake, groups=1, group_size=2, steps=2, seed=seed)
     anonymous = [  # and a two-turn trajectory that came without identity, still open
