@@ -23,7 +23,7 @@ from test_agent_apis import (
     rejected_message,
     streamed_message,
 )
-from test_capture_proxy import QUESTION
+from proxy_calls import QUESTION
 
 from claw_pipelines.capture.launcher import DEFAULT_CONFIG
 

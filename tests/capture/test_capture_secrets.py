@@ -11,7 +11,7 @@ import openai
 import polars as pl
 import pytest
 from stack_fixtures import CaptureStack
-from test_capture_proxy import client_for, landed, post
+from proxy_calls import client_for, landed, post
 
 from claw_pipelines.lake import Lake
 
