@@ -168,7 +168,7 @@ def phase_pipeline(lake: Lake, batch_id: str, groups: int) -> dict:
 
     from assets.batches import build_batch_asset
     from claw_pipelines.config_files import recipes
-    from claw_pipelines.definitions import build_definitions
+    from assets.definitions import build_definitions
     from resources.lake import LakeResource
 
     resource_ = LakeResource(lake_uri=lake.root)

@@ -34,7 +34,7 @@ from claw_pipelines.lake import Lake
 def _chain(lake: Lake) -> None:
     import dagster as dg
 
-    from claw_pipelines.definitions import build_definitions
+    from assets.definitions import build_definitions
     from resources.lake import LakeResource
 
     defs = build_definitions(lake=LakeResource(lake_uri=lake.root))
