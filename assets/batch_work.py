@@ -1,7 +1,7 @@
 """The work of one batch, shared by the partitioned batch and export assets and by the release
 asset that builds ready batches in the refresh run itself: build it (``batching.building``),
-check it, export it. Each returns what Dagster records (metadata, check
-results), so the caller decides whether that is its own output or a logged materialization of
+check it, export it. Each returns what Dagster records (metadata, check results), so the
+caller decides whether that is its own output or a logged materialization of
 the batch's partition."""
 
 import json
@@ -107,8 +107,8 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
             batch_id,
         )
     planned_at = datetime.fromisoformat(pins["planned_at"])
-    planned = plan.ledger_rows(name, planned_at).get_column("turn_id").sort().to_list()
-    if not reserved_now and planned != ledger.consumed_turns(lake, name, batch_id):
+    consumed = plan.ledger_rows(name, planned_at).get_column("turn_id").sort().to_list()
+    if not reserved_now and consumed != ledger.consumed_turns(lake, name, batch_id):
         raise dg.Failure(f"re-planning {batch_id} from its pins did not reproduce its ledger")
     rows = plan.planned
     write_batch(lake, planned_under, plan)
@@ -134,7 +134,7 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
     }
     checks = [
         _group_check(planned_under, rows),
-        _consumed_once_check(lake, name, pl.Series(planned, dtype=pl.String)),
+        _consumed_once_check(lake, name, pl.Series(consumed, dtype=pl.String)),
     ]
     return Built(metadata, checks, planned_under, pins)
 
