@@ -12,7 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from claw_pipelines.derived_schemas import STEPS, TOKEN_COLUMNS
 from claw_pipelines.incremental.increment import WRITER
-from claw_pipelines.lake import Lake, column_bound, compact, keyed
+from claw_pipelines.lake import Lake, changes, column_bound, compact, keyed
 
 
 def test_keyed_reads_exactly_the_keys_across_files(tmp_path: Path) -> None:
@@ -81,3 +81,20 @@ def test_a_compaction_another_writer_got_ahead_of_is_skipped(tmp_path: Path) -> 
     assert sorted(pl.scan_delta(uri).collect()["batch_id"]) == ["a", "c"]
     compact(DeltaTable(uri), max_files=1)
     assert len(DeltaTable(uri).file_uris()) == 1
+
+
+def test_a_change_feed_read_holds_the_rows_columns_and_on_request_their_version(
+    tmp_path: Path,
+) -> None:
+    """Every reader of what is new gets the table's own columns, not the feed's bookkeeping;
+    ``with_version`` adds the version each row landed in."""
+    lake = Lake(str(tmp_path / "lake"))
+    first = lake.append("ids", pa.table({"id": ["a"], "n": [1]}))
+    last = lake.append("ids", pa.table({"id": ["b"], "n": [2]}))
+    table = lake.open("ids")
+    newer = changes(table, first, last)
+    assert newer.columns == ["id", "n"] and newer["id"].to_list() == ["b"]
+    every = changes(table, None, last, ["id"], with_version=True)
+    assert every.columns == ["id", "_commit_version"]
+    assert dict(every.iter_rows()) == {"a": first, "b": last}
+    assert changes(table, last, last) is None
