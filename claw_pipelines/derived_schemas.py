@@ -252,7 +252,7 @@ DROPPED = pa.schema(
 """Steps a batch plan left out and why (inspector batch preview)."""
 
 RETIRED = DROPPED.append(pa.field("retired_at", _TS))
-"""``batch_retired/<recipe>``: steps a recipe's plans dropped for good (``batching.planner.final_drops``)."""
+"""``batch_retired/<recipe>``: steps a recipe's plans dropped for good (``planner.final_drops``)."""
 
 LEDGER = pa.schema(
     [

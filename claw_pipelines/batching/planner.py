@@ -239,7 +239,7 @@ def plan_batch(
         units = trajectory_batch(recipe, frame, now, batch_id, versions)
     dropped = fit(units.dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED)
     final = final_drops(recipe, dropped)
-    settled = [final.select("turn_id"), *([units.consumed.select("turn_id")] if units.ready else [])]
+    settled = [final, units.consumed] if units.ready else [final]
     return BatchPlan(
         batch_id=batch_id,
         planned=units.rows,
@@ -248,7 +248,9 @@ def plan_batch(
         ready=units.ready,
         consumed=units.consumed.sort("turn_id"),
         final=final,
-        open_from_next=_open_from_next(frame, pl.concat(settled), curated, open_from),
+        open_from_next=_open_from_next(
+            frame, pl.concat(part.select("turn_id") for part in settled), curated, open_from
+        ),
     )
 
 
