@@ -241,15 +241,13 @@ def _pairs(recipe: Recipe, eligible: pl.DataFrame) -> pl.DataFrame:
 
 def _both_sides(pairs: pl.DataFrame) -> pl.DataFrame:
     """(turn_id, trajectory_id, group_id) of the chosen and of the rejected step of each pair."""
+    chosen = pairs.select("turn_id", "trajectory_id", "group_id")
     rejected = pairs.select(
-        pl.col("turn_id_r").alias("turn_id"), pl.col("trajectory_id_r").alias("trajectory_id")
+        pl.col("turn_id_r").alias("turn_id"),
+        pl.col("trajectory_id_r").alias("trajectory_id"),
+        "group_id",
     )
-    return pl.concat(
-        [
-            pairs.select("turn_id", "trajectory_id", "group_id"),
-            rejected.with_columns(pairs.get_column("group_id")),
-        ]
-    )
+    return pl.concat([chosen, rejected])
 
 
 def _pair_rows(recipe: Recipe, pairs: pl.DataFrame, batch_id: str, versions: str) -> pl.DataFrame:
