@@ -147,7 +147,7 @@ def query_filter(request: Request) -> tuple[TrajectoryFilter, Page]:
     except ValidationError as error:
         raise HTTPException(
             422, detail=error.errors(include_url=False, include_context=False)
-        ) from None
+        ) from error
 
 
 def preview_out(preview: Preview) -> BatchPreviewOut:
@@ -259,7 +259,7 @@ def create_app(
         except Exception as error:  # the planner's failure is shown, not hidden behind a 500
             raise HTTPException(
                 503, f"planning {recipe} failed: {type(error).__name__}: {error}"
-            ) from None
+            ) from error
 
     @app.get("/api/health")
     def health() -> dict[str, Any]:
@@ -309,7 +309,7 @@ def create_app(
         try:
             result = write_labels(inspector.lake, request, inspector.index.state, redactor)
         except UnknownTargets as error:
-            raise HTTPException(404, str(error)) from None
+            raise HTTPException(404, str(error)) from error
         inspector.refresh()
         return result
 
