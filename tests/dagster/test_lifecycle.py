@@ -30,6 +30,8 @@ from claw_pipelines.derived_schemas import (
     empty,
     fit,
 )
+from claw_pipelines.batching import building, ledger
+from claw_pipelines.incremental import closed_tails, increment
 from claw_pipelines.lake import Lake, VersionsVacuumed, changes, column_bound, compact, keyed
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
 from claw_pipelines.transforms.credit import CreditAssignment
@@ -64,13 +66,28 @@ def test_landing_to_exported_grpo_batch_incrementally(
 ) -> None:
     """Also with every derived, ledger and batch table compacted after each commit: merges
     change no data, so batches, ledgers and re-materialized partitions stay the same."""
-    from claw_pipelines.batching import building, ledger
-    from claw_pipelines.incremental import closed_tails, increment
-
     for module in (increment, closed_tails, ledger, building):
         monkeypatch.setattr(module, "COMPACT_AFTER_FILES", compact_after_files)
     landed = land_rollouts(bound.lake, groups=5, group_size=4, steps=2)
     first_turns = bound.lake.version("turns")
+    batch_id, rows = _first_batch_exported(driver, bound, landed, first_turns)
+    landed_later = _later_runs_read_only_new_versions(driver, bound, first_turns)
+    _re_materialized_batch_is_the_same(driver, bound, batch_id, rows)
+    landed.turns.update(landed_later.turns)
+    landed.rewards.update(landed_later.rewards)
+    _second_batch_takes_the_groups_left(driver, bound, landed, rows)
+    _other_recipes_batch_the_same_steps(driver)
+    if compact_after_files == 1:
+        for table in (*CHAIN, "steps_tails", "batch_ledger/grpo", "batches/grpo"):
+            history = bound.lake.open(table).history()
+            assert "OPTIMIZE" in {commit["operation"] for commit in history}, table
+
+
+def _first_batch_exported(
+    driver: Driver, bound, landed: Rollouts, first_turns: int
+) -> tuple[str, pl.DataFrame]:
+    """The refresh reads every landed turn; the planner launches the first batch with its
+    export. Returns its id and rows."""
     metadata = driver.refresh()
     assert metadata["steps"]["read_versions"]["turns"] == [None, first_turns]
     assert metadata["steps"]["rows_read"]["turns"] == 40
@@ -96,13 +113,16 @@ def test_landing_to_exported_grpo_batch_incrementally(
         (Path(bound.lake.uri(f"exports/grpo/{batch_id}")) / "manifest.json").read_text()
     )
     assert manifest["batch_id"] == batch_id and manifest["rows"] == 32
+    return batch_id, rows
 
-    # A re-run with nothing new reads an empty version range and duplicates nothing.
+
+def _later_runs_read_only_new_versions(driver: Driver, bound, first_turns: int) -> Rollouts:
+    """A re-run with nothing new reads an empty version range and duplicates nothing; after new
+    turns, each asset reads only the new versions. Returns the rollouts landed later."""
     again = driver.refresh()
     assert again["steps"]["read_versions"]["turns"] == [first_turns, first_turns]
     assert again["curated_steps"]["dagster/row_count"] == 40
 
-    # New turns: each asset reads only the new versions.
     landed_later = land_rollouts(bound.lake, groups=3, group_size=4, steps=2, seed=1)
     later = driver.refresh()
     assert later["steps"]["read_versions"]["turns"] == [first_turns, first_turns + 1]
@@ -111,14 +131,19 @@ def test_landing_to_exported_grpo_batch_incrementally(
         assert later[key]["dagster/row_count"] == 64, key
     all_steps = bound.lake.scan("steps").collect()
     assert all_steps.height == all_steps.get_column("step_id").n_unique() == 64
+    return landed_later
 
-    # Re-materializing the first batch after more data landed reproduces it exactly.
+
+def _re_materialized_batch_is_the_same(
+    driver: Driver, bound, batch_id: str, rows: pl.DataFrame
+) -> None:
+    """Re-materializing the first batch after more data landed reproduces it exactly; so does
+    re-materializing it once the recipe was edited: the batch keeps the recipe it was planned
+    under (here its credit assignment), new batches get the edit."""
     driver.materialize(["batch_grpo"], partition_key=batch_id)
     reproduced = _batch_rows(bound.lake, batch_id)
     assert reproduced.columns == rows.columns
     assert reproduced.equals(rows), "a re-materialized batch differs in some column"
-    # So does re-materializing it once the recipe was edited: the batch keeps the recipe it was
-    # planned under (here its credit assignment), new batches get the edit.
     edited = recipes()["grpo"].model_copy(update={"credit_assignment": CreditAssignment()})
     dg.materialize(
         [build_batch_asset(edited)],
@@ -129,19 +154,23 @@ def test_landing_to_exported_grpo_batch_incrementally(
     under_edit = _batch_rows(bound.lake, batch_id)
     assert under_edit.equals(rows), "a batch re-materialized under an edited recipe changed"
 
-    # The 4 groups left over make the second batch, with none of the first batch's steps.
+
+def _second_batch_takes_the_groups_left(
+    driver: Driver, bound, landed: Rollouts, first_rows: pl.DataFrame
+) -> None:
+    """The 4 groups left over make the second batch, with none of the first batch's steps."""
     (second,) = driver.tick("batch_grpo_planner").run_requests
     driver.materialize(["batch_grpo"], partition_key=second.partition_key)
     second_rows = _batch_rows(bound.lake, second.partition_key)
-    landed.turns.update(landed_later.turns)
-    landed.rewards.update(landed_later.rewards)
     assert_batch_matches(second_rows, landed, group_size=4)
-    assert not set(second_rows["turn_id"]) & set(rows["turn_id"])
-    ledger = bound.lake.scan("batch_ledger/grpo").collect()
-    assert ledger.height == ledger.get_column("turn_id").n_unique() == 64
+    assert not set(second_rows["turn_id"]) & set(first_rows["turn_id"])
+    consumed = bound.lake.scan("batch_ledger/grpo").collect()
+    assert consumed.height == consumed.get_column("turn_id").n_unique() == 64
     assert isinstance(driver.tick("batch_grpo_planner"), dg.SkipReason)
 
-    # The other shipped recipes batch the same steps independently, in their own formats.
+
+def _other_recipes_batch_the_same_steps(driver: Driver) -> None:
+    """The other shipped recipes batch the same steps independently, in their own formats."""
     for recipe in ("dpo", "sft"):
         (request, *_) = driver.tick(f"batch_{recipe}_planner").run_requests
         result = driver.materialize(
@@ -151,10 +180,6 @@ def test_landing_to_exported_grpo_batch_incrementally(
         manifest = driver.metadata(result, f"export_{recipe}")["manifest"]
         assert manifest["algorithm"] == recipe and manifest["files"]
         assert manifest["planned_with"]["recipe"]["name"] == recipe
-    if compact_after_files == 1:
-        for table in (*CHAIN, "steps_tails", "batch_ledger/grpo", "batches/grpo"):
-            history = bound.lake.open(table).history()
-            assert "OPTIMIZE" in {commit["operation"] for commit in history}, table
 
 
 def test_an_export_whose_write_failed_is_retried_in_its_run(
