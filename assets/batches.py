@@ -16,18 +16,18 @@ from typing import NamedTuple
 import dagster as dg
 import polars as pl
 
-from claw_pipelines.batching import ledger
-from assets.races import retried_when_raced
 from assets.automation import after_its_batch
 from assets.batch_work import batch_checks, build_batch, export_written, partitions
-from claw_pipelines.config_files import recipes
-from claw_pipelines.incremental.increment import ConcurrentRun
 from assets.landing import OWNERS
 from assets.quality import curated_steps
+from assets.races import retried_when_raced
 from assets.release import release_key
 from assets.runs import TO_COME, has_run
 from claw_pipelines.batch_tables import ledger_table
+from claw_pipelines.batching import ledger
 from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.config_files import recipes
+from claw_pipelines.incremental.increment import ConcurrentRun
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource

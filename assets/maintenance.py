@@ -27,8 +27,8 @@ import dagster as dg
 from deltalake import DeltaTable
 from pydantic import Field
 
-from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER
 from assets.landing import LANDING_READERS, LANDING_TABLES
+from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER
 from claw_pipelines.lake import Lake, compact, data_commits, watermark_app
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource

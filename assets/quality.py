@@ -3,15 +3,15 @@
 import dagster as dg
 import polars as pl
 
-from assets.races import retried_when_raced
 from assets.automation import on_new_data
 from assets.checks import schema_spec, schema_unchanged
-from claw_pipelines.config_files import quality_config
-from claw_pipelines.incremental.increment import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
+from assets.races import retried_when_raced
 from assets.rewards import rewarded_steps
+from claw_pipelines.config_files import quality_config
 from claw_pipelines.derived_schemas import CURATED_STEPS, SCORED_STEPS, empty
+from claw_pipelines.incremental.increment import Increment, trajectory_ids
 from claw_pipelines.policy_versions import highest_announced_version, lag_reference
 from claw_pipelines.transforms.curation import curate_steps
 from claw_pipelines.transforms.quality import score_steps

@@ -3,15 +3,15 @@
 import dagster as dg
 import polars as pl
 
-from assets.races import retried_when_raced
 from assets.automation import on_new_data
 from assets.checks import schema_spec, schema_unchanged
-from claw_pipelines.config_files import reward_config
-from claw_pipelines.incremental.increment import Increment
 from assets.landing import OWNERS
 from assets.metadata import histogram, sample, written_metadata
+from assets.races import retried_when_raced
 from assets.steps import steps
+from claw_pipelines.config_files import reward_config
 from claw_pipelines.derived_schemas import NARROW_STEPS, REWARDED_STEPS
+from claw_pipelines.incremental.increment import Increment
 from claw_pipelines.transforms.reward_rules import openai_judge
 from claw_pipelines.transforms.rewards import affected_trajectories, reward_steps
 from resources.lake import LakeResource

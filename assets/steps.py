@@ -7,7 +7,6 @@ import dagster as dg
 import polars as pl
 from deltalake import DeltaTable
 
-from assets.races import retried_when_raced
 from assets.automation import on_new_data, on_new_data_or_idle_sweep
 from assets.checks import (
     STEP_CHECKS,
@@ -17,22 +16,19 @@ from assets.checks import (
     schema_unchanged,
     unique_step_ids,
 )
-from claw_pipelines.incremental.closed_tails import ClosedTails
-from claw_pipelines.incremental.closed_tails import open_turns_of
-from claw_pipelines.incremental.turn_chunks import turn_chunks
-from claw_pipelines.incremental.increment import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
+from assets.races import retried_when_raced
 from claw_pipelines.derived_schemas import (
     NARROW_STEPS,
     OPEN_STATE,
-    STEP_SOURCE_COLUMNS,
     STEPS,
     TRAJECTORIES,
     conform,
-    empty,
 )
-from claw_pipelines.lake import keyed
+from claw_pipelines.incremental.closed_tails import ClosedTails, open_turns_of
+from claw_pipelines.incremental.increment import Increment, trajectory_ids
+from claw_pipelines.incremental.turn_chunks import turn_chunks
 from claw_pipelines.schemas import utc_now
 from claw_pipelines.transforms.steps import extract_steps
 from claw_pipelines.transforms.trajectories import summarize_trajectories

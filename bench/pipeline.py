@@ -48,8 +48,8 @@ import polars as pl
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from claw_pipelines.incremental.increment import WRITER
 from claw_pipelines.derived_schemas import TOKEN_COLUMNS
+from claw_pipelines.incremental.increment import WRITER
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import TrajectoryEventRow, Turn
 
@@ -167,8 +167,8 @@ def phase_pipeline(lake: Lake, batch_id: str, groups: int) -> dict:
     import dagster as dg
 
     from assets.batches import build_batch_asset
-    from claw_pipelines.config_files import recipes
     from assets.definitions import build_definitions
+    from claw_pipelines.config_files import recipes
     from resources.lake import LakeResource
 
     resource_ = LakeResource(lake_uri=lake.root)

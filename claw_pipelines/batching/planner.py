@@ -28,7 +28,6 @@ from claw_pipelines.derived_schemas import (
 from claw_pipelines.lake import keyed
 from claw_pipelines.transforms.credit import assign_credit
 
-
 TOKENS_PER_CHUNK = 1 << 25
 """Token IDs whose lists ``BatchPlan.row_chunks`` reads at a time (32M: 128 MiB of IDs, at
 most as much again of logprobs): memory is bounded by tokens whatever the sequence lengths,

@@ -158,4 +158,3 @@ def load_recipes(path: str | Path) -> dict[str, Recipe]:
     if len(by_name) != len(recipes):
         raise ValueError(f"duplicate recipe names in {path}")
     return by_name
-

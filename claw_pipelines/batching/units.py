@@ -21,7 +21,6 @@ from claw_pipelines.derived_schemas import (
 from claw_pipelines.transforms.group_stats import trajectory_advantages
 
 
-
 class Units(NamedTuple):
     """What a plan takes from the eligible steps, whatever its kind of unit."""
 

@@ -29,8 +29,8 @@ import pyarrow as pa
 from deltalake import write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER
 from claw_pipelines.derived_schemas import CLOSED_TAILS, OPEN_STATE, conform, empty, fit
+from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER
 from claw_pipelines.lake import Lake, column_bound, compact
 from claw_pipelines.schemas import utc_now
 

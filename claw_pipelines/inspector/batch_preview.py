@@ -20,11 +20,8 @@ from typing import NamedTuple
 
 import polars as pl
 
-from claw_pipelines.inspector.tables import LakeState
-from claw_pipelines.lake import Lake, changes, watermark_app
-from claw_pipelines.policy_versions import highest_announced_version, lag_reference
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.batching.planner import BatchPlan, plan_batch
+from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.batching.retirements import (
     current_through,
     lowered,
@@ -32,6 +29,9 @@ from claw_pipelines.batching.retirements import (
     retired_table,
     voided,
 )
+from claw_pipelines.inspector.tables import LakeState
+from claw_pipelines.lake import Lake, changes, watermark_app
+from claw_pipelines.policy_versions import highest_announced_version, lag_reference
 from claw_pipelines.transforms import curate_steps
 
 DAGSTER_URL_ENV = "CLAW_DAGSTER_URL"

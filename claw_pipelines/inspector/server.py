@@ -32,7 +32,9 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claw_pipelines.access import is_loopback, key_refusal
+from claw_pipelines.batching.recipe import Recipe, load_recipes
 from claw_pipelines.capture.redact import Redactor
+from claw_pipelines.config_files import RECIPES_FILE
 from claw_pipelines.inspector import render
 from claw_pipelines.inspector.api_models import (
     BatchPreviewOut,
@@ -62,8 +64,6 @@ from claw_pipelines.inspector.tables import LakeIndex
 from claw_pipelines.inspector.trajectory import prompt_tokens, trajectory_detail
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
-from claw_pipelines.batching.recipe import Recipe, load_recipes
-from claw_pipelines.config_files import RECIPES_FILE
 from claw_pipelines.settings import get_settings
 
 HERE = Path(__file__).parent

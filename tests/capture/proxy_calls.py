@@ -11,6 +11,7 @@ from stack_fixtures import CaptureStack
 
 QUESTION = "What is 17 + 25?"
 
+
 def client_for(stack: CaptureStack, base_path: str = "/v1", **headers: str) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=stack.proxy_url + base_path,

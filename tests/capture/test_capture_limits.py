@@ -10,8 +10,8 @@ import uuid
 import httpx
 import polars as pl
 import pytest
-from stack_fixtures import CaptureStack
 from proxy_calls import client_for, landed, post
+from stack_fixtures import CaptureStack
 
 MIB = 2**20
 LIMIT = 8 * MIB

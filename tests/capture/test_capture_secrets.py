@@ -10,8 +10,8 @@ from pathlib import Path
 import openai
 import polars as pl
 import pytest
-from stack_fixtures import CaptureStack
 from proxy_calls import client_for, landed, post
+from stack_fixtures import CaptureStack
 
 from claw_pipelines.lake import Lake
 

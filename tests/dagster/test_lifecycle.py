@@ -3,39 +3,29 @@
 from __future__ import annotations
 
 import json
-import shutil
-from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from dagster_harness import CHAIN, Driver, KilledOnCall
-from dagster_rollouts import Rollouts, land_rollouts, late_turn
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from dagster_harness import CHAIN, Driver
+from dagster_rollouts import Rollouts, land_rollouts
 
 from assets.batches import build_batch_asset
 from assets.checks import unique_step_ids
-from claw_pipelines.incremental.closed_tails import ClosedTails
+from claw_pipelines.batching import building, ledger
 from claw_pipelines.config_files import recipes
-from claw_pipelines.incremental.increment import WRITER, ConcurrentRun, Increment
 from claw_pipelines.derived_schemas import (
     BATCH_ROWS,
-    OPEN_STATE,
     STEPS,
-    TOKEN_COLUMNS,
     conform,
     empty,
-    fit,
 )
-from claw_pipelines.batching import building, ledger
 from claw_pipelines.incremental import closed_tails, increment
-from claw_pipelines.lake import Lake, VersionsVacuumed, changes, column_bound, compact, keyed
-from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
+from claw_pipelines.incremental.increment import ConcurrentRun, Increment
+from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow
 from claw_pipelines.transforms.credit import CreditAssignment
-
 
 
 def _batch_rows(lake, batch_id: str) -> pl.DataFrame:

@@ -120,7 +120,6 @@ def test_backlog_runs_racing_chunk_by_chunk_write_each_step_once(
 ) -> None:
     """A backlog is extracted in chunks, each committed before the last moves the watermark;
     two runs over the same backlog must not both land their chunks."""
-    import assets.steps
     from claw_pipelines.incremental import turn_chunks
 
     monkeypatch.setattr(turn_chunks, "CHUNK_TURNS", 4)

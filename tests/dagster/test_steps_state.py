@@ -3,37 +3,26 @@ commits, closed tails, and backlogs extracted in chunks."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from datetime import timedelta
 from pathlib import Path
 
-import dagster as dg
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from dagster_harness import CHAIN, Driver, KilledOnCall
 from dagster_rollouts import Rollouts, land_rollouts, late_turn
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, Transaction, write_deltalake
 
-from assets.batches import build_batch_asset
-from assets.checks import unique_step_ids
-from claw_pipelines.incremental.closed_tails import ClosedTails
-from claw_pipelines.config_files import recipes
-from claw_pipelines.incremental.increment import WRITER, ConcurrentRun, Increment
 from claw_pipelines.derived_schemas import (
-    BATCH_ROWS,
     OPEN_STATE,
-    STEPS,
-    TOKEN_COLUMNS,
     conform,
     empty,
     fit,
 )
-from claw_pipelines.lake import Lake, VersionsVacuumed, changes, column_bound, compact, keyed
+from claw_pipelines.incremental.closed_tails import ClosedTails
+from claw_pipelines.incremental.increment import Increment
+from claw_pipelines.lake import Lake, compact
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
-from claw_pipelines.transforms.credit import CreditAssignment
 
 
 @pytest.mark.parametrize("crashes", [1, 12])
@@ -153,8 +142,8 @@ def test_tails_past_the_reopen_window_leave_the_log(driver: Driver, bound, monke
     """A run that commits deletes the tails closed before the reopen window, compacts a log of
     many small files and drops the state files no version needs any more; a turn landing after
     the window starts a new emission."""
-    import claw_pipelines.incremental.closed_tails
     import assets.steps
+    import claw_pipelines.incremental.closed_tails
 
     monkeypatch.setattr(claw_pipelines.incremental.closed_tails, "COMPACT_AFTER_FILES", 2)
     landed = land_rollouts(bound.lake, groups=1, group_size=2, steps=1)
@@ -183,8 +172,8 @@ def test_tails_past_the_reopen_window_leave_the_log(driver: Driver, bound, monke
 def test_chunked_recompute_survives_a_crash_part_way(driver: Driver, bound, monkeypatch) -> None:
     """Big backlogs are recomputed a few trajectories per commit; a run dying after some chunks
     committed (watermark not moved yet) is redone by the next run without duplicates."""
-    import claw_pipelines.incremental.increment
     import assets.quality
+    import claw_pipelines.incremental.increment
 
     monkeypatch.setattr(claw_pipelines.incremental.increment, "CHUNK_TRAJECTORIES", 3)
     land_rollouts(bound.lake, groups=4, group_size=4, steps=1)

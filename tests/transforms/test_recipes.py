@@ -12,10 +12,9 @@ from pydantic import ValidationError
 from transform_rows import SYSTEM, T0, at, chain, event, events, rewards, turn, turns
 
 from claw_pipelines.batching.ledger import pinned_recipe
-from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, conform
-from claw_pipelines.batching.recipe import PINNED, Recipe, load_recipes
 from claw_pipelines.batching.planner import final_drops, plan_batch
-from claw_pipelines.transforms.reward_rules import RewardConfig
+from claw_pipelines.batching.recipe import PINNED, Recipe, load_recipes
+from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, conform
 from claw_pipelines.transforms import (
     QualityConfig,
     curate_steps,
@@ -23,6 +22,7 @@ from claw_pipelines.transforms import (
     reward_steps,
     score_steps,
 )
+from claw_pipelines.transforms.reward_rules import RewardConfig
 
 
 def _curated(
