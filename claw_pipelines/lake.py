@@ -295,20 +295,19 @@ def changes(
     except Exception as error:  # delta-rs tells a missing file only by a bare Exception's text
         if "not found" not in str(error):
             raise
-        if after_version is None and up_to_version == delta_table.version():
-            inserted = (
-                pl.scan_delta(delta_table)
-                .select(columns or pl.all())
-                .with_columns(pl.lit(up_to_version, pl.UInt64).alias("_commit_version"))
-                .collect()
-            )
-        else:
+        if after_version is not None or up_to_version != delta_table.version():
             raise VersionsVacuumed(
                 f"{delta_table.table_uri}: versions {start} to {up_to_version} can no longer be "
                 "read from the change data feed: the files they added were compacted and then "
                 "vacuumed, as this reader fell further behind than the vacuum retention "
                 "(assets.maintenance)"
             ) from error
+        inserted = (
+            pl.scan_delta(delta_table)
+            .select(columns or pl.all())
+            .with_columns(pl.lit(up_to_version, pl.UInt64).alias("_commit_version"))
+            .collect()
+        )
     kept = ["_commit_version"] if with_version else []
     return inserted.drop(sorted(set(CHANGE_COLUMNS) - set(kept)), strict=False)
 
