@@ -77,7 +77,7 @@ def turn_index_rows(raw: pl.DataFrame) -> pl.DataFrame:
         .with_columns(
             pl.when("_first").then(_snippet(task_text(pl.col("request_messages")))).alias("task"),
         )
-        .drop("request_messages", "response_text", "_first", "_change_type", strict=False)
+        .drop("request_messages", "response_text", "_first", strict=False)
         .with_columns(pl.col("_commit_version").cast(pl.Int64))
         .collect()
     )
