@@ -121,7 +121,7 @@ class Inspector:
         state = self.index.state
         statuses = []
         for name in self.recipes:
-            produced, in_batches, consumed = recipe_counts(state, name)
+            counts = recipe_counts(state, name)
             cached = self.previews.cached(name)
             plan = cached.plan if cached else None
             statuses.append(
@@ -129,9 +129,9 @@ class Inspector:
                     recipe=name,
                     ready_groups=None if plan is None else plan.rows["group_id"].n_unique(),
                     batch_ready=None if plan is None else plan.ready,
-                    batches_produced=produced,
-                    steps_in_batches=in_batches,
-                    steps_consumed=consumed,
+                    batches_produced=counts.batches,
+                    steps_in_batches=counts.steps_in_batches,
+                    steps_consumed=counts.steps_consumed,
                     dagster_url=dagster_asset_url(name),
                     plan_error=self.preview_errors.get(name),
                 )
