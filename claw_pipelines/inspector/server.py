@@ -17,18 +17,17 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any
 
 import jinja2
 import polars as pl
 import uvicorn
-from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Request
+from fastapi import Body, Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claw_pipelines.access import is_loopback, key_refusal
@@ -58,7 +57,7 @@ from claw_pipelines.inspector.curation import (
     UnknownTargets,
     write_labels,
 )
-from claw_pipelines.inspector.filters import Page, TrajectoryFilter, apply, facets, paginate
+from claw_pipelines.inspector.filters import facets, listing
 from claw_pipelines.inspector.overview import Overview, RecipeStatus, compute, recipe_counts
 from claw_pipelines.inspector.tables import LakeIndex
 from claw_pipelines.inspector.trajectory import prompt_tokens, trajectory_detail
@@ -139,17 +138,6 @@ class Inspector:
         return compute(state, datetime.now(UTC), statuses)
 
 
-def query_filter(request: Request) -> tuple[TrajectoryFilter, Page]:
-    """Filter and page from the query string; empty form fields mean "not set"."""
-    params = {k: v for k, v in request.query_params.items() if v.strip() != ""}
-    try:
-        return TrajectoryFilter.model_validate(params), Page.model_validate(params)
-    except ValidationError as error:
-        raise HTTPException(
-            422, detail=error.errors(include_url=False, include_context=False)
-        ) from error
-
-
 def preview_out(preview: Preview) -> BatchPreviewOut:
     recipe = preview.recipe
     plan = preview.plan
@@ -192,7 +180,7 @@ def create_app(
     if key:
         app.add_middleware(KeyRequired, key=key)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    app.include_router(routes)
+    _add_routes(app)
     # Starlette's HTTPException: routing raises it for unknown URLs, and FastAPI's subclasses it.
     app.add_exception_handler(StarletteHTTPException, _html_errors)
     return app
@@ -227,11 +215,6 @@ def _inspector(request: Request) -> Inspector:
 Current = Annotated[Inspector, Depends(_inspector)]
 """A route's ``Inspector``: the app's one index of the lake."""
 
-routes = APIRouter()
-"""The JSON endpoints (``/api``) and the pages, in match order: ids may contain "/", hence the
-``:path`` converters, and a suffix route comes before the route it extends, or the id would
-swallow the suffix."""
-
 
 def _page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
     inspector = _inspector(request)
@@ -247,22 +230,6 @@ def _page(request: Request, name: str, status_code: int = 200, **context: Any) -
         },
         status_code=status_code,
     )
-
-
-class Listing(NamedTuple):
-    """One page of the trajectory list."""
-
-    filter: TrajectoryFilter
-    page: Page
-    rows: pl.DataFrame
-    matched: int
-    """How many trajectories the filter matches (on every page)."""
-
-
-def _listing(request: Request, inspector: Inspector) -> Listing:
-    f, p = query_filter(request)
-    matched = apply(inspector.index.state.summary, f)
-    return Listing(f, p, paginate(matched, p), matched.height)
 
 
 def _detail_or_404(inspector: Inspector, trajectory_id: str) -> TrajectoryDetail:
@@ -297,29 +264,25 @@ def _preview_or_404(inspector: Inspector, recipe: str) -> BatchPreviewOut:
         ) from error
 
 
-@routes.get("/api/health")
 def health(inspector: Current) -> dict[str, Any]:
     return {"ok": True, "versions": inspector.index.state.versions}
 
 
-@routes.get("/api/overview")
 def overview_json(inspector: Current) -> Overview:
     return inspector.overview()
 
 
-@routes.get("/api/trajectories")
 def trajectories_json(request: Request, inspector: Current) -> TrajectoryList:
-    listing = _listing(request, inspector)
+    found = listing(request.query_params, inspector.index.state.summary)
     return TrajectoryList(
         total=inspector.index.state.summary.height,
-        matched=listing.matched,
-        page=listing.page.page,
-        size=listing.page.size,
-        rows=[TrajectoryRow(**r) for r in listing.rows.drop("search_text").to_dicts()],
+        matched=found.matched,
+        page=found.page.page,
+        size=found.page.size,
+        rows=[TrajectoryRow(**r) for r in found.rows.drop("search_text").to_dicts()],
     )
 
 
-@routes.get("/api/trajectories/{trajectory_id:path}/summary")
 def trajectory_summary_json(trajectory_id: str, inspector: Current) -> TrajectoryRow:
     rows = inspector.index.state.summary.filter(pl.col("trajectory_id") == trajectory_id)
     if rows.is_empty():
@@ -327,12 +290,10 @@ def trajectory_summary_json(trajectory_id: str, inspector: Current) -> Trajector
     return TrajectoryRow(**rows.drop("search_text").row(0, named=True))
 
 
-@routes.get("/api/trajectories/{trajectory_id:path}")
 def trajectory_json(trajectory_id: str, inspector: Current) -> TrajectoryDetail:
     return _detail_or_404(inspector, trajectory_id)
 
 
-@routes.get("/api/steps/{turn_id}/prompt_tokens")
 def prompt_tokens_json(turn_id: str, inspector: Current) -> PromptTokens:
     result = prompt_tokens(inspector.lake, inspector.index.state, turn_id)
     if result is None:
@@ -340,12 +301,10 @@ def prompt_tokens_json(turn_id: str, inspector: Current) -> PromptTokens:
     return result
 
 
-@routes.get("/api/groups/{group_id:path}")
 def group_json(group_id: str, inspector: Current) -> GroupOut:
     return _group_or_404(inspector, group_id)
 
 
-@routes.post("/api/labels")
 def labels_json(
     labels: Annotated[LabelRequest, Body()], request: Request, inspector: Current
 ) -> LabelResult:
@@ -359,19 +318,16 @@ def labels_json(
     return result
 
 
-@routes.get("/api/batches/{recipe}")
 def batch_json(recipe: str, inspector: Current) -> BatchPreviewOut:
     return _preview_or_404(inspector, recipe)
 
 
-@routes.get("/", response_class=HTMLResponse)
 def overview_page(request: Request, inspector: Current) -> HTMLResponse:
     return _page(request, "overview.html", overview=inspector.overview())
 
 
-@routes.get("/trajectories", response_class=HTMLResponse)
 def trajectories_page(request: Request, inspector: Current) -> HTMLResponse:
-    f, p, rows, matched = _listing(request, inspector)
+    f, p, rows, matched = listing(request.query_params, inspector.index.state.summary)
     state = inspector.index.state
     return _page(
         request,
@@ -392,17 +348,14 @@ def trajectories_page(request: Request, inspector: Current) -> HTMLResponse:
     )
 
 
-@routes.get("/trajectories/{trajectory_id:path}", response_class=HTMLResponse)
 def trajectory_page(request: Request, trajectory_id: str, inspector: Current) -> HTMLResponse:
     return _page(request, "trajectory.html", detail=_detail_or_404(inspector, trajectory_id))
 
 
-@routes.get("/groups/{group_id:path}", response_class=HTMLResponse)
 def group_page(request: Request, group_id: str, inspector: Current) -> HTMLResponse:
     return _page(request, "group.html", group=_group_or_404(inspector, group_id))
 
 
-@routes.get("/batches", response_class=HTMLResponse)
 def batches_page(request: Request, inspector: Current) -> HTMLResponse:
     first = next(iter(inspector.recipes), None)
     if first is None:
@@ -411,13 +364,35 @@ def batches_page(request: Request, inspector: Current) -> HTMLResponse:
     return batch_page(request, first, inspector)
 
 
-@routes.get("/batches/{recipe}", response_class=HTMLResponse)
 def batch_page(request: Request, recipe: str, inspector: Current) -> HTMLResponse:
     try:
         preview = _preview_or_404(inspector, recipe)
     except HTTPException as error:
         return _page(request, "batch.html", error.status_code, preview=None, error=error.detail)
     return _page(request, "batch.html", preview=preview, error=None)
+
+
+def _add_routes(app: FastAPI) -> None:
+    """The JSON endpoints (``/api``) and the pages, in match order: ids may contain "/", hence
+    the ``:path`` converters, and a suffix route comes before the route it extends, or the id
+    would swallow the suffix."""
+    app.add_api_route("/api/health", health)
+    app.add_api_route("/api/overview", overview_json)
+    app.add_api_route("/api/trajectories", trajectories_json)
+    app.add_api_route("/api/trajectories/{trajectory_id:path}/summary", trajectory_summary_json)
+    app.add_api_route("/api/trajectories/{trajectory_id:path}", trajectory_json)
+    app.add_api_route("/api/steps/{turn_id}/prompt_tokens", prompt_tokens_json)
+    app.add_api_route("/api/groups/{group_id:path}", group_json)
+    app.add_api_route("/api/labels", labels_json, methods=["POST"])
+    app.add_api_route("/api/batches/{recipe}", batch_json)
+    app.add_api_route("/", overview_page, response_class=HTMLResponse)
+    app.add_api_route("/trajectories", trajectories_page, response_class=HTMLResponse)
+    app.add_api_route(
+        "/trajectories/{trajectory_id:path}", trajectory_page, response_class=HTMLResponse
+    )
+    app.add_api_route("/groups/{group_id:path}", group_page, response_class=HTMLResponse)
+    app.add_api_route("/batches", batches_page, response_class=HTMLResponse)
+    app.add_api_route("/batches/{recipe}", batch_page, response_class=HTMLResponse)
 
 
 async def _html_errors(request: Request, error: StarletteHTTPException) -> Any:
