@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import jinja2
 import polars as pl
@@ -66,6 +66,7 @@ from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.settings import get_settings
 
 HERE = Path(__file__).parent
+Found = TypeVar("Found")
 REFRESH_S = 1.0
 """How often the background thread looks for new Delta versions."""
 
@@ -232,11 +233,16 @@ def _page(request: Request, name: str, status_code: int = 200, **context: Any) -
     )
 
 
+def _found(value: Found | None, missing: str) -> Found:
+    """``value``, or a 404 saying what is ``missing``."""
+    if value is None:
+        raise HTTPException(404, missing)
+    return value
+
+
 def _detail_or_404(inspector: Inspector, trajectory_id: str) -> TrajectoryDetail:
     detail = trajectory_detail(inspector.lake, inspector.index.state, trajectory_id)
-    if detail is None:
-        raise HTTPException(404, f"no trajectory {trajectory_id!r} in the turns table")
-    return detail
+    return _found(detail, f"no trajectory {trajectory_id!r} in the turns table")
 
 
 def _group_or_404(inspector: Inspector, group_id: str) -> GroupOut:
@@ -295,10 +301,8 @@ def trajectory_json(trajectory_id: str, inspector: Current) -> TrajectoryDetail:
 
 
 def prompt_tokens_json(turn_id: str, inspector: Current) -> PromptTokens:
-    result = prompt_tokens(inspector.lake, inspector.index.state, turn_id)
-    if result is None:
-        raise HTTPException(404, f"no turn {turn_id!r}")
-    return result
+    tokens = prompt_tokens(inspector.lake, inspector.index.state, turn_id)
+    return _found(tokens, f"no turn {turn_id!r}")
 
 
 def group_json(group_id: str, inspector: Current) -> GroupOut:
