@@ -5,12 +5,13 @@ import polars as pl
 
 from assets.automation import on_new_data
 from assets.checks import schema_spec, schema_unchanged
-from assets.configs import quality_config
-from assets.incremental import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
+from assets.races import retried_when_raced
 from assets.rewards import rewarded_steps
+from claw_pipelines.config_files import quality_config
 from claw_pipelines.derived_schemas import CURATED_STEPS, SCORED_STEPS, empty
+from claw_pipelines.incremental.increment import Increment, trajectory_ids
 from claw_pipelines.policy_versions import highest_announced_version, lag_reference
 from claw_pipelines.transforms.curation import curate_steps
 from claw_pipelines.transforms.quality import score_steps
@@ -26,6 +27,7 @@ from resources.lake import LakeResource
     pool="claw_scored_steps",
     check_specs=[schema_spec("scored_steps")],
 )
+@retried_when_raced
 def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """A quality score in [0, 1] per step and the reasons that lowered it.
 
@@ -87,6 +89,7 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     pool="claw_curated_steps",
     check_specs=[schema_spec("curated_steps")],
 )
+@retried_when_raced
 def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """Scored steps with human labels applied (latest wins): label, trainable flag, tags.
 

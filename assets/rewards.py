@@ -5,14 +5,15 @@ import polars as pl
 
 from assets.automation import on_new_data
 from assets.checks import schema_spec, schema_unchanged
-from assets.configs import reward_config
-from assets.incremental import Increment
 from assets.landing import OWNERS
 from assets.metadata import histogram, sample, written_metadata
+from assets.races import retried_when_raced
 from assets.steps import steps
+from claw_pipelines.config_files import reward_config
 from claw_pipelines.derived_schemas import REWARDED_STEPS, STEPS, with_turn_columns
+from claw_pipelines.incremental.increment import Increment
 from claw_pipelines.lake import Lake
-from claw_pipelines.reward_rules import ModelJudge, openai_judge
+from claw_pipelines.transforms.reward_rules import ModelJudge, openai_judge
 from claw_pipelines.transforms.rewards import affected_trajectories, reward_steps
 from resources.lake import LakeResource
 
@@ -28,6 +29,7 @@ REWARD_SAMPLE = ["trajectory_id", "step_index", "reward", "reward_sources", "res
     pool="claw_rewarded_steps",
     check_specs=[schema_spec("rewarded_steps")],
 )
+@retried_when_raced
 def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """Steps with their credited reward; late rewards and registrations (ground truth for the
     rule rewards) re-credit their trajectory on arrival.

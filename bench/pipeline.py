@@ -51,8 +51,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
 
-from assets.incremental import WRITER
 from claw_pipelines.derived_schemas import TOKEN_COLUMNS
+from claw_pipelines.incremental.increment import WRITER
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import TrajectoryEventRow, Turn
 
@@ -225,12 +225,12 @@ def phase_pipeline(lake: Lake, groups: int) -> dict:
     lists, and a build without it would not be turns -> trainer."""
     import dagster as dg
 
-    from assets import configs
-    from claw_pipelines.definitions import build_definitions
+    from assets.definitions import build_definitions
+    from claw_pipelines import config_files
     from resources.lake import LakeResource
 
-    recipe = configs.recipes()["grpo"]
-    configs.recipes()["grpo"] = recipe.model_copy(
+    recipe = config_files.recipes()["grpo"]
+    config_files.recipes()["grpo"] = recipe.model_copy(
         update={"groups_per_batch": groups, "exports": EXPORTS}
     )  # the release asset is built from the shipped recipes: this process's grpo is the bench's
     resource_ = LakeResource(lake_uri=lake.root)

@@ -43,9 +43,9 @@ def batch_rows(lake: Lake, recipe: str, algorithm: str, batch_id: str) -> pl.Dat
     when it has none): grpo-style rows point at their turns in ``batches/<recipe>`` and get
     their token lists and messages from ``turns`` here (put in order first, so the token
     lists are gathered once); dpo pairs are stored complete."""
+    from claw_pipelines.batching.planner import complete_rows
     from claw_pipelines.derived_schemas import TURN_COLUMNS
     from claw_pipelines.exporters.manifest import in_export_order
-    from claw_pipelines.recipes import complete_rows
 
     scan = lake.scan(batches_table(recipe))
     if scan is None:

@@ -142,8 +142,7 @@ CLOSED_TAILS = pa.schema(
 """Table ``steps_tails``: the closed tails, appended by the steps run (``run``, ``attempt``) that
 closed a trajectory or extended it with late turns; a trajectory's current tail is its row with
 the highest ``step_index``. Rows with ``state = committed`` record that the attempt ``-attempt``
-made a steps commit, so its tails count (``assets.closed_tails``); null ``attempt``: written
-before attempt ids."""
+made a steps commit, so its tails count (``incremental.closed_tails``)."""
 
 TRAJECTORIES = pa.schema(
     [
@@ -290,7 +289,7 @@ DROPPED = pa.schema(
 """Steps a batch plan left out and why (inspector batch preview)."""
 
 RETIRED = DROPPED.append(pa.field("retired_at", _TS))
-"""``batch_retired/<recipe>``: steps a recipe's plans dropped for good (``recipes.final_drops``)."""
+"""``batch_retired/<recipe>``: steps a recipe's plans dropped for good (``planner.final_drops``)."""
 
 LEDGER = pa.schema(
     [

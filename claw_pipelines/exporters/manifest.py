@@ -8,11 +8,11 @@ import polars as pl
 from pydantic import BaseModel
 
 from claw_pipelines.batch_tables import MANIFEST
+from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.exporters.jsonl import write_jsonl
 from claw_pipelines.exporters.trl import write_trl
 from claw_pipelines.exporters.verl import VerlLayout, write_verl
-from claw_pipelines.recipes import Recipe
 
 
 class ExportedFile(BaseModel):

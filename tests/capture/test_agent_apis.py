@@ -15,8 +15,8 @@ import httpx
 import openai
 import polars as pl
 import pytest
+from proxy_calls import QUESTION, assert_matches_engine, landed, post
 from stack_fixtures import CaptureStack
-from test_capture_proxy import QUESTION, assert_matches_engine, landed, post
 
 from claw_pipelines.capture.redact import REDACTED
 

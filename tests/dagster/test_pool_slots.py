@@ -22,7 +22,7 @@ from claw_pipelines.processes import start_service, stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 DAGSTER = str(Path(sys.executable).parent / "dagster")
-MATERIALIZE_STEPS = [DAGSTER, "asset", "materialize", "-m", "claw_pipelines.definitions"]
+MATERIALIZE_STEPS = [DAGSTER, "asset", "materialize", "-m", "assets.definitions"]
 MATERIALIZE_STEPS += ["--select", "steps"]
 
 

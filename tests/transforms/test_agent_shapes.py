@@ -17,9 +17,9 @@ from agent_shapes import (
 )
 from transform_rows import at, event, events, turns
 
+from claw_pipelines.batching.planner import plan_batch
+from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import EXTRACTED_STEPS, TRAJECTORIES, conform
-from claw_pipelines.recipes import Recipe, plan_batch
-from claw_pipelines.reward_rules import RewardConfig
 from claw_pipelines.transforms import (
     QualityConfig,
     curate_steps,
@@ -29,6 +29,7 @@ from claw_pipelines.transforms import (
     summarize_trajectories,
 )
 from claw_pipelines.transforms.prefixes import full_sequence
+from claw_pipelines.transforms.reward_rules import RewardConfig
 
 
 def _steps(*rows, evts=None, now=5000.0) -> pl.DataFrame:

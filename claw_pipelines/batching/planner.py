@@ -1,6 +1,5 @@
-"""Batch recipes (assets/batches.yaml) and batch planning.
+"""Batch planning: the next batch of a recipe, its drops and the drops that are final.
 
-A recipe says which algorithm a batch feeds and how rows are grouped, filtered and credited.
 ``plan_batch`` is pure: from curated steps and the recipe's consumption ledger it picks the next
 batch deterministically, so re-planning from pinned input versions reproduces the same batch.
 """
@@ -8,18 +7,14 @@ batch deterministically, so re-planning from pinned input versions reproduces th
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import cached_property
-from pathlib import Path
-from typing import Literal
 
 import polars as pl
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from claw_pipelines.batch_units import GROUPED, dpo_batch, trajectory_batch
+from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.batching.units import dpo_batch, trajectory_batch
 from claw_pipelines.derived_schemas import (
     BATCH_ROWS,
     DROPPED,
@@ -28,150 +23,7 @@ from claw_pipelines.derived_schemas import (
     with_turn_columns,
 )
 from claw_pipelines.lake import keyed
-from claw_pipelines.transforms.credit import CreditAssignment, assign_credit
-
-Algorithm = Literal["grpo", "rloo", "ppo", "reinforce_pp", "dpo", "sft"]
-ExportFormat = Literal["verl", "trl", "jsonl"]
-Truncation = Literal["error", "left", "right"]
-GroupStatistics = Literal["per_step", "per_trajectory"]
-
-
-PINNED = {"pinned": True}
-"""Validation context of a recipe a reserved batch was planned under: it is taken as it was, so
-the batch re-plans the same even if it would be refused today."""
-
-MAX_STRAGGLER_TIMEOUT_S = timedelta.max.total_seconds()
-"""The longest timeout a ``timedelta`` holds: planning with a longer one (or infinity) fails."""
-
-
-class RecipeFilters(BaseModel):
-    """Which curated steps may enter a batch; a trajectory enters only if all its steps pass."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    min_quality: float | None = Field(default=None, ge=0, le=1)
-    require_reward: bool = True
-    max_policy_lag: int | None = Field(default=None, ge=0)
-    max_prompt_len: int | None = Field(default=None, ge=1)
-    max_response_len: int | None = Field(default=None, ge=1)
-    drop_zero_variance: bool = Field(
-        default=True, description="grpo/rloo: drop groups whose trajectory scores are all equal."
-    )
-    min_reward: float | None = Field(
-        default=None,
-        description="sft: keep trajectories scoring at least this (rejection sampling).",
-    )
-
-
-class Recipe(BaseModel):
-    """A batch recipe (one entry of assets/batches.yaml).
-
-    Units per batch: grpo/rloo ``groups_per_batch`` groups of ``group_size`` trajectories;
-    ppo/reinforce_pp/sft ``groups_per_batch * group_size`` trajectories; dpo
-    ``groups_per_batch`` preference pairs.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=r"^[a-z0-9_]+$")
-    algorithm: Algorithm = "grpo"
-    group_size: int = Field(default=4, ge=1)
-    groups_per_batch: int = Field(default=4, ge=1)
-    straggler_timeout_s: float = Field(
-        default=600.0, ge=0, description="grpo/rloo: after this, act on incomplete groups."
-    )
-    straggler_policy: Literal["emit", "drop"] = Field(
-        default="emit", description="emit: incomplete groups with >= 2 members; drop: discard."
-    )
-    filters: RecipeFilters = RecipeFilters()
-    credit_assignment: CreditAssignment = CreditAssignment()
-    exports: list[ExportFormat] = ["verl", "trl", "jsonl"]
-    min_reward_gap: float = Field(default=0.1, ge=0.0, description="dpo: chosen - rejected reward.")
-    keep_truncated: bool = Field(
-        default=False,
-        description="dpo: also pair replies cut off at max_tokens (finish_reason length); "
-        "conversational files still leave such pairs out, as a chat template would close them.",
-    )
-    prompt_length: int | None = Field(
-        default=None, ge=1, description="verl: fixed prompt width (left-padded); default per batch."
-    )
-    response_length: int | None = Field(
-        default=None, ge=1, description="verl: fixed response width (right-padded)."
-    )
-    pad_token_id: int | None = Field(
-        default=None, ge=0, description="verl: the tokenizer's pad id (default 0)."
-    )
-    truncation: Truncation = Field(
-        default="error",
-        description="A step longer than prompt_length / response_length: error = the planner "
-        "leaves it out (reason prompt_too_long / response_too_long); left / right = keep the "
-        "prompt's last / first tokens and the response's first ones.",
-    )
-    group_statistics: GroupStatistics = Field(
-        default="per_step",
-        description="grpo/rloo: per_step leaves the advantage to the trainer (every step is a "
-        "sample, so a trajectory of k steps counts k times in its group); per_trajectory "
-        "computes it over trajectory scores and broadcasts it to the steps (rows' advantage).",
-    )
-
-    @model_validator(mode="after")
-    def _refuse_useless(self, info: ValidationInfo) -> Recipe:
-        """Refuse values that load but make every batch useless or every plan fail, so a bad
-        batches.yaml stops ``dagster definitions validate`` and ``claw up`` with the recipe's
-        name and field rather than yielding batches with no signal."""
-        if info.context == PINNED:
-            return self
-        checks = [
-            (
-                "group_size",
-                self.algorithm in GROUPED and self.group_size < 2,
-                f"{self.algorithm} needs at least 2 rollouts per group: with 1, every "
-                "group-relative advantage is 0 (and RLOO's leave-one-out baseline is undefined)",
-            ),
-            (
-                "min_reward_gap",
-                self.algorithm == "dpo" and not 0 < self.min_reward_gap < math.inf,
-                "dpo needs a positive, finite gap: at 0 it pairs responses of equal reward",
-            ),
-            (
-                "straggler_timeout_s",
-                self.straggler_timeout_s > MAX_STRAGGLER_TIMEOUT_S,
-                f"must be a finite number of seconds, at most {MAX_STRAGGLER_TIMEOUT_S:.0f}",
-            ),
-            (
-                "group_statistics",
-                self.group_statistics == "per_trajectory" and self.algorithm not in GROUPED,
-                "per_trajectory group statistics are for grpo and rloo (groups of rollouts)",
-            ),
-            (
-                "filters.min_reward",
-                self.filters.min_reward is not None and not math.isfinite(self.filters.min_reward),
-                "must be a finite number (leave it out for no minimum)",
-            ),
-        ]
-        problems = [f"{field}: {why}" for field, useless, why in checks if useless]
-        if problems:
-            raise ValueError(f"recipe {self.name!r}: {'; '.join(problems)}")
-        return self
-
-    @property
-    def units_per_batch(self) -> int:
-        if self.algorithm in GROUPED or self.algorithm == "dpo":
-            return self.groups_per_batch
-        return self.groups_per_batch * self.group_size
-
-
-class _RecipeFile(BaseModel):
-    recipes: list[Recipe]
-
-
-def load_recipes(path: str | Path) -> dict[str, Recipe]:
-    """Recipes by name from a batches.yaml (``recipes: [...]``)."""
-    recipes = _RecipeFile.model_validate(yaml.safe_load(Path(path).read_text())).recipes
-    by_name = {recipe.name: recipe for recipe in recipes}
-    if len(by_name) != len(recipes):
-        raise ValueError(f"duplicate recipe names in {path}")
-    return by_name
+from claw_pipelines.transforms.credit import assign_credit
 
 
 @dataclass(frozen=True)
@@ -347,19 +199,61 @@ def plan_batch(
     curated = curated_steps.lazy()
     if latest_policy_version is None:
         latest_policy_version = curated.select(pl.col("policy_version").max()).collect().item()
-    latest = pl.lit(latest_policy_version, pl.Int64)
     if batch_id is None:
-        batches_so_far = 0
-        if ledger is not None:
-            batches_so_far = ledger.lazy().select(pl.col("batch_id").n_unique()).collect().item()
-        batch_id = f"{recipe.name}-{batches_so_far + 1:06d}"
-    in_play = pl.lit(True)
-    if open_from is not None:
-        in_play = pl.col("trajectory_id").is_null() | (pl.col("trajectory_id") >= open_from)
+        batch_id = _next_batch_id(recipe, ledger)
+    in_play = _in_play(open_from)
     curated = curated.filter(in_play)
+    frame = _candidates(recipe, curated, [ledger, retired], in_play, latest_policy_version)
+    versions = json.dumps(source_versions or {}, sort_keys=True)
+    if recipe.algorithm == "dpo":
+        units = dpo_batch(recipe, frame, turns, batch_id, versions)
+    else:
+        units = trajectory_batch(recipe, frame, now, batch_id, versions)
+    dropped = fit(units.dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED)
+    final = final_drops(recipe, dropped)
+    settled = [final, units.consumed] if units.ready else [final]
+    return BatchPlan(
+        batch_id=batch_id,
+        planned=units.rows,
+        turns=None if recipe.algorithm == "dpo" else turns,
+        dropped=dropped,
+        ready=units.ready,
+        consumed=units.consumed.sort("turn_id"),
+        final=final,
+        open_from_next=_open_from_next(
+            frame, pl.concat(part.select("turn_id") for part in settled), curated, open_from
+        ),
+    )
+
+
+def _next_batch_id(recipe: Recipe, ledger: pl.LazyFrame | pl.DataFrame | None) -> str:
+    """``<recipe>-<n+1>``, n the batches in the ledger."""
+    batches_so_far = 0
+    if ledger is not None:
+        batches_so_far = ledger.lazy().select(pl.col("batch_id").n_unique()).collect().item()
+    return f"{recipe.name}-{batches_so_far + 1:06d}"
+
+
+def _in_play(open_from: str | None) -> pl.Expr:
+    """The rows a plan starting at ``open_from`` reads (a trajectory id sorting before it is
+    consumed or retired)."""
+    if open_from is None:
+        return pl.lit(True)
+    return pl.col("trajectory_id").is_null() | (pl.col("trajectory_id") >= open_from)
+
+
+def _candidates(
+    recipe: Recipe,
+    curated: pl.LazyFrame,
+    excluding: list[pl.LazyFrame | pl.DataFrame | None],
+    in_play: pl.Expr,
+    latest_policy_version: int | None,
+) -> pl.DataFrame:
+    """The credited curated steps in play that no frame of ``excluding`` (ledger, retired
+    steps) holds, each with the first filter it fails (``_reason``), in batch order."""
     excluded = [
         frame.lazy().filter(in_play).select("turn_id", "trajectory_id")
-        for frame in (ledger, retired)
+        for frame in excluding
         if frame is not None
     ]
     candidates = (
@@ -367,36 +261,25 @@ def plan_batch(
         if excluded
         else assign_credit(curated, recipe.credit_assignment)
     )
-    frame = (
+    latest = pl.lit(latest_policy_version, pl.Int64)
+    return (
         candidates.with_columns(_step_reasons(recipe, latest).alias("_reason"))
         .sort("started_at", "trajectory_id", "step_index", "turn_id")
         .collect(engine="streaming")
     )
-    versions = json.dumps(source_versions or {}, sort_keys=True)
-    if recipe.algorithm == "dpo":
-        rows, dropped, ready, consumed = dpo_batch(recipe, frame, turns, batch_id, versions)
-    else:
-        rows, dropped, ready, picked = trajectory_batch(recipe, frame, now, batch_id, versions)
-        consumed = picked.select("turn_id", "trajectory_id", "group_id")
-    dropped = fit(dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED)
-    final = final_drops(recipe, dropped)
-    settled = pl.concat([final.select("turn_id"), consumed.select("turn_id")]) if ready else final
-    still_in_play = frame.join(settled, on="turn_id", how="anti").get_column("trajectory_id")
+
+
+def _open_from_next(
+    candidates: pl.DataFrame, settled: pl.DataFrame, curated: pl.LazyFrame, open_from: str | None
+) -> str | None:
+    """The smallest trajectory id among the ``candidates`` not ``settled`` (consumed by this
+    batch, retired), or the newest curated id when none is left: what comes later is newer, or
+    shows in the change feed."""
+    still_in_play = candidates.join(settled, on="turn_id", how="anti").get_column("trajectory_id")
     if still_in_play.len():
-        open_from_next = still_in_play.min()
-    else:  # nothing in play: what comes later is newer, or shows in the change feed
-        newest = curated.select(pl.col("trajectory_id").max()).collect().item()
-        open_from_next = newest if newest is not None else open_from
-    return BatchPlan(
-        batch_id=batch_id,
-        planned=rows,
-        turns=None if recipe.algorithm == "dpo" else turns,
-        dropped=dropped,
-        ready=ready,
-        consumed=consumed.sort("turn_id"),
-        final=final,
-        open_from_next=open_from_next,
-    )
+        return still_in_play.min()
+    newest = curated.select(pl.col("trajectory_id").max()).collect().item()
+    return newest if newest is not None else open_from
 
 
 def complete_rows(stored: pl.DataFrame, turns: pl.LazyFrame | pl.DataFrame | None) -> pl.DataFrame:

@@ -20,14 +20,14 @@ import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from assets.incremental import COMPACT_AFTER_FILES, ConcurrentRun
-from assets.retirements import Retirements
 from claw_pipelines.batch_tables import batches_table, ledger_table, manifest_path
+from claw_pipelines.batching.planner import BatchPlan, plan_batch
+from claw_pipelines.batching.recipe import PINNED, Recipe
+from claw_pipelines.batching.retirements import Retirements, retired_table
 from claw_pipelines.derived_schemas import LEDGER, conform
+from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, ConcurrentRun
 from claw_pipelines.lake import Lake, compact, keyed
 from claw_pipelines.policy_versions import highest_announced_version, lag_reference
-from claw_pipelines.recipes import PINNED, BatchPlan, Recipe, plan_batch
-from claw_pipelines.retired import retired_table
 
 PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
 """The ledger as written here: each row also carries its batch's pins (JSON)."""
