@@ -26,7 +26,7 @@ def capture_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureS
         stack.engine.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def claw_r1_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureStack]:
     """A proxy run with ``--compat claw-r1``, on loopback: its Claw-R1 routes need no key."""
     stack = launch_stack(tmp_path_factory.mktemp("claw_r1"), compat="claw-r1")

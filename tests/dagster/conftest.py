@@ -89,7 +89,7 @@ class DagsterDev:
         return asset.get("assetMaterializations") or []
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dagster_dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev]:
     """``dagster dev -w workspace.yaml`` on a free loopback port, a temp home and a temp lake."""
     root = tmp_path_factory.mktemp("dagster_dev")
@@ -117,7 +117,7 @@ def dagster_dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev
         service.stop(grace_s=15)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def first_batch(dagster_dev: DagsterDev) -> dict:
     """Land four complete GRPO groups and wait until the sensors turned them into a batch."""
     land_rollouts(dagster_dev.lake, groups=4, group_size=4, steps=2, seed=11)

@@ -28,7 +28,7 @@ def _wait_until_up(up: Service) -> None:
         time.sleep(1)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docs_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocsStack]:
     folder = tmp_path_factory.mktemp("docs-checkout")
     for name in LINKED:

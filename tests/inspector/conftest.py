@@ -14,7 +14,7 @@ from claw_pipelines.lake import Lake
 from claw_pipelines.processes import Service, free_port, start_service
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def inspector_lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Lake, Rollouts]:
     """Three groups of four rollouts (one still open) and a second policy version."""
     lake = Lake(str(tmp_path_factory.mktemp("inspector") / "lake"))
@@ -29,7 +29,7 @@ def inspector_lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Lake, Roll
     return lake, rollouts
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def inspector_service(
     inspector_lake: tuple[Lake, Rollouts], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Service]:
