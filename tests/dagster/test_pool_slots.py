@@ -1,18 +1,21 @@
 """A run killed outside the daemon does not hold its pool slot for good: the next run of the
-asset frees it (``assets/executor.py``) instead of waiting "blocked by limit for pool" forever."""
+asset frees it (``assets/executor.py``) instead of waiting "blocked by limit for pool" forever.
+
+The run to kill must hang *inside* its step, after it claimed the slot. Its lake is local (the
+definitions probe only an object-store lake at load) and its ``turns`` table's
+``_delta_log/_last_checkpoint`` is a named pipe with no writer: delta-rs opens that file when it
+opens the table, which only the steps step does, and the open blocks until it is killed. (A pipe
+as the log entry ``00000000000000000000.json`` would not do: delta-rs lists only regular files
+and finds no table.)"""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -27,31 +30,18 @@ MATERIALIZE_STEPS += ["--select", "steps"]
 
 
 @pytest.fixture
-def silent_store() -> Iterator[int]:
-    """A loopback port that accepts connections and never answers: a lake there makes a run's
-    first read hang while it holds its slot."""
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    stop = threading.Event()
+def hanging_lake(tmp_path: Path) -> Path:
+    """A local lake whose ``turns`` table cannot be opened: its ``_last_checkpoint`` is a FIFO
+    nobody writes to, so a run's steps step blocks opening it while the run holds its slot."""
+    lake = tmp_path / "hanging-lake"
+    log = lake / "turns" / "_delta_log"
+    log.mkdir(parents=True)
+    os.mkfifo(log / "_last_checkpoint")
+    return lake
 
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except TimeoutError:
-                continue
 
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-        for connection in held:
-            connection.close()
-        server.close()
+def _run_env(home: Path, lake: Path) -> dict[str, str]:
+    return {"DAGSTER_HOME": str(home), "CLAW_LAKE_URI": str(lake), "CLAW_STORAGE_OPTIONS": "{}"}
 
 
 def _slot_holders(home: Path, pool: str) -> set[str]:
@@ -60,44 +50,38 @@ def _slot_holders(home: Path, pool: str) -> set[str]:
         return {slot.run_id for slot in info.claimed_slots}
 
 
-@pytest.mark.skip(
-    reason="the definitions now probe an object-store lake at load (issue 19), so the silent "
-    "store hangs the run before it claims its slot; the hang must be injected after the probe"
-)
-def test_a_killed_cli_run_does_not_keep_its_pool_slot(tmp_path: Path, silent_store: int) -> None:
+def _holders_inside_their_step(home: Path, pool: str) -> set[str]:
+    """The runs holding a slot of ``pool`` whose step has started."""
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return {
+            run_id
+            for run_id in _slot_holders(home, pool)
+            if instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)
+        }
+
+
+def test_a_killed_cli_run_does_not_keep_its_pool_slot(tmp_path: Path, hanging_lake: Path) -> None:
     home = tmp_path / "dagster-home"
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    hanging_lake = {
-        "CLAW_LAKE_URI": "s3://bucket/lake",
-        "CLAW_STORAGE_OPTIONS": json.dumps(
-            {
-                "AWS_ENDPOINT_URL": f"http://127.0.0.1:{silent_store}",
-                "AWS_ALLOW_HTTP": "true",
-                "AWS_ACCESS_KEY_ID": "test",
-                "AWS_SECRET_ACCESS_KEY": "test",
-                "AWS_REGION": "us-east-1",
-            }
-        ),
-    }
     killed = start_service(
         "killed-run",
         MATERIALIZE_STEPS,
         "http://unused",
         tmp_path / "killed-run.log",
-        env={"DAGSTER_HOME": str(home), **hanging_lake},
+        env=_run_env(home, hanging_lake),
         cwd=REPO,
     )
-    deadline = time.monotonic() + 180
-    while not (holders := _slot_holders(home, "claw_steps")):
-        assert killed.alive(), killed.log_tail()
-        assert time.monotonic() < deadline, f"no run took the slot:\n{killed.log_tail()}"
-        time.sleep(0.5)
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed.process.wait(timeout=30)
+    try:
+        deadline = time.monotonic() + 180
+        while not (holders := _holders_inside_their_step(home, "claw_steps")):
+            assert killed.alive(), killed.log_tail()
+            assert time.monotonic() < deadline, f"no step took the slot:\n{killed.log_tail()}"
+            time.sleep(0.5)
+    finally:
+        stop_group(killed.process, grace_s=0, sig=signal.SIGKILL)
 
-    env = {**os.environ, "DAGSTER_HOME": str(home), "CLAW_LAKE_URI": str(tmp_path / "lake")}
-    env.pop("CLAW_STORAGE_OPTIONS", None)
+    env = {**os.environ, **_run_env(home, tmp_path / "lake")}
     next_run = subprocess.Popen(
         MATERIALIZE_STEPS, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
