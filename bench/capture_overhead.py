@@ -139,9 +139,9 @@ def summary(load: dict, latency: dict) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=2000, help="per throughput round")
+    parser.add_argument("--requests", type=int, default=600, help="per throughput round")
     parser.add_argument("--concurrency", type=int, default=16, help="for throughput")
-    parser.add_argument("--latency-requests", type=int, default=400, help="sequential, per round")
+    parser.add_argument("--latency-requests", type=int, default=200, help="sequential, per round")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per proxy")
     parser.add_argument("--routes", nargs="+", choices=list(ROUTES), default=list(ROUTES))
     args = parser.parse_args()
