@@ -17,7 +17,7 @@ from functools import cache
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StrictInt, model_validator
 
 
 class ArrowType:
@@ -27,9 +27,14 @@ class ArrowType:
         self.arrow_type = arrow_type
 
 
-TokenIds = Annotated[list[int], ArrowType(pa.list_(pa.int32()))]
-Logprobs = Annotated[list[float], ArrowType(pa.list_(pa.float32()))]
-Int32 = Annotated[int, ArrowType(pa.int32())]
+FLOAT32_MAX = 3.4028234663852886e38
+TokenId = Annotated[StrictInt, Field(ge=0, lt=2**31)]
+"""A vocabulary index as the engine returns it: stored as int32."""
+Float32 = Annotated[FiniteFloat, Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
+"""Stored as float32: a larger magnitude would land as an infinity."""
+TokenIds = Annotated[list[TokenId], ArrowType(pa.list_(pa.int32()))]
+Logprobs = Annotated[list[Float32], ArrowType(pa.list_(pa.float32()))]
+Int32 = Annotated[int, Field(ge=-(2**31), lt=2**31), ArrowType(pa.int32())]
 JsonText = Annotated[str, ArrowType(pa.string())]
 UtcTimestamp = Annotated[datetime, ArrowType(pa.timestamp("us", tz="UTC"))]
 

@@ -4,7 +4,9 @@ LiteLLM's success callbacks run after the response is sent (and are lost on shut
 logger uses request-path hooks instead: ``async_post_call_success_hook`` for complete responses,
 the streaming iterator hook for streams (the final chunk is held until the turn is spooled) and
 ``async_post_call_failure_hook`` for errors. Each hook does one local append and returns; Delta
-commits happen in the flusher thread.
+commits happen in the flusher thread. An answer no row can be made of (``UnusableAnswer``) lands
+an error row and fails the call with a 502 naming the problem: LiteLLM runs the failure hook
+after a success hook raises, but this one has already taken the call's pending state.
 
 Every model route an agent speaks is captured: chat and text completions, and Responses and
 Messages calls, either bridged to the engine's chat call by the HTTP edge (this logger then sees
@@ -18,7 +20,7 @@ Registered in resources/litellm.yaml as ``claw_pipelines.capture.callback.captur
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Any, NoReturn
 
 from fastapi import HTTPException
 from litellm.integrations.custom_logger import CustomLogger
@@ -33,13 +35,15 @@ from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.turns import (
     PendingCall,
     StreamAccumulator,
+    UnusableAnswer,
     error_turn,
     native_turn,
     pending_call,
+    require_choices,
     scrubbed_json,
     turns_from_response,
 )
-from claw_pipelines.schemas import AgentApi
+from claw_pipelines.schemas import AgentApi, Turn
 
 
 def _request_headers(data: dict[str, Any]) -> dict[str, str]:
@@ -129,15 +133,28 @@ class CaptureLogger(CustomLogger):
         pending = self.runtime.pending.pop(str(data.get("litellm_call_id")), None)
         if pending is None:
             return None
-        redactor, writer_id = self.runtime.redactor, self.runtime.writer.writer_id
-        if pending.native:
-            turns = [native_turn(pending, answer_json(response), redactor, writer_id)]
-        else:
-            answer = pending.bridge.answered(response) if pending.bridge else None
-            api_response = scrubbed_json(answer, redactor)
-            turns = turns_from_response(pending, response, redactor, writer_id, api_response)
+        try:
+            turns = self._answer_turns(pending, response)
+        except UnusableAnswer as error:
+            await self._land_unusable(pending, error)
         await self.runtime.land_durably(turns)
         return None
+
+    def _answer_turns(self, pending: PendingCall, response: object) -> list[Turn]:
+        redactor, writer_id = self.runtime.redactor, self.runtime.writer.writer_id
+        if pending.native:
+            return [native_turn(pending, answer_json(response), redactor, writer_id)]
+        if pending.bridge is None:
+            return turns_from_response(pending, response, redactor, writer_id)
+        require_choices(response)  # the bridge's translation needs one
+        api_response = scrubbed_json(pending.bridge.answered(response), redactor)
+        return turns_from_response(pending, response, redactor, writer_id, api_response)
+
+    async def _land_unusable(self, pending: PendingCall, error: UnusableAnswer) -> NoReturn:
+        """Land the error row of an answer no row can be made of, then fail the call."""
+        row = error_turn(pending, error, self.runtime.redactor, self.runtime.writer.writer_id)
+        await self.runtime.land_durably([row])
+        raise error
 
     async def async_post_call_streaming_iterator_hook(
         self,
@@ -152,12 +169,15 @@ class CaptureLogger(CustomLogger):
             return
         collect = NativeStream() if pending.native else StreamAccumulator()
         held: list[Any] = []
-        async for chunk in response:
-            if collect.add(chunk) or held:
-                held.append(chunk)
-            else:
-                yield chunk
-        turns = collect.turns(pending, self.runtime.redactor, self.runtime.writer.writer_id)
+        try:
+            async for chunk in response:
+                if collect.add(chunk) or held:
+                    held.append(chunk)
+                else:
+                    yield chunk
+            turns = collect.turns(pending, self.runtime.redactor, self.runtime.writer.writer_id)
+        except UnusableAnswer as error:
+            await self._land_unusable(pending, error)
         await self.runtime.land_durably(turns)
         for chunk in held:
             yield chunk

@@ -36,14 +36,20 @@ from claw_pipelines.capture.request_body import (
 )
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.spool import SpoolUnavailable
-from claw_pipelines.schemas import Reward, RewardSource, TrajectoryEventRow, Turn, new_id, utc_now
+from claw_pipelines.schemas import (
+    Float32,
+    Reward,
+    RewardSource,
+    TokenId,
+    TrajectoryEventRow,
+    Turn,
+    new_id,
+    utc_now,
+)
 from claw_pipelines.settings import get_settings
 
 MAX_TOKENS_PER_LIST = 1_000_000
-FLOAT32_MAX = 3.4028234663852886e38
-TokenId = Annotated[int, Field(ge=0, lt=2**31)]
-Logprob = Annotated[FiniteFloat, Field(le=0, ge=-FLOAT32_MAX)]
-"""Stored as float32: a smaller one would land as -inf."""
+Logprob = Annotated[Float32, Field(le=0)]
 
 
 class CompleteTrajectory(BaseModel):

@@ -96,7 +96,7 @@ def parse_json_object(body: bytes) -> dict[str, Any] | None:
     problem = _first_problem(value, suspects) if suspects.any else None
     if problem is not None:
         path, what = problem
-        field = _path_text(path)
+        field = path_text(path)
         raise BodyRejected(400, f"{field or 'request body'}: {what}", field or None)
     return value
 
@@ -170,7 +170,7 @@ def _first_problem(value: dict[str, Any], suspects: _Suspects) -> tuple[tuple, s
     return None
 
 
-def _path_text(path: tuple, shown: int = 8) -> str:
+def path_text(path: tuple, shown: int = 8) -> str:
     """``("messages", 0, "content")`` -> ``messages[0].content`` (a deep path cut at ``shown``;
     a lone surrogate in a key escaped, so the message itself can be sent)."""
     text = ""

@@ -3,17 +3,25 @@
 Token IDs are taken only from what the engine returned (vLLM's ``prompt_token_ids`` and
 ``choices[i].token_ids``, which LiteLLM moves to ``provider_specific_fields``); response text is
 never re-tokenized into "engine" IDs. Everything written passes through the ``Redactor``.
+
+An answer no row can be made of (no choices, token IDs that are not int32 vocabulary indices, a
+non-finite logprob) raises ``UnusableAnswer``: the call then fails with an error row, instead of
+a 200 whose row never lands or a 500 after its row landed.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from claw_pipelines.capture.identity import IDENTITY_FIELDS, TurnIdentity
 from claw_pipelines.capture.redact import Redactor
+from claw_pipelines.capture.request_body import path_text
 from claw_pipelines.schemas import AgentApi, Turn, utc_now
 
 if TYPE_CHECKING:
@@ -38,6 +46,33 @@ SAMPLING_KEYS = (
     "tool_choice",
     "response_format",
 )
+
+
+class UnusableAnswer(Exception):
+    """A backend answer that no row can be made of; the message names what is wrong with it.
+
+    The capture hooks land an error row and fail the call with it: LiteLLM's proxy answers an
+    exception's ``status_code`` and ``message`` (502: the backend, not the client, erred), and
+    the agent gets that message rather than a validation dump.
+    """
+
+    status_code = 502
+
+    def __init__(self, problem: str) -> None:
+        self.message = f"the model backend's answer cannot be stored: {problem}"
+        super().__init__(self.message)
+
+
+def _problems(error: ValidationError) -> str:
+    return "; ".join(f"{path_text(tuple(e['loc']))}: {e['msg']}" for e in error.errors())
+
+
+def require_choices(response: object) -> list[Any]:
+    """The answer's choices; an answer without any has nothing to hand the agent or to land."""
+    choices = _field(response, "choices")
+    if not choices:
+        raise UnusableAnswer("it has no choices")
+    return choices
 
 
 def scrubbed_json(value: object, redactor: Redactor) -> str | None:
@@ -153,12 +188,24 @@ def _logprob_values(logprobs: object) -> list[float] | None:
         values = _field(logprobs, "token_logprobs")
     if values is None or any(value is None for value in values):
         return None
-    return [float(value) for value in values]
+    if content is not None:
+        _check_top_logprobs(content)
+    return values
+
+
+def _check_top_logprobs(content: list[Any]) -> None:
+    """The alternatives' logprobs go to the agent with the answer, which a non-finite one would
+    fail to serialize after the row landed; the chosen ones are checked with the row."""
+    tops = [
+        _field(top, "logprob") for entry in content for top in _field(entry, "top_logprobs") or ()
+    ]
+    if not all(isinstance(value, int | float) and math.isfinite(value) for value in tops):
+        raise UnusableAnswer("a top_logprobs logprob is not a finite number")
 
 
 def _completion_tokens(response_ids: list[int] | None, usage: object) -> int | None:
     """A choice's own length when its IDs are known: with n > 1, usage counts every choice."""
-    if response_ids is not None:
+    if isinstance(response_ids, list):
         return len(response_ids)
     return _field(usage, "completion_tokens") if usage else None
 
@@ -192,6 +239,13 @@ def _base_turn(
     ended_at = utc_now()
     if buffered_stream:
         values["first_token_at"] = ended_at
+    try:
+        return _turn(pending, choice, ended_at, values)
+    except ValidationError as error:
+        raise UnusableAnswer(f"choice {choice}: {_problems(error)}") from error
+
+
+def _turn(pending: PendingCall, choice: int, ended_at: datetime, values: dict[str, Any]) -> Turn:
     return Turn(
         **_choice_identity(pending, choice),
         call_type=pending.call_type,
@@ -226,7 +280,7 @@ def turns_from_response(
     usage = _field(response, "usage")
     hidden = getattr(response, "_hidden_params", None)
     turns = []
-    for index, choice in enumerate(_field(response, "choices") or []):
+    for index, choice in enumerate(require_choices(response)):
         provider_fields = _field(choice, "provider_specific_fields") or {}
         response_ids = provider_fields.get("token_ids", _field(choice, "token_ids"))
         prompt_ids = _field(choice, "prompt_token_ids") or response_prompt_ids
@@ -355,7 +409,7 @@ class StreamAccumulator:
             values = _logprob_values(_field(choice, "logprobs"))
             if token_ids is not None:
                 state.saw_token_ids = True
-                state.token_ids.extend(token_ids)
+                state.token_ids.extend(token_ids if isinstance(token_ids, list) else [token_ids])
             elif values:
                 state.missed_token_ids = True
             if values is not None:
@@ -379,6 +433,8 @@ class StreamAccumulator:
             entry["function"]["arguments"] += _field(function, "arguments") or ""
 
     def turns(self, pending: PendingCall, redactor: Redactor, writer_id: str) -> list[Turn]:
+        if not self.choices:
+            raise UnusableAnswer("the stream carried no choices")
         turns = []
         for index in sorted(self.choices):
             state = self.choices[index]

@@ -1,5 +1,7 @@
 """A capture proxy in front of the fake backend (``fake_backend.py``), for answers the embedded
-engine cannot give: a 3 MiB answer, an error that echoes the caller's credentials."""
+engine cannot give: a 3 MiB answer, an error that echoes the caller's credentials, answers no
+row can be made of. Its ``policy`` model buffers streams (the default), ``policy-live`` passes
+them through."""
 
 from __future__ import annotations
 
@@ -28,13 +30,16 @@ class FakeBackendStack(CaptureStack):
 
 @pytest.fixture(scope="session")
 def fake_backend_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeBackendStack]:
-    """The proxy's ``policy`` model served by the fake backend, with an API key for it that no
-    pattern would take for a secret (only the proxy config says it is one)."""
+    """The proxy's ``policy`` and ``policy-live`` models served by the fake backend, with an API
+    key for it that no pattern would take for a secret (only the proxy config says it is one)."""
     workdir = tmp_path_factory.mktemp("fake-backend")
     key = "sk-test-" + secrets.token_hex(16)
     backend_key = "backend-" + secrets.token_hex(12)
     config = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    config["model_list"][0]["litellm_params"]["api_key"] = "os.environ/FAKE_BACKEND_KEY"
+    policy = config["model_list"][0]
+    policy["litellm_params"]["api_key"] = "os.environ/FAKE_BACKEND_KEY"
+    live = {"model_name": "policy-live", "litellm_params": dict(policy["litellm_params"])}
+    config["model_list"].append({**live, "model_info": {"claw": {"stream_mode": "passthrough"}}})
     config_path = workdir / "litellm.yaml"
     config_path.write_text(yaml.safe_dump(config))
     env = {**capture_env(workdir, key), "FAKE_BACKEND_KEY": backend_key}

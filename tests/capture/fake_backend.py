@@ -1,21 +1,27 @@
 """A vLLM-shaped backend whose answer a test picks in the last user message, for what the
-embedded engine cannot be made to answer (a 3 MiB answer, an error that echoes the caller's key).
+embedded engine cannot be made to answer (a 3 MiB answer, an error that echoes the caller's key,
+answers no row can be made of).
 
 ``big <n>``: an answer of ``n`` characters with token IDs and logprobs, as vLLM sends with
 ``return_token_ids``; ``echo error``: a 400 whose message repeats the API key the request came
-with and the user's message, as careless servers do; anything else: a short answer.
+with and the user's message, as careless servers do; ``no choices``: an answer with
+``choices: []``; ``token id <json>``: that value among the answer's token IDs; ``nan logprob``: a
+``NaN`` logprob; anything else: a short answer. A request with ``stream: true`` gets the same
+answer as vLLM's event stream.
 
 Run as ``python fake_backend.py <port>``; it serves ``/v1/models`` and ``/v1/chat/completions``.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 MODEL = "fake-model"
 ANSWER_TOKENS = 8
@@ -28,36 +34,82 @@ def models() -> dict:
     return {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
 
 
+def _asked(body: dict[str, Any]) -> str:
+    """The last message's text, whether its content is a string or a list of text parts."""
+    content = body["messages"][-1].get("content") or ""
+    if isinstance(content, list):
+        return "".join(str(part.get("text") or "") for part in content)
+    return str(content)
+
+
+def _choice(asked: str) -> dict[str, Any]:
+    content = "a" * int(asked.split()[1]) if asked.startswith("big ") else "ok"
+    token_ids: list[Any] = list(range(100, 100 + ANSWER_TOKENS))
+    if asked.startswith("token id "):
+        token_ids[-1] = json.loads(asked.removeprefix("token id "))
+    entries = [
+        {"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}
+        for _ in range(ANSWER_TOKENS)
+    ]
+    if asked == "nan logprob":
+        entries[-1]["logprob"] = float("nan")
+    return {
+        "index": 0,
+        "message": {"role": "assistant", "content": content},
+        "logprobs": {"content": entries},
+        "finish_reason": "stop",
+        "token_ids": token_ids,
+    }
+
+
+def _answer(asked: str) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-fake-{time.time_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": MODEL,
+        "choices": [] if asked == "no choices" else [_choice(asked)],
+        "usage": {"prompt_tokens": 3, "completion_tokens": ANSWER_TOKENS, "total_tokens": 11},
+        "prompt_token_ids": [1, 2, 3],
+    }
+
+
+def _events(answer: dict[str, Any]) -> list[bytes]:
+    """The answer as vLLM streams it: one chunk with the text, one with the finish reason."""
+    base = {k: answer[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    chunks = [{**base, "choices": [], "prompt_token_ids": answer["prompt_token_ids"]}]
+    for choice in answer["choices"]:
+        delta = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": choice["message"]["content"]},
+        }
+        chunks.append(
+            {
+                **base,
+                "choices": [
+                    {**delta, "logprobs": choice["logprobs"], "token_ids": choice["token_ids"]}
+                ],
+            }
+        )
+        chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    frames = [f"data: {json.dumps(chunk)}\n\n".encode() for chunk in chunks]
+    return [*frames, b"data: [DONE]\n\n"]
+
+
 @app.post("/v1/chat/completions")
-async def chat(request: Request) -> JSONResponse:
+async def chat(request: Request) -> Response:
     body = await request.json()
-    asked = str(body["messages"][-1].get("content", ""))
+    asked = _asked(body)
     if asked.startswith("echo error"):
         key = request.headers.get("authorization", "").removeprefix("Bearer ")
         message = f"cannot serve {asked!r} for credentials {key!r}"
         error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
         return JSONResponse({"error": error}, status_code=400)
-    content = "a" * int(asked.split()[1]) if asked.startswith("big ") else "ok"
-    token_ids = list(range(100, 100 + ANSWER_TOKENS))
-    logprobs = [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}] * ANSWER_TOKENS
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": content},
-        "logprobs": {"content": logprobs},
-        "finish_reason": "stop",
-        "token_ids": token_ids,
-    }
-    return JSONResponse(
-        {
-            "id": f"chatcmpl-fake-{time.time_ns()}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": MODEL,
-            "choices": [choice],
-            "usage": {"prompt_tokens": 3, "completion_tokens": ANSWER_TOKENS, "total_tokens": 11},
-            "prompt_token_ids": [1, 2, 3],
-        }
-    )
+    answer = _answer(asked)
+    if body.get("stream"):
+        return StreamingResponse(iter(_events(answer)), media_type="text/event-stream")
+    # json.dumps writes a NaN as the literal NaN, as a careless server would (JSONResponse refuses)
+    return Response(json.dumps(answer), media_type="application/json")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from urllib.parse import quote
 
@@ -31,7 +32,12 @@ from claw_pipelines.capture.redact import REDACTED, Redactor
 from claw_pipelines.capture.request_body import BodyRejected, parse_json_object
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
-from claw_pipelines.capture.turns import StreamAccumulator, pending_call, turns_from_response
+from claw_pipelines.capture.turns import (
+    StreamAccumulator,
+    UnusableAnswer,
+    pending_call,
+    turns_from_response,
+)
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import free_port
@@ -254,6 +260,30 @@ def test_each_choice_counts_its_own_completion_tokens() -> None:
     turns = turns_from_response(pending, response, Redactor(), "w")
     assert [t.completion_tokens for t in turns] == [2, 3]
     assert [t.prompt_tokens for t in turns] == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "named"),
+    [
+        ([{"logprob": -0.5, "top_logprobs": [{"logprob": float("nan")}]}], "top_logprobs"),
+        ([{"logprob": -1e300, "top_logprobs": []}], "response_logprobs[0]"),
+        ([{"logprob": float("-inf"), "top_logprobs": []}], "response_logprobs[0]"),
+    ],
+    ids=["NaN alternative", "beyond float32", "minus infinity"],
+)
+def test_a_logprob_the_answer_cannot_carry_makes_it_unusable(logprobs: list, named: str) -> None:
+    """The agent's JSON answer cannot carry a non-finite number, nor a float32 column store one
+    beyond its range: such an answer is refused with the field named, not stored as -inf."""
+    response = {
+        "model": "m",
+        "prompt_token_ids": [1],
+        "choices": [
+            {"message": {"content": "a"}, "token_ids": [3], "logprobs": {"content": logprobs}}
+        ],
+    }
+    pending = pending_call("c", {"model": "m"}, TurnIdentity(), None, False, Redactor())
+    with pytest.raises(UnusableAnswer, match=re.escape(named)):
+        turns_from_response(pending, response, Redactor(), "w")
 
 
 @pytest.mark.parametrize("trajectory", ["t", None])
