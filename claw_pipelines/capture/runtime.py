@@ -90,6 +90,7 @@ class CaptureRuntime:
             self.lake,
             max_rows=settings.flush_max_rows,
             interval_s=settings.flush_interval_s,
+            max_wait_s=settings.flush_max_wait_s,
             fsync_interval_s=settings.fsync_interval_ms / 1000
             if settings.fsync == "interval"
             else None,
