@@ -25,6 +25,8 @@ _DESCRIPTIONS = {
     "turns": "One row per LLM call with the engine's exact token IDs (written by the proxy).",
     "rewards": "Rewards and feedback that arrive after the turn, trajectory or group they score.",
     "trajectory_events": "Trajectory lifecycle events (completed, aborted) with optional outcome.",
+    "trajectory_registrations": "What agents declared about a trajectory (Claw-R1's "
+    "register_trajectory): channel, ground truth and data source for the rule rewards.",
     "labels": "Human curation decisions (quality label, trainable, tags); latest label wins.",
     "policy_versions": "Policy versions the trainer announced and its weight-sync pauses.",
 }
@@ -39,6 +41,7 @@ LANDING_READERS: dict[str, list[str]] = {
     "turns": ["steps"],
     "trajectory_events": ["steps", "trajectories", "rewarded_steps"],
     "rewards": ["rewarded_steps"],
+    "trajectory_registrations": ["rewarded_steps"],
     "labels": ["curated_steps"],
     "policy_versions": [],
 }

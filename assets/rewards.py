@@ -22,30 +22,33 @@ REWARD_SAMPLE = ["trajectory_id", "step_index", "reward", "reward_sources", "res
     group_name="rewards",
     kinds={"deltalake", "polars"},
     owners=OWNERS,
-    deps=[steps, "rewards", "trajectory_events"],
+    deps=[steps, "rewards", "trajectory_events", "trajectory_registrations"],
     automation_condition=on_new_data(),
     pool="claw_rewarded_steps",
     check_specs=[schema_spec("rewarded_steps")],
 )
 def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
-    """Steps with their credited reward; late rewards re-credit their trajectory on arrival.
+    """Steps with their credited reward; late rewards and registrations (ground truth for the
+    rule rewards) re-credit their trajectory on arrival.
 
     Only trajectories touched by new steps, rewards or events are recomputed (from all of their
     steps and rewards) and their rows replaced, so a reward that lands a day late still reaches
     the next batch without reprocessing the table.
     """
-    increment = Increment.begin(
-        lake.lake(), "rewarded_steps", "rewarded_steps", ["steps", "rewards", "trajectory_events"]
-    )
+    sources = ["steps", "rewards", "trajectory_events", "trajectory_registrations"]
+    increment = Increment.begin(lake.lake(), "rewarded_steps", "rewarded_steps", sources)
     identity = ["turn_id", "trajectory_id", "group_id"]
     new_steps = increment.new_rows("steps", identity)
     new_rewards = increment.new_rows("rewards")
     new_events = increment.new_rows("trajectory_events")
+    new_registrations = increment.new_rows("trajectory_registrations", ["trajectory_id"])
     all_steps = increment.scan("steps")
     affected: list[str] = []
     if all_steps is not None:
         affected = (
-            affected_trajectories(new_steps, new_rewards, new_events, all_steps.select(identity))
+            affected_trajectories(
+                new_steps, new_rewards, new_events, all_steps.select(identity), new_registrations
+            )
             .get_column("trajectory_id")
             .sort()
             .to_list()
@@ -61,6 +64,7 @@ def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
             increment.rows_where("trajectory_events", "trajectory_id", keys),
             config,
             judge=judge,
+            registrations=increment.rows_where("trajectory_registrations", "trajectory_id", keys),
         ).collect()
 
     written = increment.recompute(affected, build, REWARDED_STEPS, ["reward", "reward_present"])

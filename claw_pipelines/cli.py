@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,19 @@ import typer
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
 Host = Annotated[str, typer.Option(help="Interface to bind; loopback unless told otherwise.")]
+
+
+class Compat(StrEnum):
+    claw_r1 = "claw-r1"
+
+
+CompatOption = Annotated[
+    Compat | None,
+    typer.Option(
+        help="Also serve another gateway's protocol: claw-r1 = Claw-R1's routes, model "
+        "aliases and answer shape (docs/claw-r1.md)."
+    ),
+]
 
 
 @app.command()
@@ -60,6 +74,7 @@ def proxy(
     capture: Annotated[
         bool, typer.Option(help="--no-capture runs the plain LiteLLM proxy (for comparisons).")
     ] = True,
+    compat: CompatOption = None,
 ) -> None:
     """Run the LiteLLM proxy with the capture callback (turns land in Delta)."""
     from claw_pipelines.capture.launcher import run_proxy
@@ -72,6 +87,7 @@ def proxy(
         backend_model=backend_model,
         num_workers=num_workers,
         capture=capture,
+        compat=compat.value if compat else None,
     )
 
 
@@ -98,6 +114,7 @@ def up(
     dagster_port: int = 3000,
     inspector_port: int = 8120,
     engine_port: int = 8001,
+    compat: CompatOption = None,
 ) -> None:
     """Start engine, proxy, Dagster and inspector on loopback; Ctrl-C stops them all."""
     from claw_pipelines.stack import run_stack
@@ -108,6 +125,7 @@ def up(
         dagster_port=dagster_port,
         inspector_port=inspector_port,
         engine_port=engine_port,
+        compat=compat.value if compat else None,
     )
 
 

@@ -1,8 +1,10 @@
 """Reward functions declared in assets/rewards.yaml: rules on ground truth, and a model judge.
 
 Rules are polars expressions over steps, reading the ground truth from
-``turns.metadata`` -> ``claw.ground_truth``. The model judge is any callable scoring a frame of
-steps; ``openai_judge`` builds one that asks an OpenAI-compatible endpoint (the capture proxy).
+``turns.metadata`` -> ``claw.ground_truth`` or, when the turns carry none, from the trajectory's
+registration (``trajectory_registrations``, whenever it landed). The model judge is any
+callable scoring a frame of steps; ``openai_judge`` builds one that asks an OpenAI-compatible
+endpoint (the capture proxy).
 The judge is off by default: it costs a model call per scored trajectory.
 """
 
@@ -114,8 +116,24 @@ def _matches(data_source: str | None, agent: str | None) -> pl.Expr:
     return condition
 
 
-def _final_steps(steps: pl.LazyFrame) -> pl.LazyFrame:
-    """The final step of each trajectory plus what trajectory-level rules need."""
+def _registered(registrations: pl.LazyFrame | None) -> pl.LazyFrame:
+    """Per trajectory: the latest ground truth and data source it was registered with."""
+    schema = {"trajectory_id": pl.String, "_truth": pl.String, "_source": pl.String}
+    if registrations is None:
+        return pl.LazyFrame(schema=schema)
+    return (
+        registrations.sort("created_at", "registration_id")
+        .group_by("trajectory_id")
+        .agg(
+            pl.col("ground_truth").drop_nulls().last().alias("_truth"),
+            pl.col("data_source").drop_nulls().last().alias("_source"),
+        )
+    )
+
+
+def _final_steps(steps: pl.LazyFrame, registrations: pl.LazyFrame | None) -> pl.LazyFrame:
+    """The final step of each trajectory plus what trajectory-level rules need; a turn's own
+    ground truth and data source win over the trajectory's registration."""
     names = tool_calls().list.eval(pl.element().struct.field("function").struct.field("name"))
     per_trajectory = steps.group_by("trajectory_id").agg(
         ((pl.col("status") == "error").cast(pl.Int64) + malformed_tool_calls())
@@ -128,10 +146,12 @@ def _final_steps(steps: pl.LazyFrame) -> pl.LazyFrame:
         .group_by("trajectory_id")
         .last()
         .join(per_trajectory, on="trajectory_id")
+        .join(_registered(registrations), on="trajectory_id", how="left")
         .with_columns(
-            claw_field("ground_truth").alias("ground_truth"),
-            claw_field("data_source").alias("data_source"),
+            pl.coalesce(claw_field("ground_truth"), "_truth").alias("ground_truth"),
+            pl.coalesce(claw_field("data_source"), "_source").alias("data_source"),
         )
+        .drop("_truth", "_source")
     )
 
 
@@ -152,15 +172,20 @@ def _reward_rows(frame: pl.LazyFrame, name: str, source: str, value: pl.Expr) ->
 
 
 def rule_rewards(
-    steps: pl.LazyFrame | pl.DataFrame, config: RewardConfig, *, judge: ModelJudge | None = None
+    steps: pl.LazyFrame | pl.DataFrame,
+    config: RewardConfig,
+    *,
+    judge: ModelJudge | None = None,
+    registrations: pl.LazyFrame | pl.DataFrame | None = None,
 ) -> pl.LazyFrame:
     """Rewards rows (``schemas.Reward`` columns, trajectory-targeted) produced by the rules and the
     judge for the final step of each trajectory in ``steps``.
 
     The judge runs only when ``config.judge.enabled``; ``judge`` replaces the default
-    ``openai_judge(config.judge)`` (tests pass a local callable).
+    ``openai_judge(config.judge)`` (tests pass a local callable). ``registrations``: rows of
+    ``trajectory_registrations`` for these trajectories (their ground truth and data source).
     """
-    final = _final_steps(steps.lazy())
+    final = _final_steps(steps.lazy(), None if registrations is None else registrations.lazy())
     parts = [
         _reward_rows(final.filter(_matches(r.data_source, r.agent)), r.name, "rule", _rule_value(r))
         for r in config.rules

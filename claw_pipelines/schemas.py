@@ -217,6 +217,24 @@ class TrajectoryEventRow(LandingRow):
     metadata: JsonText | None = None
 
 
+class TrajectoryRegistration(LandingRow):
+    """What an agent declared about a trajectory (Claw-R1's ``register_trajectory``): its channel,
+    the task's ground truth and data source for the rule rewards, and free metadata. It may land
+    before or after the trajectory's turns; the latest one per trajectory counts."""
+
+    table_name: ClassVar[str] = "trajectory_registrations"
+    key: ClassVar[str] = "registration_id"
+
+    registration_id: str = Field(default_factory=new_id)
+    trajectory_id: str
+    group_id: str | None = None
+    channel: str | None = None
+    ground_truth: str | None = None
+    data_source: str | None = None
+    created_at: UtcTimestamp = Field(default_factory=utc_now)
+    metadata: JsonText | None = None
+
+
 class Label(LandingRow):
     """A human curation decision; the latest label per target wins, history is kept."""
 
@@ -251,7 +269,8 @@ class PolicyEvent(LandingRow):
 
 
 LANDING_MODELS: dict[str, type[LandingRow]] = {
-    model.table_name: model for model in (Turn, Reward, TrajectoryEventRow, Label, PolicyEvent)
+    model.table_name: model
+    for model in (Turn, Reward, TrajectoryEventRow, TrajectoryRegistration, Label, PolicyEvent)
 }
 
 

@@ -47,10 +47,12 @@ def start_proxy(
     host: str = "127.0.0.1",
     capture: bool = True,
     config: Path | None = None,
+    compat: str | None = None,
 ) -> Service:
     command = [*CLI, "proxy", "--host", host, "--port", str(port), "--backend", backend]
     command += ["--num-workers", str(num_workers), "--capture" if capture else "--no-capture"]
     command += ["--config", str(config)] if config else []
+    command += ["--compat", compat] if compat else []
     return start_service(
         "proxy" if capture else "plain-proxy",
         command,
@@ -132,7 +134,12 @@ class Stack:
 
 
 def run_stack(
-    host: str, proxy_port: int, dagster_port: int, inspector_port: int, engine_port: int
+    host: str,
+    proxy_port: int,
+    dagster_port: int,
+    inspector_port: int,
+    engine_port: int,
+    compat: str | None = None,
 ) -> None:
     """Start everything, print the URLs, and run until Ctrl-C (or SIGTERM), then stop it all.
 
@@ -140,6 +147,7 @@ def run_stack(
     The batch recipes are loaded first: Dagster would come up with a failed code location, so
     a refused recipe stops it, with the recipe and field named, before anything starts; so does
     a lake the services would refuse (``Lake.checked``).
+    ``compat`` is passed on to the proxy (``claw proxy --compat``).
     """
     try:
         load_recipes(RECIPES_FILE)
@@ -172,7 +180,7 @@ def run_stack(
         engine = start_engine(engine_port, claw_dir, env)
         stack.services.append(engine)
         engine.wait_ready("/health", timeout_s=60)
-        proxy = start_proxy(proxy_port, claw_dir, f"{engine.url}/v1", env, host=host)
+        proxy = start_proxy(proxy_port, claw_dir, f"{engine.url}/v1", env, host=host, compat=compat)
         stack.services.append(proxy)
         dagster = start_dagster(dagster_port, claw_dir, env)
         stack.services.append(dagster)

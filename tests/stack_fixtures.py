@@ -133,15 +133,23 @@ def launch_stack(
     num_workers: int = 1,
     config: Path | None = None,
     env: dict[str, str] | None = None,
+    compat: str | None = None,
 ) -> CaptureStack:
     """Engine and proxy over ``workdir``: ``config`` is a LiteLLM config other than
-    resources/litellm.yaml, ``env`` adds to or overrides the capture settings."""
+    resources/litellm.yaml, ``env`` adds to or overrides the capture settings, ``compat`` is
+    another gateway's protocol to serve too (``claw proxy --compat``)."""
     key = "sk-test-" + secrets.token_hex(16)
     env = {**capture_env(workdir, key), **(env or {})}
     engine = start_engine(free_port(), workdir, env)
     engine.wait_ready("/health", timeout_s=60)
     proxy = start_proxy(
-        free_port(), workdir, f"{engine.url}/v1", env, num_workers=num_workers, config=config
+        free_port(),
+        workdir,
+        f"{engine.url}/v1",
+        env,
+        num_workers=num_workers,
+        config=config,
+        compat=compat,
     )
     try:
         proxy.wait_ready("/health/liveliness", timeout_s=PROXY_START_TIMEOUT_S)

@@ -12,6 +12,8 @@
   non-streaming upstream call and re-streamed in vLLM's chunk shape (LiteLLM drops token IDs from
   streams).
 - ``/claw/v1/...`` goes to the lifecycle/reward/step/policy endpoints.
+- With ``claw_compat.claw_r1`` on, Claw-R1's gateway routes go to ``claw_r1.routes`` (on a
+  loopback bind without a key, if the block allows it; LiteLLM is handed the master key).
 - Model calls pass ``policy.PolicyGate``: held during a weight-sync pause, stamped with the
   version served.
 - On lifespan shutdown (SIGTERM/SIGINT) the spool is committed before the process exits.
@@ -32,6 +34,9 @@ from litellm.types.utils import ModelResponse
 
 from claw_pipelines.capture.apis import api_for_path
 from claw_pipelines.capture.bridge import BRIDGES, Bridge, BridgeRequestError
+from claw_pipelines.capture.claw_r1.config import BIND_HOST_ENV
+from claw_pipelines.capture.claw_r1.routes import ClawR1Edge
+from claw_pipelines.capture.claw_r1.served import ClawR1Config
 from claw_pipelines.capture.control import build_control_app
 from claw_pipelines.capture.identity import split_identity_prefix
 from claw_pipelines.capture.inner import (
@@ -85,6 +90,13 @@ def _has_master_key(scope: Scope) -> bool:
     return False
 
 
+def _with_master_key(scope: Scope) -> Scope:
+    """The request as authenticated by the edge: LiteLLM sees the master key, not the client's."""
+    master = os.environ.get("LITELLM_MASTER_KEY", "")
+    headers = [(name, value) for name, value in scope["headers"] if name not in KEY_HEADERS]
+    return {**scope, "headers": [*headers, (b"authorization", f"Bearer {master}".encode())]}
+
+
 def _without_client_call_id(scope: Scope) -> Scope:
     """Clients reusing one call id would otherwise share, and corrupt, one turn row."""
     headers = [(name, value) for name, value in scope["headers"] if name != CALL_ID_HEADER]
@@ -105,13 +117,24 @@ def _error(message: str, kind: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
+async def _send_unauthorized(send) -> None:
+    await _send_json(send, 401, _error("missing or invalid proxy key", "authentication_error"))
+
+
 class CaptureApp:
     """ASGI wrapper around LiteLLM's proxy app (see module docstring)."""
 
-    def __init__(self, inner, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        inner,
+        max_body_bytes: int,
+        claw_r1: ClawR1Config | None = None,
+        bind_host: str | None = None,
+    ) -> None:
         self.inner = PolicyGate(inner, lambda: CaptureRuntime.current().policy)
         self.control = build_control_app()
         self.max_body_bytes = max_body_bytes
+        self.claw_r1 = None if claw_r1 is None else ClawR1Edge(claw_r1, self.inner, bind_host)
 
     async def __call__(self, scope: Scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -120,14 +143,16 @@ class CaptureApp:
         if scope["type"] != "http":
             await self.inner(scope, receive, send)
             return
-        scope = self._apply_identity_prefix(_without_client_call_id(scope))
+        scope = _without_client_call_id(scope)
+        if self.claw_r1 is not None and self.claw_r1.serves(scope):
+            await self._claw_r1(scope, receive, send)
+            return
+        scope = self._apply_identity_prefix(scope)
         if scope["path"] == "/" and scope["method"] in ("GET", "HEAD"):
             await _send_root(send)
             return
         if scope["path"] not in PUBLIC_PATHS and not _has_master_key(scope):
-            await _send_json(
-                send, 401, _error("missing or invalid proxy key", "authentication_error")
-            )
+            await _send_unauthorized(send)
             return
         if scope["path"].startswith("/claw/"):
             await self.control(scope, receive, send)
@@ -138,6 +163,14 @@ class CaptureApp:
         read = await self._read_body(receive, send)
         if read is not None:
             await self._serve_call(scope, *read, send)
+
+    async def _claw_r1(self, scope: Scope, receive, send) -> None:
+        if not (self.claw_r1.keyless or _has_master_key(scope)):
+            await _send_unauthorized(send)
+            return
+        read = await self._read_body(receive, send)
+        if read is not None:
+            await self.claw_r1(_with_master_key(scope), replay(read[0]), send)
 
     async def _serve_call(
         self, scope: Scope, body: bytes, request: dict[str, Any] | None, send
@@ -279,4 +312,9 @@ def _options(request: dict[str, Any] | None) -> ModelCapture:
     return CaptureRuntime.current().options_for(model)
 
 
-app = CaptureApp(litellm_app, get_settings().max_body_bytes)
+app = CaptureApp(
+    litellm_app,
+    get_settings().max_body_bytes,
+    ClawR1Config.load(os.environ.get("CONFIG_FILE_PATH")),
+    os.environ.get(BIND_HOST_ENV),
+)

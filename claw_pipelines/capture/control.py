@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request, Response
@@ -24,6 +25,7 @@ from claw_pipelines.capture.identity import (
     IdentityError,
     IdentityValue,
     PolicyVersion,
+    TurnIdentity,
     identity_from_request,
 )
 from claw_pipelines.capture.policy import policy_router, with_announced_version
@@ -101,7 +103,33 @@ def _json_text(runtime: CaptureRuntime, value: object) -> str | None:
     return json.dumps(runtime.redactor.data(value), ensure_ascii=False, allow_nan=False)
 
 
-def _invalid_request(errors: Sequence[Any], where: tuple[str, ...] = ()) -> JSONResponse:
+def white_box_turn(
+    runtime: CaptureRuntime, body: StepIn, identity: TurnIdentity, at: datetime
+) -> Turn:
+    """The ``turns`` row of a white-box step (its version: the agent's, else the announced)."""
+    identity = with_announced_version(identity, runtime.policy.state.version)
+    message = {"role": "assistant", "content": body.response_text}
+    return Turn(
+        turn_id=new_id(),
+        **identity.model_dump(),
+        model=body.model,
+        call_type="step",
+        finish_reason=runtime.redactor.text(body.finish_reason) if body.finish_reason else None,
+        token_source="engine",
+        prompt_token_ids=body.prompt_token_ids,
+        response_token_ids=body.response_token_ids,
+        response_logprobs=body.response_logprobs,
+        request_messages=_json_text(runtime, body.messages),
+        response_message=_json_text(runtime, message),
+        response_text=runtime.redactor.text(body.response_text) if body.response_text else None,
+        started_at=at,
+        ended_at=at,
+        writer_id=runtime.writer.writer_id,
+        metadata=_json_text(runtime, body.metadata),
+    )
+
+
+def invalid_request(errors: Sequence[Any], where: tuple[str, ...] = ()) -> JSONResponse:
     """A 400 listing each problem by field, the same for a body that does not parse and for a
     rule across fields (a reward's single target)."""
     problems = [{"loc": [*where, *e["loc"]], "msg": e["msg"]} for e in errors]
@@ -130,7 +158,7 @@ class _CheckedBodies:
                 answer = JSONResponse({"error": rejected.message}, status_code=413)
             else:
                 where = ("body", rejected.field) if rejected.field else ("body",)
-                answer = _invalid_request([{"loc": [], "msg": rejected.message}], where)
+                answer = invalid_request([{"loc": [], "msg": rejected.message}], where)
             await answer(scope, receive, send)
             return
         await self.app(scope, replay(body), send)
@@ -142,7 +170,7 @@ def build_control_app(max_body_bytes: int | None = None) -> _CheckedBodies:
 
     @control.exception_handler(RequestValidationError)
     async def _invalid(_, error: RequestValidationError) -> JSONResponse:
-        return _invalid_request(error.errors())
+        return invalid_request(error.errors())
 
     @control.exception_handler(SpoolUnavailable)
     async def _unavailable(_, error: SpoolUnavailable) -> JSONResponse:
@@ -174,7 +202,7 @@ def build_control_app(max_body_bytes: int | None = None) -> _CheckedBodies:
                 **body.model_dump(exclude={"metadata"}), metadata=_json_text(runtime, body.metadata)
             )
         except ValidationError as error:
-            return _invalid_request(error.errors(), ("body",))
+            return invalid_request(error.errors(), ("body",))
         await runtime.land_durably([row])
         return {"reward_id": row.reward_id}
 
@@ -192,27 +220,7 @@ def build_control_app(max_body_bytes: int | None = None) -> _CheckedBodies:
             )
         except IdentityError as error:
             raise HTTPException(400, str(error)) from error
-        identity = with_announced_version(identity, runtime.policy.state.version)
-        now = utc_now()
-        message = {"role": "assistant", "content": body.response_text}
-        row = Turn(
-            turn_id=new_id(),
-            **identity.model_dump(),
-            model=body.model,
-            call_type="step",
-            finish_reason=runtime.redactor.text(body.finish_reason) if body.finish_reason else None,
-            token_source="engine",
-            prompt_token_ids=body.prompt_token_ids,
-            response_token_ids=body.response_token_ids,
-            response_logprobs=body.response_logprobs,
-            request_messages=_json_text(runtime, body.messages),
-            response_message=_json_text(runtime, message),
-            response_text=runtime.redactor.text(body.response_text) if body.response_text else None,
-            started_at=now,
-            ended_at=now,
-            writer_id=runtime.writer.writer_id,
-            metadata=_json_text(runtime, body.metadata),
-        )
+        row = white_box_turn(runtime, body, identity, utc_now())
         await runtime.land_durably([row])
         response.headers["x-litellm-call-id"] = row.turn_id
         return {"turn_id": row.turn_id}

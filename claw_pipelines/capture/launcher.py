@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from claw_pipelines.access import key_refusal
+from claw_pipelines.capture.claw_r1.config import BIND_HOST_ENV, COMPAT_NAME, with_claw_r1
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import probe_bind
@@ -95,9 +96,11 @@ def render_config(
     backend: str | None = None,
     model: str | None = None,
     capture: bool = True,
+    compat: str | None = None,
 ) -> Path:
     """Write the config the proxy runs with: ``backend`` replaces the default model's server and
-    ``model`` the name it is called by there.
+    ``model`` the name it is called by there; ``compat="claw-r1"`` switches Claw-R1's gateway
+    protocol on (``claw_r1.config``).
 
     Without capture the callback is removed, leaving the plain LiteLLM proxy (for comparisons).
     Router cooldowns are off unless the config says otherwise: with one deployment per model, a
@@ -113,6 +116,7 @@ def render_config(
                 entry["litellm_params"]["api_base"] = backend
             if model:
                 entry["litellm_params"]["model"] = f"hosted_vllm/{model}"
+    config = with_claw_r1(config, enable=compat == COMPAT_NAME)
     run_dir.mkdir(parents=True, exist_ok=True)
     target = run_dir / f"litellm-{port}.yaml"
     target.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -127,6 +131,7 @@ def run_proxy(
     num_workers: int,
     capture: bool = True,
     backend_model: str | None = None,
+    compat: str | None = None,
 ) -> None:
     """Check what the proxy needs, then run it; a failed check exits with one line."""
     try:
@@ -137,16 +142,21 @@ def run_proxy(
         model = backend_model or (served_model(backend) if backend else None)
     except ProxyStartError as error:
         raise SystemExit(f"claw proxy: {error}") from error
-    config_path = render_config(
-        config or DEFAULT_CONFIG,
-        get_settings().run_dir.absolute(),
-        port,
-        backend=backend,
-        model=model,
-        capture=capture,
-    )
+    try:
+        config_path = render_config(
+            config or DEFAULT_CONFIG,
+            get_settings().run_dir.absolute(),
+            port,
+            backend=backend,
+            model=model,
+            capture=capture,
+            compat=compat,
+        )
+    except ValueError as error:  # a compat block that does not fit the config
+        raise SystemExit(f"claw proxy: {config or DEFAULT_CONFIG}: {error}") from error
     os.environ.update(
         {
+            BIND_HOST_ENV: host,
             "LITELLM_MASTER_KEY": key,
             "CONFIG_FILE_PATH": str(config_path),
             "CLAW_BACKEND_URL": backend or os.environ.get("CLAW_BACKEND_URL", DEFAULT_BACKEND),

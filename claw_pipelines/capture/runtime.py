@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from litellm.router_utils.common_utils import resolve_model_group_alias
 from pydantic import BaseModel, ConfigDict
 
 from claw_pipelines.capture.policy import ServedPolicy
@@ -45,7 +46,8 @@ class ModelCapture(BaseModel):
 
 
 def model_capture_options(config_path: str | None) -> dict[str, ModelCapture]:
-    """Options by served model name; token-returning backends (hosted_vllm/) default to exact mode.
+    """Options by served model name (an alias in ``router_settings.model_group_alias`` has its
+    target's); token-returning backends (hosted_vllm/) default to exact mode.
 
     ``buffered`` streams are served from a non-streaming upstream call and re-streamed to the
     client, because LiteLLM drops ``prompt_token_ids`` from streamed responses; ``bridge``
@@ -68,6 +70,11 @@ def model_capture_options(config_path: str | None) -> dict[str, ModelCapture]:
                 "api_mode": "bridge",
             }
         options[str(entry["model_name"])] = ModelCapture.model_validate(defaults | declared)
+    aliases = (config.get("router_settings") or {}).get("model_group_alias") or {}
+    for alias in aliases:
+        target = resolve_model_group_alias(aliases, alias)
+        if target in options:
+            options.setdefault(str(alias), options[target])
     return options
 
 

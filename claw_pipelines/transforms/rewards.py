@@ -3,8 +3,9 @@
 Incremental rule for late rewards: steps are append-only, rewards are append-only, and
 ``rewarded_steps`` is recomputed per trajectory. Each run takes the trajectories touched by new
 steps, new rewards (turn targets map through the steps, group targets to every trajectory of the
-group) or new events (``affected_trajectories``), recomputes their rows from all of their steps
-and rewards (``reward_steps``), and replaces those trajectories' rows downstream.
+group), new events or new registrations (``affected_trajectories``), recomputes their rows from
+all of their steps and rewards (``reward_steps``), and replaces those trajectories' rows
+downstream.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def affected_trajectories(
     new_rewards: pl.LazyFrame | pl.DataFrame | None,
     new_events: pl.LazyFrame | pl.DataFrame | None,
     step_index: pl.LazyFrame | pl.DataFrame,
+    new_registrations: pl.LazyFrame | pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """Distinct ``trajectory_id`` whose rewarded rows must be recomputed.
 
@@ -38,8 +40,9 @@ def affected_trajectories(
     parts = []
     if (steps := _lazy(new_steps)) is not None:
         parts.append(steps.select("trajectory_id"))
-    if (events := _lazy(new_events)) is not None:
-        parts.append(events.select("trajectory_id"))
+    for frame in (new_events, new_registrations):
+        if (rows := _lazy(frame)) is not None:
+            parts.append(rows.select("trajectory_id"))
     if (rewards := _lazy(new_rewards)) is not None:
         targets = rewards.select("trajectory_id", "turn_id", "group_id").collect()
         parts += [
@@ -64,9 +67,11 @@ def _all_rewards(
     events: pl.LazyFrame | None,
     config: reward_rules.RewardConfig,
     judge: reward_rules.ModelJudge | None,
+    registrations: pl.LazyFrame | None,
 ) -> pl.LazyFrame:
     """Landed rewards, event rewards (source env) and rule/judge rewards in one shape."""
-    parts = [reward_rules.rule_rewards(steps, config, judge=judge).select(_REWARD_COLUMNS)]
+    rules = reward_rules.rule_rewards(steps, config, judge=judge, registrations=registrations)
+    parts = [rules.select(_REWARD_COLUMNS)]
     if rewards is not None:
         parts.append(rewards.select(_REWARD_COLUMNS))
     if events is not None:
@@ -105,19 +110,23 @@ def reward_steps(
     config: reward_rules.RewardConfig,
     *,
     judge: reward_rules.ModelJudge | None = None,
+    registrations: pl.LazyFrame | pl.DataFrame | None = None,
 ) -> pl.LazyFrame:
     """``REWARDED_STEPS`` rows for ``steps`` (all steps of the affected trajectories; their token
     lists are not needed and not kept).
 
     Reward sources: rewards rows (turn -> step reward; trajectory and group -> outcome), event
-    rewards (source ``env``), rule rewards and the optional model judge declared in ``config``.
+    rewards (source ``env``), rule rewards and the optional model judge declared in ``config``
+    (their ground truth from the turns' metadata or the trajectories' ``registrations``).
     Per target the highest-priority source wins (``config.source_priority``), the latest value
     within it; a trajectory's own outcome beats its group's at equal priority only by being
     later. ``reward_sources`` lists the winning sources of the step's reward and outcome.
     ``reward`` is credited by ``config.credit_assignment``.
     """
     steps = steps.lazy()
-    candidates = _all_rewards(steps, _lazy(rewards), _lazy(events), config, judge)
+    candidates = _all_rewards(
+        steps, _lazy(rewards), _lazy(events), config, judge, _lazy(registrations)
+    )
     members = steps.select("trajectory_id", "group_id").unique()
     step_rewards = _winner(
         candidates.filter(pl.col("turn_id").is_not_null()), "turn_id", "step_reward"

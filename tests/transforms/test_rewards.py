@@ -8,7 +8,7 @@ import threading
 
 import polars as pl
 import pytest
-from transform_rows import at, chain, event, events, rewards, turns
+from transform_rows import at, chain, event, events, registrations, rewards, turns
 
 from claw_pipelines.derived_schemas import REWARDED_STEPS, conform
 from claw_pipelines.reward_rules import (
@@ -121,6 +121,32 @@ def test_rule_rewards_read_ground_truth_from_metadata():
     assert ("other", "num") not in values and ("none", "em") not in values
     assert values[("none", "re")] == 1.0 and values[("wrong", "re")] == 0.0
     assert set(got["source"]) == {"rule"}
+
+
+def test_registered_ground_truth_drives_the_rules_whenever_it_lands():
+    """Claw-R1 agents send no metadata with their calls: the ground truth of their trajectory
+    comes from its registration, which may land after the turns. A turn's own wins."""
+    rows = [
+        *chain("registered", 2, response_text="so it is 42"),
+        *chain("own", 1, base=100, metadata=_metadata("7"), response_text="7"),
+        *chain("bare", 1, base=200, response_text="7"),
+    ]
+    steps = extract_steps(turns(*rows), None, None, now=at(5000)).steps
+    config = RewardConfig(rules=[RewardRule(name="num", rule="numeric_match", data_source="math")])
+    assert rule_rewards(steps, config).collect().height == 1  # "own" alone has ground truth
+    late = registrations(
+        {"trajectory_id": "registered", "ground_truth": "41", "data_source": "math",
+         "created_at": at(6000)},
+        {"trajectory_id": "registered", "ground_truth": "42", "created_at": at(7000)},
+        {"trajectory_id": "own", "ground_truth": "8", "data_source": "math", "created_at": at(1)},
+    )  # fmt: skip
+    touched = affected_trajectories(None, None, None, steps, late)
+    assert touched["trajectory_id"].to_list() == ["own", "registered"]
+    got = rule_rewards(steps, config, registrations=late).collect()
+    assert dict(got.select("trajectory_id", "value").iter_rows()) == {"registered": 1.0, "own": 1.0}
+    rewarded = _rewards_by_step(reward_steps(steps, None, None, config, registrations=late))
+    assert rewarded["registered-1"] == (1.0, True, ["rule"])
+    assert rewarded["bare-0"] == (None, False, [])
 
 
 def _tool_message(arguments: str, name: str = "search") -> str:

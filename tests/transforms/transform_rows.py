@@ -14,6 +14,7 @@ from claw_pipelines.schemas import (
     LandingRow,
     Reward,
     TrajectoryEventRow,
+    TrajectoryRegistration,
     Turn,
     rows_to_arrow,
 )
@@ -89,6 +90,10 @@ def events(*rows: dict[str, Any]) -> pl.DataFrame:
 
 def rewards(*rows: dict[str, Any]) -> pl.DataFrame:
     return frame(Reward, list(rows))
+
+
+def registrations(*rows: dict[str, Any]) -> pl.DataFrame:
+    return frame(TrajectoryRegistration, list(rows))
 
 
 def labels(*rows: dict[str, Any]) -> pl.DataFrame:
