@@ -77,8 +77,10 @@ def _wait(condition, what: str) -> None:
 def test_a_full_spool_disk_answers_503_and_every_200_lands(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     with small_tmpfs(spool):
-        # A flush every 2 s: between two, the clients write more than the 32 KiB left free.
-        stack = launch_stack(tmp_path, env={"CLAW_FSYNC": "answer", "CLAW_FLUSH_INTERVAL_S": "2"})
+        # A flush every 2 s under the clients' continuous load (its longest wait): between two,
+        # they write more than the 32 KiB left free.
+        flush_every_2_s = {"CLAW_FLUSH_INTERVAL_S": "2", "CLAW_FLUSH_MAX_WAIT_S": "2"}
+        stack = launch_stack(tmp_path, env={"CLAW_FSYNC": "answer", **flush_every_2_s})
         outcomes, stop = Outcomes(), threading.Event()
 
         async def load() -> None:
