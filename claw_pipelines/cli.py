@@ -133,9 +133,9 @@ def up(
 def demo(
     prompts: Annotated[int, typer.Option(help="Distinct tasks (groups).")] = 8,
     rollouts: Annotated[int, typer.Option(help="Rollouts per task (group size).")] = 4,
-    proxy_url: Annotated[str, typer.Option(help="Base URL of the capture proxy.")] = (
-        "http://127.0.0.1:4000"
-    ),
+    proxy_url: Annotated[
+        str, typer.Option(help="Base URL of the capture proxy.", envvar="CLAW_PROXY_URL")
+    ] = "http://127.0.0.1:4000",
     concurrency: Annotated[int, typer.Option(help="Rollouts in flight at once.")] = 8,
     online: Annotated[
         bool,

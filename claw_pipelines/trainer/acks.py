@@ -40,11 +40,20 @@ def acked_batches(lake: Lake, recipe: str, consumer: str) -> set[str]:
     return set(found.get_column("batch_id"))
 
 
+ACK_SCHEMA = {
+    "consumer": pl.String,
+    "batch_id": pl.String,
+    "trainer_step": pl.Int64,
+    "acked_at": pl.Datetime("us", "UTC"),
+}
+"""The columns ``acks_of`` answers, also before the first ack."""
+
+
 def acks_of(lake: Lake, recipe: str) -> pl.DataFrame:
     """Every consumer's first ack of each batch: consumer, batch_id, trainer_step, acked_at."""
     acks = lake.scan(consumption_table(recipe))
     if acks is None:
-        return pl.DataFrame(schema={"consumer": pl.String, "batch_id": pl.String})
+        return pl.DataFrame(schema=ACK_SCHEMA)
     return (
         acks.sort("acked_at")
         .group_by("consumer", "batch_id", maintain_order=True)

@@ -3,8 +3,6 @@ batch is materialized with the UI's Materialize button, and its metadata renders
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +10,6 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 from stack_fixtures import CHROMIUM, CHROMIUM_ARGS
 
-REPO = Path(__file__).resolve().parents[2]
 LIFECYCLE = [
     "turns",
     "steps",
@@ -43,13 +40,9 @@ def skip_community_modal(page: Page) -> None:
 
 
 def shoot(page: Page, tmp_path: Path, name: str) -> None:
-    """Save into the test's tmp dir; with CLAW_UPDATE_SCREENSHOTS=1 also refresh the README copy."""
-    path = tmp_path / f"dagster-{name}.png"
-    page.screenshot(path=str(path))
-    if os.environ.get("CLAW_UPDATE_SCREENSHOTS") == "1":
-        target = REPO / "docs" / "screenshots"
-        target.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, target / path.name)
+    """Save into the test's tmp dir, to look at when a test fails (the docs' screenshots are of
+    demo data: scripts/screenshots.py)."""
+    page.screenshot(path=str(tmp_path / f"dagster-{name}.png"))
 
 
 def test_lineage_materialize_from_the_ui_and_metadata(

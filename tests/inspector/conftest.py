@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +12,6 @@ from stack_fixtures import CHROMIUM, CHROMIUM_ARGS
 
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import Service, free_port, start_service
-
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
 @pytest.fixture(scope="session")
@@ -82,15 +78,12 @@ def page(chromium, tmp_path: Path) -> Iterator[object]:
 
 @pytest.fixture
 def screenshot(page, tmp_path: Path):
-    """Save a full-page screenshot in the test's tmp dir (and, with CLAW_UPDATE_SCREENSHOTS=1,
-    refresh the committed copy in docs/screenshots that the README shows)."""
+    """Save a full-page screenshot in the test's tmp dir, to look at when a test fails (the
+    docs' screenshots are of demo data: scripts/screenshots.py)."""
 
     def take(name: str) -> Path:
         path = tmp_path / f"inspector-{name}.png"
         page.screenshot(path=str(path), full_page=True)
-        if os.environ.get("CLAW_UPDATE_SCREENSHOTS") == "1":
-            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, SCREENSHOTS / path.name)
         return path
 
     return take
