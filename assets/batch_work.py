@@ -1,79 +1,29 @@
 """The work of one batch, shared by the partitioned batch and export assets and by the release
-asset that builds ready batches in the refresh run itself: plan (or re-plan from the pins) and
-write the rows, check them, export them. Each returns what Dagster records (metadata, check
-results), so the caller decides whether that is its own output or a logged materialization of
+asset that builds ready batches in the refresh run itself: build it (``batching.building``),
+check it, export it. Each returns what Dagster records (metadata, check results), so the
+caller decides whether that is its own output or a logged materialization of
 the batch's partition."""
 
 import json
 import warnings
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 
 import dagster as dg
 import polars as pl
-import pyarrow as pa
-from deltalake import write_deltalake
-from deltalake.exceptions import CommitFailedError
 
-from assets import ledger
 from assets.checks import repeated_ids
-from assets.incremental import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
 from assets.metadata import counts, histogram, markdown_table, table_metadata
-from claw_pipelines.batch_tables import batches_table, exports_folder, ledger_table
-from claw_pipelines.batch_units import GROUPED
-from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, conform
+from claw_pipelines.batch_tables import batch_rows, batches_table, exports_folder, ledger_table
+from claw_pipelines.batching import ledger
+from claw_pipelines.batching.building import planned, retired_before, write_batch
+from claw_pipelines.batching.recipe import GROUPED, Recipe
 from claw_pipelines.exporters import Destination, export_batch
-from claw_pipelines.lake import Lake, compact, sql_in
-from claw_pipelines.recipes import BatchPlan, Recipe
-from claw_pipelines.retired import retired_table
-from claw_pipelines.schemas import utc_now
+from claw_pipelines.lake import Lake
 
 
 def partitions(recipe: str) -> dg.DynamicPartitionsDefinition:
     return dg.DynamicPartitionsDefinition(name=f"batches_{recipe}")
-
-
-def batch_schema(recipe: Recipe):
-    return DPO_PAIRS if recipe.algorithm == "dpo" else BATCH_ROWS
-
-
-def _prefetched(chunks: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """``chunks``, each produced on a worker thread while the previous one is consumed: reading
-    the next token lists overlaps writing the current ones (polars and delta-rs release the
-    GIL), with at most two chunks in memory."""
-    with ThreadPoolExecutor(max_workers=1) as worker:
-        pending = worker.submit(next, chunks, None)
-        while (chunk := pending.result()) is not None:
-            pending = worker.submit(next, chunks, None)
-            yield chunk
-
-
-def _write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
-    """Replace the batch's rows in one commit, so a re-run never duplicates them; the rows are
-    streamed a chunk at a time, so a big batch never holds all its token lists. A batch is one
-    file, so the table is compacted as batches pile up. The schema is merged: a table from
-    before a batch column (``request_tools``) gains it, null in older batches' rows."""
-    schema = batch_schema(recipe)
-    table = lake.ensure(batches_table(recipe.name), schema)
-    chunks = (conform(rows, schema) for rows in plan.row_chunks())
-    batches = (b for chunk in _prefetched(chunks) for b in chunk.to_batches())
-    try:
-        write_deltalake(
-            table,
-            pa.RecordBatchReader.from_batches(schema, batches),
-            mode="overwrite",
-            predicate=sql_in("batch_id", [plan.batch_id]),
-            schema_mode="merge",
-            writer_properties=WRITER,
-        )
-    except CommitFailedError as error:  # e.g. another batch's compaction merged the files read
-        raise ConcurrentRun(
-            f"another batch of {recipe.name} changed {batches_table(recipe.name)} "
-            f"while {plan.batch_id} was written"
-        ) from error
-    compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
 
 
 def _group_check(recipe: Recipe, rows: pl.DataFrame) -> dg.AssetCheckResult:
@@ -109,16 +59,6 @@ def _consumed_once_check(lake: Lake, recipe: str, turn_ids: pl.Series) -> dg.Ass
     )
 
 
-def _retired_before(lake: Lake, recipe: str, pins: dict) -> int:
-    """How many steps earlier plans retired (the plan left them out), from the file statistics
-    of the pinned version: no data read, however many there are."""
-    version = pins.get("batch_retired", -1)
-    if version < 0:
-        return 0
-    files = pl.DataFrame(lake.open(retired_table(recipe), version).get_add_actions(flatten=True))
-    return int(files.get_column("num_records").sum()) if files.height else 0
-
-
 def _decoded(rows: pl.DataFrame, message_column: str) -> pl.DataFrame:
     text = pl.col(message_column).str.json_path_match("$.content").alias("response_text")
     return rows.with_columns(text)
@@ -152,42 +92,26 @@ class Built:
         return all(check.passed for check in self.checks)
 
 
-def _planned(
-    lake: Lake, recipe: Recipe, batch_id: str, log
-) -> tuple[BatchPlan, Recipe, dict, bool] | None:
-    """The plan of ``batch_id``, the recipe and pins it was planned with, and whether it was
-    reserved just now (None: it never was, and not enough is ready for it); a batch reserved
-    before is re-planned from its pins under the recipe it was planned with."""
-    pins = ledger.pins_of(lake, recipe.name, batch_id)
-    if pins is None:
-        plan = ledger.reserve(lake, recipe, batch_id, utc_now())
-        if plan is None:
-            return None
-        return plan, recipe, ledger.pins_of(lake, recipe.name, batch_id), True
-    planned_under = ledger.pinned_recipe(recipe, pins)
+def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
+    """Plan and write ``batch_id`` (None: not reserved and not enough ready data for it). A
+    batch re-planned from its pins must reproduce the steps its reservation consumed."""
+    name = recipe.name
+    found = planned(lake, recipe, batch_id)
+    if found is None:
+        return None
+    plan, planned_under, pins, reserved_now = found
     if planned_under != recipe:
         log.info(
             "%s is re-planned under the recipe it was planned with; the edits to "
             "assets/batches.yaml apply to new batches",
             batch_id,
         )
-    return ledger.plan_from_pins(lake, planned_under, batch_id, pins), planned_under, pins, False
-
-
-def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
-    """Plan and write ``batch_id`` (None: not reserved and not enough ready data for it). A
-    batch re-planned from its pins must reproduce the steps its reservation consumed."""
-    name = recipe.name
-    found = _planned(lake, recipe, batch_id, log)
-    if found is None:
-        return None
-    plan, planned_under, pins, reserved_now = found
     planned_at = datetime.fromisoformat(pins["planned_at"])
-    planned = plan.ledger_rows(name, planned_at).get_column("turn_id").sort().to_list()
-    if not reserved_now and planned != ledger.consumed_turns(lake, name, batch_id):
+    consumed = plan.ledger_rows(name, planned_at).get_column("turn_id").sort().to_list()
+    if not reserved_now and consumed != ledger.consumed_turns(lake, name, batch_id):
         raise dg.Failure(f"re-planning {batch_id} from its pins did not reproduce its ledger")
     rows = plan.planned
-    _write_batch(lake, planned_under, plan)
+    write_batch(lake, planned_under, plan)
     table = lake.open(batches_table(name))
     message = "chosen_message" if recipe.algorithm == "dpo" else "response_message"
     sample = _decoded(rows, message).select(
@@ -206,11 +130,11 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
         "reward_distribution": histogram(rows.get_column(reward)),
         "dropped": dg.MetadataValue.json(counts(plan.dropped, "reason")),
         "retired": dg.MetadataValue.json(counts(plan.final, "reason")),
-        "retired_before": _retired_before(lake, name, pins),
+        "retired_before": retired_before(lake, name, pins),
     }
     checks = [
         _group_check(planned_under, rows),
-        _consumed_once_check(lake, name, pl.Series(planned, dtype=pl.String)),
+        _consumed_once_check(lake, name, pl.Series(consumed, dtype=pl.String)),
     ]
     return Built(metadata, checks, planned_under, pins)
 
@@ -234,7 +158,7 @@ def export_written(lake: Lake, recipe: Recipe, batch_id: str, built: Built | Non
     """Export the written ``batch_id`` and return its materialization metadata; ``built``: the
     batch was just built and checked in this step, so it is not checked again."""
     name = recipe.name
-    rows = lake.scan(batches_table(name)).filter(pl.col("batch_id") == batch_id).collect()
+    rows = batch_rows(lake, name, recipe.algorithm, batch_id)
     if rows.is_empty():
         raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
     if built is None:

@@ -11,21 +11,24 @@ so it rewrites exactly the same rows.
 import json
 from collections.abc import Collection
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 import dagster as dg
 import polars as pl
 
-from assets import ledger
 from assets.automation import after_its_batch
 from assets.batch_work import batch_checks, build_batch, export_written, partitions
-from assets.configs import recipes
-from assets.incremental import ConcurrentRun
 from assets.landing import OWNERS
 from assets.quality import curated_steps
+from assets.races import retried_when_raced
 from assets.release import release_key
 from assets.runs import TO_COME, has_run
 from claw_pipelines.batch_tables import ledger_table
-from claw_pipelines.recipes import Recipe
+from claw_pipelines.batching import ledger
+from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.config_files import recipes
+from claw_pipelines.incremental.increment import ConcurrentRun
+from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
 
@@ -78,6 +81,7 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
         ),
         check_specs=batch_checks(name, parts),
     )
+    @retried_when_raced
     def batch_asset(context: dg.AssetExecutionContext, lake: LakeResource):
         built = build_batch(lake.lake(), recipe, context.partition_key, context.log)
         if built is None:
@@ -111,90 +115,106 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
     return export_asset
 
 
-def _batch_runs(
-    parts: dg.DynamicPartitionsDefinition,
-    batch_asset: dg.AssetsDefinition,
-    export_asset: dg.AssetsDefinition,
-    run_keys: dict[str, str],
-    cursor: str,
-    written: Collection[str] = (),
-) -> dg.SensorResult:
-    """A sensor's result launching batches (``run_keys``: batch id -> run key) with their
-    exports, or only the export of those already ``written``, one run each, adding their
-    partitions (Dagster skips those already there)."""
-    return dg.SensorResult(
-        run_requests=[
-            dg.RunRequest(
-                partition_key=batch_id,
-                asset_selection=[export_asset.key]
-                if batch_id in written
-                else [batch_asset.key, export_asset.key],
-                run_key=run_key,
-            )
-            for batch_id, run_key in run_keys.items()
-        ],
-        dynamic_partitions_requests=[parts.build_add_request(list(run_keys))],
-        cursor=cursor,
-    )
+class RecipeAssets(NamedTuple):
+    """A recipe's partitioned batch and export assets: what its sensors launch."""
+
+    recipe: Recipe
+    batch: dg.AssetsDefinition
+    export: dg.AssetsDefinition
+
+    def launch(
+        self, run_keys: dict[str, str], cursor: str, written: Collection[str] = ()
+    ) -> dg.SensorResult:
+        """A sensor's result launching batches (``run_keys``: batch id -> run key) with their
+        exports, or only the export of those already ``written``, one run each, adding their
+        partitions (Dagster skips those already there)."""
+        return dg.SensorResult(
+            run_requests=[
+                dg.RunRequest(
+                    partition_key=batch_id,
+                    asset_selection=[self.export.key]
+                    if batch_id in written
+                    else [self.batch.key, self.export.key],
+                    run_key=run_key,
+                )
+                for batch_id, run_key in run_keys.items()
+            ],
+            dynamic_partitions_requests=[
+                partitions(self.recipe.name).build_add_request(list(run_keys))
+            ],
+            cursor=cursor,
+        )
 
 
-def build_planner_sensor(
-    recipe: Recipe,
-    batch_asset: dg.AssetsDefinition,
-    export_asset: dg.AssetsDefinition,
-    interval_s: int,
-) -> dg.SensorDefinition:
+def build_planner_sensor(assets: RecipeAssets, interval_s: int) -> dg.SensorDefinition:
     """The sensor launches each batch and its export in one run (the export step runs once the
     batch's blocking checks pass): half the runs of leaving the export to automation, which
     still exports batches launched from the UI."""
-    name = recipe.name
-    parts = partitions(name)
+    name = assets.recipe.name
 
     @dg.sensor(
         name=f"batch_{name}_planner",
-        asset_selection=[batch_asset, export_asset],
+        asset_selection=[assets.batch, assets.export],
         minimum_interval_seconds=max(interval_s, PLAN_EVERY_S),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Reserves and launches the next `{name}` batch once enough data is ready.",
     )
     def planner(context: dg.SensorEvaluationContext, lake: LakeResource):
-        the_lake = lake.lake()
-        seen = json.loads(context.cursor) if context.cursor else {}
-        inputs = {
-            "curated_steps": the_lake.version("curated_steps"),
-            "batch_ledger": the_lake.version(ledger_table(name)),
-        }
-        now = utc_now()
-        recent = seen.get("planned_at") and (
-            (now - datetime.fromisoformat(seen["planned_at"])).total_seconds() < REPLAN_AFTER_S
-        )
-        if inputs["curated_steps"] is None or (seen.get("inputs") == inputs and recent):
-            return dg.SkipReason("no new curated steps since the last plan")
-        if has_run(context.instance, release_key(name), TO_COME):
-            return dg.SkipReason(
-                "a refresh run is on its way: it builds the batches it makes ready"
-            )
-        reserved, raced = [], False
-        for _ in range(MAX_BATCHES_PER_TICK):
-            batch_id = ledger.next_batch_id(the_lake, name)
-            try:
-                if ledger.reserve(the_lake, recipe, batch_id, now) is None:
-                    break
-            except ConcurrentRun as race:  # a batch launched from the UI reserved first
-                context.log.info("%s; the next tick plans again", race)
-                raced = True
-                break
-            reserved.append(batch_id)
-        inputs["batch_ledger"] = the_lake.version(ledger_table(name))
-        planned = None if raced else inputs  # a raced tick did not plan everything: no skip next
-        cursor = json.dumps({"inputs": planned, "planned_at": now.isoformat()})
-        if not reserved:
-            context.update_cursor(cursor)
-            return dg.SkipReason(f"not enough ready data for a `{name}` batch")
-        launches = {k: k for k in reserved}
-        return _batch_runs(parts, batch_asset, export_asset, launches, cursor)
+        return plan_tick(context, lake.lake(), assets)
 
     return planner
+
+
+def plan_tick(
+    context: dg.SensorEvaluationContext, lake: Lake, assets: RecipeAssets
+) -> dg.SensorResult | dg.SkipReason:
+    """Reserve and launch the batches ready now, unless nothing changed since the last plan
+    (``REPLAN_AFTER_S`` ago at most) or a refresh run on its way will build them."""
+    name = assets.recipe.name
+    seen = json.loads(context.cursor) if context.cursor else {}
+    inputs = {
+        "curated_steps": lake.version("curated_steps"),
+        "batch_ledger": lake.version(ledger_table(name)),
+    }
+    now = utc_now()
+    recent = seen.get("planned_at") and (
+        (now - datetime.fromisoformat(seen["planned_at"])).total_seconds() < REPLAN_AFTER_S
+    )
+    if inputs["curated_steps"] is None or (seen.get("inputs") == inputs and recent):
+        return dg.SkipReason("no new curated steps since the last plan")
+    if has_run(context.instance, release_key(name), TO_COME):
+        return dg.SkipReason("a refresh run is on its way: it builds the batches it makes ready")
+    reserved = _reserve_ready(context, lake, assets.recipe, now)
+    inputs["batch_ledger"] = lake.version(ledger_table(name))
+    planned = None if reserved.raced else inputs  # a raced tick did not plan all: no skip next
+    cursor = json.dumps({"inputs": planned, "planned_at": now.isoformat()})
+    if not reserved.batch_ids:
+        context.update_cursor(cursor)
+        return dg.SkipReason(f"not enough ready data for a `{name}` batch")
+    return assets.launch({k: k for k in reserved.batch_ids}, cursor)
+
+
+class Reserved(NamedTuple):
+    batch_ids: list[str]
+    raced: bool
+    """A batch launched from the UI reserved first, so more may be ready than were reserved."""
+
+
+def _reserve_ready(
+    context: dg.SensorEvaluationContext, lake: Lake, recipe: Recipe, now: datetime
+) -> Reserved:
+    """Reserve the ready batches, ``MAX_BATCHES_PER_TICK`` at most."""
+    reserved: list[str] = []
+    for _ in range(MAX_BATCHES_PER_TICK):
+        batch_id = ledger.next_batch_id(lake, recipe.name)
+        try:
+            if ledger.reserve(lake, recipe, batch_id, now) is None:
+                break
+        except ConcurrentRun as race:
+            context.log.info("%s; the next tick plans again", race)
+            return Reserved(reserved, raced=True)
+        reserved.append(batch_id)
+    return Reserved(reserved, raced=False)
 
 
 def _runs_of(
@@ -219,9 +239,7 @@ def _runs_of(
     )
 
 
-def build_relaunch_sensor(
-    recipe: Recipe, batch_asset: dg.AssetsDefinition, export_asset: dg.AssetsDefinition
-) -> dg.SensorDefinition:
+def build_relaunch_sensor(assets: RecipeAssets) -> dg.SensorDefinition:
     """Launches again the reserved batches that are not written or not exported and have no run
     to come in this instance: their run was lost (a temporary instance starts without the old
     queue, run keys and materializations) or failed (a dead worker, failed by run monitoring,
@@ -235,67 +253,99 @@ def build_relaunch_sensor(
     The cursor is the reservation time before which every batch is finished or given up, so a
     tick checks only the reservations since (their manifests one by one): its cost follows the
     backlog, not the ledger. A temporary instance starts without it and checks them all once."""
-    name = recipe.name
-    parts = partitions(name)
+    name = assets.recipe.name
 
     @dg.sensor(
         name=f"batch_{name}_relauncher",
-        asset_selection=[batch_asset, export_asset],
+        asset_selection=[assets.batch, assets.export],
         minimum_interval_seconds=RELAUNCH_EVERY_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Relaunches reserved `{name}` batches whose run was lost or failed.",
     )
     def relauncher(context: dg.SensorEvaluationContext, lake: LakeResource):
-        reserved_before = utc_now() - timedelta(seconds=RELAUNCH_AFTER_S)
-        finished_before = datetime.fromisoformat(context.cursor) if context.cursor else None
-        unfinished = ledger.unfinished_batches(lake.lake(), name, reserved_before, finished_before)
-        if unfinished.is_empty():
-            context.update_cursor(reserved_before.isoformat())
-            return dg.SkipReason(
-                f"every reserved `{name}` batch is written and exported or just reserved"
-            )
-        keys = [batch_asset.key, export_asset.key]
-        runs = _runs_of(context.instance, keys, unfinished.get_column("batch_id").to_list())
-        idle = (
-            unfinished.join(runs, on="batch_id", how="left", maintain_order="left")
-            .group_by("batch_id", "written", maintain_order=True)
-            .agg(runs=pl.col("pending").count(), pending=pl.col("pending").any())
-            .filter(~pl.col("pending"))
-        )
-        given_up = idle.filter(pl.col("runs") >= MAX_BATCH_RUNS).get_column("batch_id")
-        in_play = unfinished.filter(~pl.col("batch_id").is_in(given_up.implode()))
-        cursor = (in_play.get_column("planned_at").min() or reserved_before).isoformat()
-        if not given_up.is_empty():
-            context.log.warning(
-                "not relaunching %s: reserved, never written or exported, and already run %d "
-                "times in this instance; materialize them from the UI once the cause is fixed",
-                ", ".join(given_up),
-                MAX_BATCH_RUNS,
-            )
-        relaunched = (
-            idle.filter(pl.col("runs") < MAX_BATCH_RUNS)
-            .head(MAX_BATCHES_PER_TICK)
-            .select(
-                "batch_id",
-                "written",
-                run_key=pl.format("{}/attempt-{}", "batch_id", pl.col("runs") + 1),
-            )
-        )
-        if relaunched.is_empty():
-            context.update_cursor(cursor)
-            return dg.SkipReason(
-                f"unfinished `{name}` batches: {unfinished.height - idle.height} with a run to "
-                f"come, {given_up.len()} given up after {MAX_BATCH_RUNS} runs"
-            )
-        context.log.info(
-            "relaunching %s: reserved, never written or exported, no run to come in this instance",
-            ", ".join(relaunched.get_column("batch_id")),
-        )
-        launches = dict(relaunched.select("batch_id", "run_key").iter_rows())
-        written = relaunched.filter("written").get_column("batch_id").to_list()
-        return _batch_runs(parts, batch_asset, export_asset, launches, cursor, written)
+        return relaunch_tick(context, lake.lake(), assets)
 
     return relauncher
+
+
+class Relaunch(NamedTuple):
+    """What a relauncher tick decided about the unfinished batches."""
+
+    relaunched: pl.DataFrame
+    """batch_id, written and run_key of each batch to launch again."""
+    given_up: pl.Series
+    """The batches already run ``MAX_BATCH_RUNS`` times in this instance."""
+    to_come: int
+    """How many unfinished batches have a run to come."""
+    cursor: datetime
+    """The reservation time before which every batch is finished or given up."""
+
+
+def relaunch_choices(
+    unfinished: pl.DataFrame, runs: pl.DataFrame, reserved_before: datetime
+) -> Relaunch:
+    """Which of the ``unfinished`` batches (``ledger.unfinished_batches``) to launch again,
+    given this instance's ``runs`` of them (``_runs_of``)."""
+    idle = (
+        unfinished.join(runs, on="batch_id", how="left", maintain_order="left")
+        .group_by("batch_id", "written", maintain_order=True)
+        .agg(runs=pl.col("pending").count(), pending=pl.col("pending").any())
+        .filter(~pl.col("pending"))
+    )
+    given_up = idle.filter(pl.col("runs") >= MAX_BATCH_RUNS).get_column("batch_id")
+    in_play = unfinished.filter(~pl.col("batch_id").is_in(given_up.implode()))
+    relaunched = (
+        idle.filter(pl.col("runs") < MAX_BATCH_RUNS)
+        .head(MAX_BATCHES_PER_TICK)
+        .select(
+            "batch_id",
+            "written",
+            run_key=pl.format("{}/attempt-{}", "batch_id", pl.col("runs") + 1),
+        )
+    )
+    cursor = in_play.get_column("planned_at").min() or reserved_before
+    return Relaunch(relaunched, given_up, unfinished.height - idle.height, cursor)
+
+
+def relaunch_tick(
+    context: dg.SensorEvaluationContext, lake: Lake, assets: RecipeAssets
+) -> dg.SensorResult | dg.SkipReason:
+    """Launch again the unfinished batches reserved before ``RELAUNCH_AFTER_S`` ago (and since
+    the cursor) that have no run to come."""
+    name = assets.recipe.name
+    reserved_before = utc_now() - timedelta(seconds=RELAUNCH_AFTER_S)
+    finished_before = datetime.fromisoformat(context.cursor) if context.cursor else None
+    unfinished = ledger.unfinished_batches(lake, name, reserved_before, finished_before)
+    if unfinished.is_empty():
+        context.update_cursor(reserved_before.isoformat())
+        return dg.SkipReason(
+            f"every reserved `{name}` batch is written and exported or just reserved"
+        )
+    keys = [assets.batch.key, assets.export.key]
+    runs = _runs_of(context.instance, keys, unfinished.get_column("batch_id").to_list())
+    choice = relaunch_choices(unfinished, runs, reserved_before)
+    cursor = choice.cursor.isoformat()
+    if not choice.given_up.is_empty():
+        context.log.warning(
+            "not relaunching %s: reserved, never written or exported, and already run %d "
+            "times in this instance; materialize them from the UI once the cause is fixed",
+            ", ".join(choice.given_up),
+            MAX_BATCH_RUNS,
+        )
+    relaunched = choice.relaunched
+    if relaunched.is_empty():
+        context.update_cursor(cursor)
+        return dg.SkipReason(
+            f"unfinished `{name}` batches: {choice.to_come} with a run to "
+            f"come, {choice.given_up.len()} given up after {MAX_BATCH_RUNS} runs"
+        )
+    context.log.info(
+        "relaunching %s: reserved, never written or exported, no run to come in this instance",
+        ", ".join(relaunched.get_column("batch_id")),
+    )
+    launches = dict(relaunched.select("batch_id", "run_key").iter_rows())
+    written = relaunched.filter("written").get_column("batch_id").to_list()
+    return assets.launch(launches, cursor, written)
 
 
 def build_recipe_definitions(interval_s: int) -> dg.Definitions:
@@ -304,10 +354,10 @@ def build_recipe_definitions(interval_s: int) -> dg.Definitions:
     assets, sensors = [], []
     for recipe in recipes().values():
         batch_asset = build_batch_asset(recipe)
-        export_asset = build_export_asset(recipe, batch_asset)
-        assets += [batch_asset, export_asset]
+        recipe_assets = RecipeAssets(recipe, batch_asset, build_export_asset(recipe, batch_asset))
+        assets += [recipe_assets.batch, recipe_assets.export]
         sensors += [
-            build_planner_sensor(recipe, batch_asset, export_asset, interval_s),
-            build_relaunch_sensor(recipe, batch_asset, export_asset),
+            build_planner_sensor(recipe_assets, interval_s),
+            build_relaunch_sensor(recipe_assets),
         ]
     return dg.Definitions(assets=assets, sensors=sensors)

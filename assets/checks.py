@@ -10,6 +10,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable, Schema
 
+from claw_pipelines.derived_schemas import LEGACY_COLUMNS
 from claw_pipelines.lake import keyed
 
 
@@ -45,15 +46,19 @@ def misaligned_logprobs() -> pl.Expr:
 
 
 def schema_unchanged(table: DeltaTable | None, declared: pa.Schema) -> dg.AssetCheckResult:
-    """The table still has the schema declared in claw_pipelines.derived_schemas."""
+    """The table still has the schema declared in claw_pipelines.derived_schemas (plus any
+    ``LEGACY_COLUMNS`` an earlier version wrote, which nothing reads)."""
     if table is None:
         return dg.AssetCheckResult(
             check_name="schema_unchanged", passed=True, metadata={"table": "not created yet"}
         )
     actual = {f.name: str(f.type) for f in table.schema().fields}
     expected = {f.name: str(f.type) for f in Schema.from_arrow(declared).fields}
+    legacy = LEGACY_COLUMNS - expected.keys()
     changed = sorted(
-        name for name in actual.keys() | expected.keys() if actual.get(name) != expected.get(name)
+        name
+        for name in actual.keys() | expected.keys()
+        if actual.get(name) != expected.get(name) and name not in legacy
     )
     return dg.AssetCheckResult(
         check_name="schema_unchanged",

@@ -13,8 +13,8 @@ import json
 import dagster as dg
 from deltalake import DeltaTable
 
-from assets.configs import recipes
 from assets.runs import has_run_before
+from claw_pipelines.config_files import recipes
 from claw_pipelines.lake import data_commits
 from claw_pipelines.schemas import LANDING_MODELS
 from resources.lake import LakeResource

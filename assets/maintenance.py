@@ -9,7 +9,7 @@ change-data-feed readers skip it, and it is compatible with appends running at t
 Compaction leaves the small files it merged on disk (older versions still refer to them), so a
 busy lake would hold its data twice over and more. The job then vacuums them once they were
 merged longer than the retention ago. Each derived asset reads the landing tables by Delta
-version, from the change data feed after its watermark (``assets.incremental``), and the feed
+version, from the change data feed after its watermark (``incremental.increment``), and the feed
 reads the small files those versions added, not the merged ones. So the job stretches the
 retention to keep every file merged since the first version its slowest reader has yet to read
 (``LANDING_READERS``): a pipeline that lagged (Dagster stopped, an asset failing for days)
@@ -27,8 +27,8 @@ import dagster as dg
 from deltalake import DeltaTable
 from pydantic import Field
 
-from assets.incremental import COMPACT_AFTER_FILES, WRITER
 from assets.landing import LANDING_READERS, LANDING_TABLES
+from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER
 from claw_pipelines.lake import Lake, compact, data_commits, watermark_app
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource

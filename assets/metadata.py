@@ -9,7 +9,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from assets.incremental import SAMPLE_ROWS, Increment
+from claw_pipelines.incremental.increment import SAMPLE_ROWS, Increment
 
 CELL_CHARS = 80
 

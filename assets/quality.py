@@ -5,12 +5,13 @@ import polars as pl
 
 from assets.automation import on_new_data
 from assets.checks import schema_spec, schema_unchanged
-from assets.configs import quality_config
-from assets.incremental import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
+from assets.races import retried_when_raced
 from assets.rewards import rewarded_steps
+from claw_pipelines.config_files import quality_config
 from claw_pipelines.derived_schemas import CURATED_STEPS, SCORED_STEPS, empty
+from claw_pipelines.incremental.increment import Increment, trajectory_ids
 from claw_pipelines.policy_versions import highest_announced_version, lag_reference
 from claw_pipelines.transforms.curation import curate_steps
 from claw_pipelines.transforms.quality import score_steps
@@ -26,12 +27,13 @@ from resources.lake import LakeResource
     pool="claw_scored_steps",
     check_specs=[schema_spec("scored_steps")],
 )
+@retried_when_raced
 def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """A quality score in [0, 1] per step and the reasons that lowered it.
 
     Signals and weights come from assets/quality.yaml; trajectories re-credited upstream are
-    re-scored and their rows replaced. Token signals read the rows' token lists from ``steps``
-    (append-only, so its latest version holds every rewarded step).
+    re-scored and their rows replaced. Token signals come from what the step extractor stored
+    (``SIGNAL_COLUMNS``), or else from the rows' token lists read from ``turns``.
     """
     increment = Increment.begin(lake.lake(), "scored_steps", "scored_steps", ["rewarded_steps"])
     affected = trajectory_ids(increment.new_rows("rewarded_steps", ["trajectory_id"]))
@@ -40,10 +42,12 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
         announced = highest_announced_version(increment.lake)
         latest_policy = lag_reference(announced, increment.inputs["rewarded_steps"])
 
+    turns = increment.lake.scan("turns")
+
     def build(keys: list[str]) -> pl.DataFrame:
         return score_steps(
             increment.rows_where("rewarded_steps", "trajectory_id", keys),
-            increment.lake.scan("steps"),
+            turns,
             quality_config(),
             latest_policy_version=latest_policy,
         ).collect()
@@ -85,6 +89,7 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     pool="claw_curated_steps",
     check_specs=[schema_spec("curated_steps")],
 )
+@retried_when_raced
 def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """Scored steps with human labels applied (latest wins): label, trainable flag, tags.
 

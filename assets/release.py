@@ -11,15 +11,15 @@ relauncher's way (a straggler timeout, a run that died after its reservation).
 
 import dagster as dg
 
-from assets import ledger
 from assets.automation import on_new_data
 from assets.batch_work import Built, build_batch, export_written, partitions
-from assets.configs import recipes
-from assets.incremental import ConcurrentRun
 from assets.landing import OWNERS
 from assets.quality import curated_steps
+from claw_pipelines.batching import ledger
+from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.config_files import recipes
+from claw_pipelines.incremental.increment import ConcurrentRun
 from claw_pipelines.lake import Lake
-from claw_pipelines.recipes import Recipe
 from resources.lake import LakeResource
 
 MAX_BATCHES_PER_RUN = 8

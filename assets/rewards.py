@@ -5,13 +5,15 @@ import polars as pl
 
 from assets.automation import on_new_data
 from assets.checks import schema_spec, schema_unchanged
-from assets.configs import reward_config
-from assets.incremental import Increment
 from assets.landing import OWNERS
 from assets.metadata import histogram, sample, written_metadata
+from assets.races import retried_when_raced
 from assets.steps import steps
-from claw_pipelines.derived_schemas import NARROW_STEPS, REWARDED_STEPS
-from claw_pipelines.reward_rules import openai_judge
+from claw_pipelines.config_files import reward_config
+from claw_pipelines.derived_schemas import REWARDED_STEPS, STEPS, with_turn_columns
+from claw_pipelines.incremental.increment import Increment
+from claw_pipelines.lake import Lake
+from claw_pipelines.transforms.reward_rules import ModelJudge, openai_judge
 from claw_pipelines.transforms.rewards import affected_trajectories, reward_steps
 from resources.lake import LakeResource
 
@@ -27,6 +29,7 @@ REWARD_SAMPLE = ["trajectory_id", "step_index", "reward", "reward_sources", "res
     pool="claw_rewarded_steps",
     check_specs=[schema_spec("rewarded_steps")],
 )
+@retried_when_raced
 def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     """Steps with their credited reward; late rewards and registrations (ground truth for the
     rule rewards) re-credit their trajectory on arrival.
@@ -54,10 +57,12 @@ def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
             .to_list()
         )
     config = reward_config()
-    judge = openai_judge(config.judge) if config.judge.enabled else None
+    judge = None
+    if config.judge.enabled:
+        judge = _reading_conversations(openai_judge(config.judge), increment.lake)
 
     def build(keys: list[str]) -> pl.DataFrame:
-        touched = increment.rows_where("steps", "trajectory_id", keys, NARROW_STEPS.names)
+        touched = increment.rows_where("steps", "trajectory_id", keys, STEPS.names)
         return reward_steps(
             touched,
             _rewards_for(increment, touched),
@@ -81,6 +86,17 @@ def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
         },
         check_results=[schema_unchanged(written.table, REWARDED_STEPS)],
     )
+
+
+def _reading_conversations(judge: ModelJudge, lake: Lake) -> ModelJudge:
+    """``judge`` given each row's ``request_messages``, read from ``turns`` by turn_id for the
+    rows it scores (the step tables point at their turns instead of repeating the
+    conversation on every step)."""
+
+    def with_conversation(rows: pl.DataFrame) -> pl.Series:
+        return judge(with_turn_columns(rows, lake.scan("turns"), ["request_messages"]))
+
+    return with_conversation
 
 
 def _rewards_for(increment: Increment, touched: pl.DataFrame) -> pl.DataFrame | None:

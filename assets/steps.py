@@ -1,11 +1,11 @@
 """Steps (state = prompt token IDs, action = response token IDs) and per-trajectory summaries."""
 
-from dataclasses import dataclass, replace
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 import dagster as dg
-import numpy as np
 import polars as pl
+from deltalake import DeltaTable
 
 from assets.automation import on_new_data, on_new_data_or_idle_sweep
 from assets.checks import (
@@ -16,29 +16,25 @@ from assets.checks import (
     schema_unchanged,
     unique_step_ids,
 )
-from assets.closed_tails import ClosedTails
-from assets.incremental import Increment, trajectory_ids
 from assets.landing import OWNERS
 from assets.metadata import counts, histogram, sample, written_metadata
+from assets.races import retried_when_raced
+from claw_pipelines.config_files import quality_config
 from claw_pipelines.derived_schemas import (
-    NARROW_STEPS,
     OPEN_STATE,
-    STEP_SOURCE_COLUMNS,
     STEPS,
     TRAJECTORIES,
     conform,
-    empty,
 )
-from claw_pipelines.lake import keyed
+from claw_pipelines.incremental.closed_tails import ClosedTails, open_turns_of
+from claw_pipelines.incremental.increment import Increment, trajectory_ids
+from claw_pipelines.incremental.turn_chunks import turn_chunks
 from claw_pipelines.schemas import utc_now
-from claw_pipelines.transforms.steps import extract_steps
+from claw_pipelines.transforms.steps import extract_steps, stored_steps
 from claw_pipelines.transforms.trajectories import summarize_trajectories
 from resources.lake import LakeResource
 
 STEP_SAMPLE = ["trajectory_id", "step_index", "is_last", "token_source", "response_text"]
-
-CHUNK_TURNS = 16_384
-"""New turns extracted per commit, so a backlog (e.g. a first build) needs memory for a chunk."""
 
 
 class StepsConfig(dg.Config):
@@ -57,13 +53,18 @@ class StepsConfig(dg.Config):
     pool="claw_steps",
     check_specs=STEP_CHECKS,
 )
+@retried_when_raced
 def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeResource):
     """Turns of closed trajectories as ordered steps, with prefix-consistency per step.
+
+    A step points at its turn (turn_id, started_at, source_version) instead of copying its
+    token lists and messages (``derived_schemas.TURN_COLUMNS``); what the quality signals need
+    from the token lists is computed here, while they are in memory (``SIGNAL_COLUMNS``).
 
     Reads only turns and trajectory events landed since its watermark plus its own small state
     (``steps_open``: turns of trajectories still open; ``steps_tails``: the closed tails it
     touches, appended to, never rewritten), so work grows with new data. A
-    backlog is extracted in chunks of about ``CHUNK_TURNS`` turns (``TurnChunk``), as if the
+    backlog is extracted in chunks of about ``CHUNK_TURNS`` turns (``turn_chunks``), as if the
     asset had run after each (state carried over; a trajectory's events go with the chunk
     holding its last new turn), one commit each; only the last moves the watermark, and each
     replaces its step ids, so re-running after a crash part-way cannot duplicate steps.
@@ -72,37 +73,95 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     tails = ClosedTails.for_attempt(
         increment.lake, increment.run, increment.attempt, increment.committed_attempt
     )
-    open_turns = _open_turns(increment.state_as_of("steps_open"), tails)
+    now = utc_now()
+    run = _extract(increment, tails, config, now)
+    if run.state_version is not None:
+        tails.expire(now, timedelta(seconds=config.reopen_window_s))
+        read = increment.states_read.get("steps_open")
+        kept = [v for v in (run.state_version, read) if v is not None]
+        increment.lake.drop_removed_files("steps_open", keep_versions=kept)
+    new_steps = pl.concat(run.written) if run.written else None
+    rows = 0 if new_steps is None else new_steps.height
+    context.log.info("%d new steps, %d turns still open", rows, run.open_turns)
+    metadata = {
+        "open_turns": run.open_turns,
+        "sample": sample(new_steps, ["step_id", *STEP_SAMPLE]),
+        "prefix_consistent_share": float(new_steps["prefix_consistent"].mean()) if rows else None,
+    }
+    if run.table is not None:
+        metadata.update(written_metadata(increment, run.table, rows))
+    checked = (
+        new_steps
+        if new_steps is not None
+        else pl.DataFrame(schema={"step_id": pl.String, "logprobs_misaligned": pl.Boolean})
+    )
+    table = None if run.table is None else pl.scan_delta(run.table)
+    return dg.MaterializeResult(
+        metadata=metadata,
+        check_results=[
+            schema_unchanged(run.table, STEPS),
+            unique_step_ids(table, checked.get_column("step_id")),
+            logprobs_aligned(checked),
+        ],
+    )
+
+
+@dataclass
+class Extracted:
+    """What a steps run extracted and wrote."""
+
+    table: DeltaTable | None
+    """The steps table after the run's last commit."""
+    written: list[pl.DataFrame] = field(default_factory=list)
+    """Per commit, the new steps' ids, sample columns and check flags."""
+    open_turns: int = 0
+    """Turns of trajectories still open after the run."""
+    state_version: int | None = None
+    """The version of ``steps_open`` this run wrote (None: it wrote none)."""
+
+
+def _extract(
+    increment: Increment, tails: ClosedTails, config: StepsConfig, now: datetime
+) -> Extracted:
+    """Extract and commit the run's new turns, one chunk (``turn_chunks``) per commit."""
+    open_turns = open_turns_of(increment.state_as_of("steps_open"), tails)
     events = increment.new_rows("trajectory_events")
-    chunks, last_range = _turn_chunks(increment)
-    now, table, written, state_version = utc_now(), increment.snapshot, [], None
-    for index, chunk in enumerate(chunks):
-        final = index == len(chunks) - 1
+    chunks = turn_chunks(increment)
+    run = Extracted(increment.snapshot)
+    ngram = quality_config().repetition_ngram
+    for index, chunk in enumerate(chunks.chunks):
+        final = index == len(chunks.chunks) - 1
         known_tails = tails.scan()
         extraction = extract_steps(
             chunk.read(increment),
             open_turns
             if known_tails is None
             else pl.concat([open_turns, known_tails], how="diagonal_relaxed"),
-            _events_of_range(events, last_range, index),
+            chunks.events_of(events, index),
             now=now,
             idle_timeout_s=config.idle_timeout_s,
             reopen_window_s=config.reopen_window_s,
-            emitted=increment.lake.scan("steps"),
+            landed=increment.scan("turns"),
         )
         new_steps, open_turns = extraction.steps, extraction.open_turns.lazy()
+        run.open_turns = extraction.open_turns.height
         if not (new_steps.height or increment.has_new_data or increment.predates(STEPS)):
             continue
         if extraction.new_tails.height:
             tails.append(extraction.new_tails)
         if final:
-            state_version = increment.replace_state("steps_open", extraction.open_turns, OPEN_STATE)
+            run.state_version = increment.replace_state(
+                "steps_open", extraction.open_turns, OPEN_STATE
+            )
             tails.record_committed()
         replace = (
-            ("step_id", new_steps.get_column("step_id").to_list()) if len(chunks) > 1 else None
+            ("step_id", new_steps.get_column("step_id").to_list())
+            if len(chunks.chunks) > 1
+            else None
         )
-        table = increment.commit(conform(new_steps, STEPS), replace, watermark=final)
-        written.append(
+        stored = conform(stored_steps(new_steps, ngram), STEPS)
+        run.table = increment.commit(stored, replace, watermark=final)
+        run.written.append(
             new_steps.select(
                 "step_id",
                 *STEP_SAMPLE,
@@ -110,151 +169,7 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
                 misaligned_logprobs().fill_null(False).alias("logprobs_misaligned"),
             )
         )
-    if state_version is not None:
-        tails.expire(now, timedelta(seconds=config.reopen_window_s))
-        read = increment.states_read.get("steps_open")
-        kept = [v for v in (state_version, read) if v is not None]
-        increment.lake.drop_removed_files("steps_open", keep_versions=kept)
-    open_count = extraction.open_turns.height
-    new_steps = pl.concat(written) if written else None
-    rows = 0 if new_steps is None else new_steps.height
-    context.log.info("%d new steps, %d turns still open", rows, open_count)
-    metadata = {
-        "open_turns": open_count,
-        "sample": sample(new_steps, ["step_id", *STEP_SAMPLE]),
-        "prefix_consistent_share": float(new_steps["prefix_consistent"].mean()) if rows else None,
-    }
-    if table is not None:
-        metadata.update(written_metadata(increment, table, rows))
-    checked = (
-        new_steps
-        if new_steps is not None
-        else pl.DataFrame(schema={"step_id": pl.String, "logprobs_misaligned": pl.Boolean})
-    )
-    return dg.MaterializeResult(
-        metadata=metadata,
-        check_results=[
-            schema_unchanged(table, STEPS),
-            unique_step_ids(
-                None if table is None else pl.scan_delta(table), checked.get_column("step_id")
-            ),
-            logprobs_aligned(checked),
-        ],
-    )
-
-
-def _open_turns(state: pl.LazyFrame | None, tails: ClosedTails) -> pl.LazyFrame:
-    """The open turns of ``steps_open``. Lakes from before ``steps_tails`` also kept the closed
-    tails there: those move to the log (once, as the state this run writes has none)."""
-    if state is None:
-        return empty(OPEN_STATE).lazy()
-    closed = state.filter(pl.col("state") == "closed")
-    if closed.select(pl.len()).collect().item():
-        tails.append(closed)
-    return state.filter(pl.col("state") == "open")
-
-
-def _events_of_range(
-    events: pl.DataFrame | None, last_range: pl.DataFrame, index: int
-) -> pl.DataFrame | None:
-    """The events of the trajectories whose last new turn is in range ``index``; events of
-    trajectories without new turns go with the first range."""
-    if events is None:
-        return None
-    ranges = events.join(
-        last_range.select("trajectory_id", "_range"), on="trajectory_id", how="left"
-    )
-    return ranges.filter(pl.col("_range").fill_null(0) == index).drop("_range")
-
-
-@dataclass(frozen=True)
-class TurnChunk:
-    """The new turns one commit extracts: those landed in ``versions`` = ``(after, upto]``; or,
-    when a first build finds every turn in one version (a landing table whose history was
-    vacuumed reads as its snapshot, or one bulk commit), the turns of the listed
-    ``trajectories`` only, and in the last chunk also the turns without identity, which
-    trajectory inference must see together. Either way a chunk's memory is bounded, not the
-    table's."""
-
-    versions: tuple[int | None, int | None]
-    trajectories: list[str] | None = None
-    unidentified: bool = False
-
-    def read(self, increment: Increment) -> pl.DataFrame | None:
-        if self.trajectories is None:
-            return increment.new_rows(
-                "turns", STEP_SOURCE_COLUMNS, keep_version=True, versions=self.versions
-            )
-        turns = increment.scan("turns").select(STEP_SOURCE_COLUMNS)
-        identified = keyed(turns, "trajectory_id", pl.Series(self.trajectories, dtype=pl.String))
-        unidentified = turns.filter(pl.col("trajectory_id").is_null())
-        return (
-            pl.concat([identified, unidentified] if self.unidentified else [identified])
-            .with_columns(pl.lit(self.versions[1], pl.UInt64).alias("_commit_version"))
-            .collect()
-        )
-
-
-def _turn_chunks(increment: Increment) -> tuple[list[TurnChunk], pl.DataFrame]:
-    """Chunks of about ``CHUNK_TURNS`` new turns (one when fewer): consecutive version ranges,
-    or for a first build whose turns all share one version, groups of whole trajectories; and
-    per trajectory with new turns the index of the chunk of its last."""
-    light = increment.new_rows("turns", ["trajectory_id"], keep_version=True)
-    after, upto = increment.after["turns"], increment.upto["turns"]
-    if light is None or light.height <= CHUNK_TURNS:
-        chunks, last = [TurnChunk((after, upto))], _last_versions(light)
-        return chunks, last.with_columns(pl.lit(0, pl.Int64).alias("_range"))
-    if after is None and light.get_column("_commit_version").n_unique() == 1:
-        return _trajectory_chunks(light, upto)
-    rows = pl.col("len")
-    ends = (
-        light.group_by("_commit_version")
-        .len()
-        .sort("_commit_version")
-        .group_by(((rows.cum_sum() - rows) // CHUNK_TURNS).alias("_chunk"))
-        .agg(pl.col("_commit_version").max())
-        .sort("_chunk")
-        .get_column("_commit_version")
-        .to_list()
-    )
-    bounds = [*ends[:-1], upto]
-    chunks = [TurnChunk(v) for v in zip([after, *bounds[:-1]], bounds, strict=True)]
-    last = _last_versions(light)
-    index = np.searchsorted(np.array(bounds[:-1], dtype=np.int64), last["_commit_version"], "left")
-    return chunks, last.with_columns(pl.Series("_range", index, pl.Int64))
-
-
-def _last_versions(light: pl.DataFrame | None) -> pl.DataFrame:
-    """Per trajectory, the version of its last new turn."""
-    if light is None:
-        return pl.DataFrame(schema={"trajectory_id": pl.String, "_commit_version": pl.Int64})
-    return (
-        light.drop_nulls("trajectory_id")
-        .group_by("trajectory_id")
-        .agg(pl.col("_commit_version").max())
-    )
-
-
-def _trajectory_chunks(
-    light: pl.DataFrame, upto: int | None
-) -> tuple[list[TurnChunk], pl.DataFrame]:
-    """Whole trajectories (in id order, so a chunk's keyed read skips most files) in chunks of
-    about ``CHUNK_TURNS`` turns; the turns without identity go with the last."""
-    turns = pl.col("len")
-    per_trajectory = (
-        light.drop_nulls("trajectory_id")
-        .group_by("trajectory_id")
-        .len()
-        .sort("trajectory_id")
-        .with_columns(((turns.cum_sum() - turns) // CHUNK_TURNS).cast(pl.Int64).alias("_range"))
-    )
-    members = per_trajectory.group_by("_range", maintain_order=True).agg("trajectory_id")
-    chunks = [
-        TurnChunk((None, upto), trajectories=ids)
-        for ids in members.get_column("trajectory_id").to_list()
-    ] or [TurnChunk((None, upto), trajectories=[])]
-    chunks[-1] = replace(chunks[-1], unidentified=True)
-    return chunks, per_trajectory.select("trajectory_id", "_range")
+    return run
 
 
 @dg.asset(
@@ -267,6 +182,7 @@ def _trajectory_chunks(
     op_tags={"dagster/priority": "-1"},  # off the way to a batch: after the releases in a run
     check_specs=[schema_spec("trajectories")],
 )
+@retried_when_raced
 def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
     """One summary row per trajectory: steps, tokens, duration, outcome, prefix-tree saving.
 
@@ -284,7 +200,7 @@ def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
 
     def build(keys: list[str]) -> pl.DataFrame:
         return summarize_trajectories(
-            increment.rows_where("steps", "trajectory_id", keys, NARROW_STEPS.names),
+            increment.rows_where("steps", "trajectory_id", keys, STEPS.names),
             increment.rows_where("trajectory_events", "trajectory_id", keys),
         ).collect()
 

@@ -7,26 +7,27 @@ so its peak RSS is its own:
 * ``scan``: ``pl.scan_delta(turns).collect()``, the bare read of the same turns;
 * ``write``: a bare ``write_deltalake`` of the turns' token lists (the derived tables' writer
   settings), what any build must add to the read: a batch holding every turn writes them;
-* ``build``: steps -> trajectories -> rewarded -> scored -> curated (one in-process Dagster run
-  of the real assets) and one batch asset partition holding every group (recipe ``grpo`` with
-  ``groups_per_batch`` = all groups);
-* ``refresh``: +1 % turns landed, the same assets re-run (they read only the new versions) and
-  the next batch planned and written;
+* ``build``: one refresh run as the ingest sensor launches it: steps -> trajectories ->
+  rewarded -> scored -> curated, then ``release_grpo``, which reserves, writes, checks and
+  exports the batch they made ready (recipe ``grpo`` with ``groups_per_batch`` = all groups),
+  in process, with the real assets;
+* ``refresh``: +1 % turns landed and the same run (the assets read only the new versions; the
+  release plans and writes the next batch);
 * ``floor``: +1 group (4 turns) landed and the same run: the fixed cost every refresh pays
   (Dagster run and step bookkeeping, Delta log reads, commits) whatever the data;
-* ``empty``: the same two runs of assets that do nothing (five chained, then one), Dagster's
-  own share of that floor.
+* ``empty``: the same run of assets that do nothing (five chained, then one), Dagster's own
+  share of that floor.
 
-Prints one JSON object: ``throughput_ratio`` = scan time / build time (goal >= 0.5),
-``refresh_ratio`` = refresh time / build time (goal <= 0.05), ``peak_rss_mib`` of the build
-(goal <= 2 GiB at 100k turns) and of the refresh (which must not grow with the table).
-``bare_read_write_ratio`` = (scan + write) / build compares the build with that bare minimum.
-``refresh_work_ratio`` = (refresh - floor) / (build - floor) is the share of the build's
+Prints one JSON object. Goals (issue 19): ``bare_read_write_ratio`` = (scan + write) / build
+>= 0.5, the build against the bare I/O any turns -> batch build must do; ``token_copies`` =
+bytes of token-list columns in every table and export of the lake / those in ``turns`` <= 2;
+``refresh_work_ratio`` = (refresh - floor) / (build - floor) <= 0.05, the share of the build's
 data-dependent work that a +1 % refresh redoes (1 % when work grows with new data only);
-``floor_peak_rss_mib`` is the memory of a refresh whose new data does not grow with the table.
-The two goals bound each other: (a) wants build <= 2 x scan and (b) refresh <= build / 20, so
-meeting both needs refresh <= scan / 10; ``empty_run_seconds`` says how much of that Dagster
-alone takes before any asset reads a row.
+``floor_seconds`` <= 0.5; ``peak_rss_mib`` of the build <= 2 GiB at 100k turns, and the
+refresh's and floor's flat (they must not grow with the table). Also reported:
+``throughput_ratio`` = scan / build and ``refresh_ratio`` = refresh / build (goals withdrawn:
+they bound each other), ``empty_run_seconds`` (Dagster's own share of the floor),
+``*_step_seconds`` (each asset's time in the run) and ``load_average`` (the machine is shared).
 
     .venv/bin/python bench/pipeline.py [--turns 100000]
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -46,10 +48,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from deltalake import write_deltalake
+import pyarrow.parquet as pq
+from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
 
-from assets.incremental import WRITER
 from claw_pipelines.derived_schemas import TOKEN_COLUMNS
+from claw_pipelines.incremental.increment import WRITER
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import TrajectoryEventRow, Turn
 
@@ -58,6 +61,10 @@ RESPONSE_TOKENS = 256
 GROUP_SIZE = 4
 COMMIT_ROWS = 10_000
 CHAIN = ["steps", "trajectories", "rewarded_steps", "scored_steps", "curated_steps"]
+EXPORTS = ["trl"]
+"""The export the bench's batch is written in: TRL's rollouts file holds each step's token
+lists once, as a trainer reads them. verl's padded int64 tensors of a batch of every turn
+would take several GiB in memory (they are built whole), and JSON lines spell the IDs out."""
 
 
 def _tokens(rng: np.random.Generator, rows: int, width: int) -> pa.ListArray:
@@ -154,51 +161,101 @@ def phase_scan(lake: Lake) -> dict:
     return {"seconds": time.perf_counter() - started, "rows": frame.height}
 
 
+def _encodings() -> dict[str, WriterProperties | None]:
+    """Writer settings to compare on the same token lists (``phase_write``)."""
+    plain = ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
+    dictionary = ColumnProperties(dictionary_enabled=True, statistics_enabled="NONE")
+    return {
+        "derived (plain, snappy)": WRITER,
+        "dictionary, snappy": WriterProperties(default_column_properties=dictionary),
+        "plain, zstd": WriterProperties(default_column_properties=plain, compression="ZSTD"),
+        "dictionary, zstd": WriterProperties(
+            default_column_properties=dictionary, compression="ZSTD"
+        ),
+        "landing (delta-rs defaults)": None,
+    }
+
+
 def phase_write(lake: Lake, target: str) -> dict:
+    """The bare write of the token lists with the derived tables' settings (timed), then the
+    same rows with each of ``_encodings`` and as the TRL export writes them (pyarrow's
+    defaults): seconds and token-list bytes of each."""
     tokens = pl.scan_delta(lake.uri("turns")).select("turn_id", *TOKEN_COLUMNS).collect()
     table = tokens.to_arrow()
     started = time.perf_counter()
     write_deltalake(target, table, writer_properties=WRITER)
-    return {"seconds": time.perf_counter() - started, "rows": table.num_rows}
+    seconds = time.perf_counter() - started
+    encodings = {}
+    for index, (name, properties) in enumerate(_encodings().items()):
+        folder = f"{target}-{index}"
+        began = time.perf_counter()
+        write_deltalake(folder, table, writer_properties=properties)
+        took = time.perf_counter() - began
+        files = DeltaTable(folder).file_uris()
+        encodings[name] = {"seconds": round(took, 3), "bytes": sum(map(_list_column_bytes, files))}
+    began = time.perf_counter()
+    pq.write_table(table, f"{target}-export.parquet")
+    encodings["export (pyarrow defaults)"] = {
+        "seconds": round(time.perf_counter() - began, 3),
+        "bytes": _list_column_bytes(f"{target}-export.parquet"),
+    }
+    return {"seconds": seconds, "rows": table.num_rows, "encodings": encodings}
 
 
-def phase_pipeline(lake: Lake, batch_id: str, groups: int) -> dict:
-    """One run of the asset chain, then one batch partition with up to ``groups`` groups."""
+def _step_seconds(instance, run_id: str) -> dict[str, float]:
+    """Each step's wall time in the run, from its start and success events."""
     import dagster as dg
 
-    from assets.batches import build_batch_asset
-    from assets.configs import recipes
-    from claw_pipelines.definitions import build_definitions
+    started: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    for entry in instance.all_logs(run_id):
+        kind, key = entry.dagster_event_type, entry.step_key
+        if kind == dg.DagsterEventType.STEP_START:
+            started[key] = entry.timestamp
+        elif kind == dg.DagsterEventType.STEP_SUCCESS and key in started:
+            seconds[key] = round(entry.timestamp - started[key], 3)
+    return seconds
+
+
+def phase_pipeline(lake: Lake, groups: int) -> dict:
+    """One refresh run as the ingest sensor launches it (``assets.landing.REFRESH``): the
+    asset chain, then ``release_grpo``, which reserves, writes, checks and exports the batch
+    it made ready (recipe ``grpo`` with up to ``groups`` groups, exported as ``EXPORTS``).
+    The batch's rows point at their turns, so the export is where the build writes the token
+    lists, and a build without it would not be turns -> trainer."""
+    import dagster as dg
+
+    from assets.definitions import build_definitions
+    from claw_pipelines import config_files
     from resources.lake import LakeResource
 
+    recipe = config_files.recipes()["grpo"]
+    config_files.recipes()["grpo"] = recipe.model_copy(
+        update={"groups_per_batch": groups, "exports": EXPORTS}
+    )  # the release asset is built from the shipped recipes: this process's grpo is the bench's
     resource_ = LakeResource(lake_uri=lake.root)
     defs = build_definitions(lake=resource_)
-    recipe = recipes()["grpo"].model_copy(update={"groups_per_batch": groups})
-    batch = build_batch_asset(recipe)
+    selection = [dg.AssetKey(key) for key in [*CHAIN, "release_grpo"]]
+    job = defs.resolve_implicit_job_def_def_for_assets(selection)
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("batches_grpo", [batch_id])
     started = time.perf_counter()
-    job = defs.resolve_implicit_job_def_def_for_assets([dg.AssetKey(k) for k in CHAIN])
-    chain = job.execute_in_process(
-        instance=instance, asset_selection=[dg.AssetKey(k) for k in CHAIN]
-    )
-    chain_s = time.perf_counter() - started
-    result = dg.materialize(
-        [batch], instance=instance, resources={"lake": resource_}, partition_key=batch_id
-    )
-    total_s = time.perf_counter() - started
-    (event,) = result.asset_materializations_for_node("batch_grpo")
+    result = job.execute_in_process(instance=instance, asset_selection=selection)
+    seconds = time.perf_counter() - started
+    logged = result.asset_materializations_for_node("release_grpo")
+    (batch,) = [m for m in logged if m.asset_key == dg.AssetKey("batch_grpo")]
+    (exported,) = [m for m in logged if m.asset_key == dg.AssetKey("export_grpo")]
     return {
-        "seconds": total_s,
-        "chain_seconds": chain_s,
-        "batch_seconds": total_s - chain_s,
-        "ok": chain.success and result.success,
-        "batch_rows": event.metadata["dagster/partition_row_count"].value,
+        "seconds": seconds,
+        "steps": _step_seconds(instance, result.run_id),
+        "ok": result.success,
+        "batch_rows": batch.metadata["dagster/partition_row_count"].value,
+        "export_rows": exported.metadata["dagster/partition_row_count"].value,
     }
 
 
 def phase_empty() -> dict:
-    """The bench's two runs (a chain of five assets, then one) with assets that do nothing."""
+    """The bench's refresh run (a chain of five assets, then a release) with assets that do
+    nothing."""
     import dagster as dg
 
     def noop(name: str, deps: list[str]) -> dg.AssetsDefinition:
@@ -208,13 +265,44 @@ def phase_empty() -> dict:
 
         return asset
 
-    chain = [noop(name, CHAIN[i - 1 : i]) for i, name in enumerate(CHAIN)]
-    batch = noop("batch_grpo", CHAIN[-1:])
+    names = [*CHAIN, "release_grpo"]
+    assets = [noop(name, names[i - 1 : i]) for i, name in enumerate(names)]
     instance = dg.DagsterInstance.ephemeral()
     started = time.perf_counter()
-    ok = dg.materialize(chain, instance=instance).success
-    ok = dg.materialize([batch], instance=instance).success and ok
+    ok = dg.materialize(assets, instance=instance).success
     return {"seconds": time.perf_counter() - started, "ok": ok}
+
+
+def _list_column_bytes(path: str) -> int:
+    """Compressed bytes of the numeric columns inside lists of one Parquet file."""
+    metadata = pq.ParquetFile(path).metadata
+    numeric = {"INT32", "INT64", "FLOAT", "DOUBLE"}
+    return sum(
+        chunk.total_compressed_size
+        for group in range(metadata.num_row_groups)
+        for chunk in (metadata.row_group(group).column(i) for i in range(metadata.num_columns))
+        if chunk.physical_type in numeric and ".list." in f".{chunk.path_in_schema}."
+    )
+
+
+def token_bytes(root: Path) -> dict[str, int]:
+    """Bytes of token-list columns per Delta table and per export folder under the lake root:
+    every numeric list column (token IDs, logprobs; in exports also masks and positions) of
+    each table's current files (files removed by a later commit wait for a vacuum and are not
+    counted), of every Parquet file of an export, and JSON lines files whole."""
+    found: dict[str, int] = {}
+    tables = sorted({log.parent for log in root.rglob("_delta_log")})
+    for table in tables:
+        files = DeltaTable(str(table)).file_uris()
+        found[str(table.relative_to(root))] = sum(_list_column_bytes(f) for f in files)
+    for path in sorted(root.rglob("*")):
+        inside = any(table in path.parents for table in tables)
+        if inside or path.suffix not in (".parquet", ".jsonl"):
+            continue
+        folder = "/".join(path.relative_to(root).parts[:2])
+        size = _list_column_bytes(str(path)) if path.suffix == ".parquet" else path.stat().st_size
+        found[folder] = found.get(folder, 0) + size
+    return {name: size for name, size in found.items() if size}
 
 
 def flat_groups(groups: int, flat_share: float) -> int:
@@ -239,7 +327,6 @@ def main() -> None:
         "--phase", choices=["scan", "write", "pipeline", "empty"], help=argparse.SUPPRESS
     )
     parser.add_argument("--lake", help=argparse.SUPPRESS)
-    parser.add_argument("--batch-id", help=argparse.SUPPRESS)
     parser.add_argument("--groups", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -248,7 +335,7 @@ def main() -> None:
         phases = {
             "scan": lambda: phase_scan(lake),
             "write": lambda: phase_write(lake, args.target),
-            "pipeline": lambda: phase_pipeline(lake, args.batch_id, args.groups),
+            "pipeline": lambda: phase_pipeline(lake, args.groups),
             "empty": phase_empty,
         }
         measured = phases[args.phase]()
@@ -267,20 +354,18 @@ def main() -> None:
             ["--phase", "write", "--lake", lake.root, "--target", str(Path(root) / "bare")]
         )
         build = run_phase(
-            ["--phase", "pipeline", "--lake", lake.root, "--batch-id", "grpo-bench-1",
-             "--groups", str(turns // GROUP_SIZE)]
+            ["--phase", "pipeline", "--lake", lake.root, "--groups", str(turns // GROUP_SIZE)]
         )  # fmt: skip
         land(lake, turns, extra, seed=1)
         refresh = run_phase(
-            ["--phase", "pipeline", "--lake", lake.root, "--batch-id", "grpo-bench-2",
-             "--groups", str(extra // GROUP_SIZE)]
+            ["--phase", "pipeline", "--lake", lake.root, "--groups", str(extra // GROUP_SIZE)]
         )  # fmt: skip
         land(lake, turns + extra, GROUP_SIZE, seed=2)
         floor = run_phase(
-            ["--phase", "pipeline", "--lake", lake.root, "--batch-id", "grpo-bench-3",
-             "--groups", "1"]
+            ["--phase", "pipeline", "--lake", lake.root, "--groups", "1"]
         )  # fmt: skip
         empty = run_phase(["--phase", "empty", "--lake", lake.root])
+        stored = token_bytes(Path(lake.root))
     tokens = turns * (PROMPT_TOKENS + RESPONSE_TOKENS)
     print(
         json.dumps(
@@ -290,8 +375,7 @@ def main() -> None:
                 "land_seconds": round(land_s, 2),
                 "scan_seconds": round(scan["seconds"], 3),
                 "build_seconds": round(build["seconds"], 3),
-                "build_chain_seconds": round(build["chain_seconds"], 3),
-                "build_batch_seconds": round(build["batch_seconds"], 3),
+                "build_step_seconds": build["steps"],
                 "build_batch_rows": build["batch_rows"],
                 "steps_per_s": round(turns / build["seconds"], 1),
                 "tokens_per_s": round(tokens / build["seconds"]),
@@ -306,16 +390,26 @@ def main() -> None:
                 "refresh_batch_rows": refresh["batch_rows"],
                 "refresh_ratio": round(refresh["seconds"] / build["seconds"], 4),
                 "floor_seconds": round(floor["seconds"], 3),
+                "floor_step_seconds": floor["steps"],
                 "empty_run_seconds": round(empty["seconds"], 3),
                 "joint_refresh_budget_seconds": round(scan["seconds"] / 10, 3),
                 "refresh_work_ratio": round(
                     (refresh["seconds"] - floor["seconds"]) / (build["seconds"] - floor["seconds"]),
                     4,
                 ),
+                "token_copies": round(sum(stored.values()) / stored["turns"], 3),
+                "token_copies_in_tables": round(
+                    sum(v for k, v in stored.items() if not k.startswith("exports/"))
+                    / stored["turns"],
+                    3,
+                ),
+                "token_bytes": stored,
+                "encodings": write["encodings"],
                 "peak_rss_mib": build["peak_rss_mib"],
                 "refresh_peak_rss_mib": refresh["peak_rss_mib"],
                 "floor_peak_rss_mib": floor["peak_rss_mib"],
                 "scan_peak_rss_mib": scan["peak_rss_mib"],
+                "load_average": [round(x, 2) for x in os.getloadavg()],
                 "ok": build["ok"] and refresh["ok"] and floor["ok"] and empty["ok"],
             }
         )

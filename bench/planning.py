@@ -34,7 +34,7 @@ from claw_pipelines.lake import Lake
 def _chain(lake: Lake) -> None:
     import dagster as dg
 
-    from claw_pipelines.definitions import build_definitions
+    from assets.definitions import build_definitions
     from resources.lake import LakeResource
 
     defs = build_definitions(lake=LakeResource(lake_uri=lake.root))
@@ -49,8 +49,8 @@ def phase_plan(lake: Lake, batch_id: str, groups: int, retired: bool) -> dict:
     from the same inputs that reads everything, and records nothing)."""
     import pyarrow.compute  # noqa: F401  (imported once by the long-running planner, not per plan)
 
-    from assets import ledger
-    from assets.configs import recipes
+    from claw_pipelines.batching import ledger
+    from claw_pipelines.config_files import recipes
     from claw_pipelines.schemas import utc_now
 
     recipe = recipes()["grpo"].model_copy(update={"groups_per_batch": groups})
@@ -71,14 +71,15 @@ def phase_plan(lake: Lake, batch_id: str, groups: int, retired: bool) -> dict:
 
 def phase_preview(lake: Lake) -> dict:
     """The inspector's grpo batch preview over its index of the lake."""
-    from claw_pipelines.inspector.batch_preview import preview, read_recipes
+    from claw_pipelines import config_files
+    from claw_pipelines.inspector.batch_preview import preview
     from claw_pipelines.inspector.tables import LakeIndex
 
-    recipes = read_recipes()
+    recipes = config_files.recipes()
     state = LakeIndex(lake, list(recipes)).refresh()
     started = time.perf_counter()
     planned = preview(lake, state, recipes["grpo"])
-    return {"seconds": time.perf_counter() - started, "batch_rows": planned.plan.rows.height}
+    return {"seconds": time.perf_counter() - started, "batch_rows": planned.plan.planned.height}
 
 
 def main() -> None:

@@ -1,7 +1,15 @@
 """Where a recipe's batches live in the lake: one place for the names the batch assets write and
-trainers read (``claw_pipelines.trainer``), so neither guesses the other's layout."""
+trainers read (``claw_pipelines.trainer``), so neither guesses the other's layout, and for
+reading a batch's rows back."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+if TYPE_CHECKING:
+    from claw_pipelines.lake import Lake
 
 MANIFEST = "manifest.json"
 """Written last by an export, so a batch whose folder has it was exported in full."""
@@ -28,3 +36,21 @@ def manifest_path(recipe: str, batch_id: str) -> str:
 def consumption_table(recipe: str) -> str:
     """One row per batch a trainer (a named consumer) said it trained on."""
     return f"batch_consumption/{recipe}"
+
+
+def batch_rows(lake: Lake, recipe: str, algorithm: str, batch_id: str) -> pl.DataFrame:
+    """The rows of ``batch_id`` as exporters and trainers take them, in export order (empty
+    when it has none): grpo-style rows point at their turns in ``batches/<recipe>`` and get
+    their token lists and messages from ``turns`` here (put in order first, so the token
+    lists are gathered once); dpo pairs are stored complete."""
+    from claw_pipelines.batching.planner import complete_rows
+    from claw_pipelines.derived_schemas import TURN_COLUMNS
+    from claw_pipelines.exporters.manifest import in_export_order
+
+    scan = lake.scan(batches_table(recipe))
+    if scan is None:
+        return pl.DataFrame()
+    stored = in_export_order(algorithm, scan.filter(pl.col("batch_id") == batch_id).collect())
+    if algorithm == "dpo" or stored.is_empty():
+        return stored
+    return complete_rows(stored.drop(TURN_COLUMNS, strict=False), lake.scan("turns"))

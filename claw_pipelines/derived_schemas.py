@@ -7,6 +7,7 @@ plain Arrow strings (not polars' string views) so every Delta reader can open th
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TypeVar
 
 import polars as pl
@@ -35,7 +36,26 @@ STEP_SOURCE_COLUMNS = [
 ]  # fmt: skip
 """The turns columns a step carries over."""
 
-STEPS = pa.schema(
+TURN_COLUMNS = [
+    "prompt_token_ids", "response_token_ids", "response_logprobs", "request_messages",
+    "request_tools",
+]  # fmt: skip
+"""The heavy per-turn columns that only ``turns`` stores: derived rows (steps, the step tables,
+grpo-style batch rows) point at their turn by ``turn_id`` (with its ``started_at`` and
+``source_version``, the turns version it landed in) and readers join these from ``turns``
+(``with_turn_columns``). Turns are append-only and never rewritten, so the join gives the same
+values however late it runs. ``request_messages`` repeats the conversation so far on every
+step, so a table carrying it grows quadratically with trajectory length."""
+
+TOKEN_COLUMNS = ["prompt_token_ids", "response_token_ids", "response_logprobs"]
+"""The token lists among ``TURN_COLUMNS``."""
+
+SIGNAL_COLUMNS = ["logprobs_len", "repetition_ngram", "repeated_ngram_ratio"]
+"""What the quality signals need from the token lists, computed once by the step extractor
+while the lists are in memory (``transforms.quality.token_signals``): scoring then reads no
+token list unless the configured n-gram differs from ``repetition_ngram``."""
+
+EXTRACTED_STEPS = pa.schema(
     [
         pa.field("step_id", pa.string(), nullable=False),
         *_turn_fields(*STEP_SOURCE_COLUMNS),
@@ -53,22 +73,44 @@ STEPS = pa.schema(
         pa.field("parent_trajectory_id", pa.string()),
     ]
 )
-"""One row per LLM call of a closed trajectory (state = prompt ids, action = response ids).
-A failed call without token IDs is no step.
+"""One row per LLM call of a closed trajectory (state = prompt ids, action = response ids), as
+the step extractor makes it, with the turn's ``TURN_COLUMNS``. A failed call without token IDs
+is no step.
 
 ``shared_prefix_tokens``: tokens shared with the previous step's prompt + response (prefix-tree
 saving; with ``prefix_break_reason`` it says how much of the prompt a break kept);
 ``prompt_len`` / ``response_len``: the token lists' lengths (null when the list is), so readers
 that need only lengths skip the lists; ``reopened``: emitted after its trajectory had already
 been emitted; ``close_reason``: completed | aborted | timeout (why the trajectory was closed);
+``source_version``: the turns version the turn landed in;
 ``parent_trajectory_id``: set on the steps of a side trajectory (a side call inside the
 parent's session, ``transforms.threads``), whose trajectory_id is
 ``<parent>/side-<its first turn_id>``."""
 
+STEPS = pa.schema(
+    [
+        *(f for f in EXTRACTED_STEPS if f.name not in TURN_COLUMNS),
+        pa.field("logprobs_len", pa.int32()),
+        pa.field("repetition_ngram", pa.int32()),
+        pa.field("repeated_ngram_ratio", pa.float64()),
+    ]
+)
+"""Table ``steps``: an extracted step without its ``TURN_COLUMNS`` (it points at its turn),
+plus ``SIGNAL_COLUMNS``: ``logprobs_len`` (null when the turn has no logprobs) and the share of
+the response's ``repetition_ngram``-grams that repeat an earlier one. A table written before
+steps pointed at turns still holds the turn columns in its older rows (null in newer ones):
+nothing reads them, and a rebuild of the table drops them (``LEGACY_COLUMNS``)."""
+
+LEGACY_COLUMNS = frozenset(TURN_COLUMNS)
+"""Columns a derived table written by an earlier version may still hold: ``steps`` and the
+step tables carried ``request_messages`` and the steps and batches the token lists. Delta
+cannot drop a column without rewriting the table, so they stay (null in rows written since)
+and the schema checks accept them; a rebuild of the derived tables from ``turns`` drops them."""
+
 OPEN_STATE = pa.schema(
     [
         pa.field("state", pa.string(), nullable=False),
-        *[f.with_nullable(True) for f in STEPS if f.name not in (
+        *[f.with_nullable(True) for f in EXTRACTED_STEPS if f.name not in (
             "step_id", "is_last", "prefix_consistent", "prefix_break_reason",
             "shared_prefix_tokens", "prompt_len", "response_len", "parent_trajectory_id")],
         pa.field("closed_at", _TS),
@@ -100,8 +142,7 @@ CLOSED_TAILS = pa.schema(
 """Table ``steps_tails``: the closed tails, appended by the steps run (``run``, ``attempt``) that
 closed a trajectory or extended it with late turns; a trajectory's current tail is its row with
 the highest ``step_index``. Rows with ``state = committed`` record that the attempt ``-attempt``
-made a steps commit, so its tails count (``assets.closed_tails``); null ``attempt``: written
-before attempt ids."""
+made a steps commit, so its tails count (``incremental.closed_tails``)."""
 
 TRAJECTORIES = pa.schema(
     [
@@ -128,24 +169,12 @@ TRAJECTORIES = pa.schema(
 """One row per trajectory (side trajectories included: ``parent_trajectory_id`` names the
 trajectory whose session they ran in)."""
 
-TOKEN_COLUMNS = ["prompt_token_ids", "response_token_ids", "response_logprobs"]
-"""The heavy columns: only ``steps`` (and batch rows) carry them; downstream tables are narrow."""
-
-STEP_ONLY_COLUMNS = [*TOKEN_COLUMNS, "request_tools"]
-"""What only ``steps`` (and batch rows) carry: the token lists, and the tools the request
-declared, which only the exports read (a chat template renders them into the prompt)."""
-
 LENGTH_COLUMNS = ["prompt_len", "response_len"]
 """The token lists' lengths, kept on every step table so filters and sizing skip the lists."""
 
-NARROW_STEPS = pa.schema([f for f in STEPS if f.name not in STEP_ONLY_COLUMNS])
-"""A step without its token lists and tools: what rewarded/scored/curated steps start from. The
-lengths let batch filters run without reading tokens; a batch joins ``STEP_ONLY_COLUMNS`` from
-``steps`` by turn_id for the rows it selects."""
-
 REWARDED_STEPS = pa.schema(
     [
-        *NARROW_STEPS,
+        *STEPS,
         pa.field("step_reward", pa.float64()),
         pa.field("outcome_reward", pa.float64()),
         pa.field("reward", pa.float64()),
@@ -201,6 +230,7 @@ BATCH_ROWS = pa.schema(
         pa.field("metadata", pa.string()),
         pa.field("source_version", pa.int64()),
         pa.field("source_versions", pa.string()),
+        pa.field("started_at", _TS),
     ]
 )
 """Framework-neutral rows of one batch (grpo, rloo, ppo, reinforce_pp, sft): one per step,
@@ -210,7 +240,13 @@ plus step rewards, whatever the credit assignment); ``advantage``: null unless t
 trajectory's score, broadcast to its steps); otherwise the trainer computes advantages.
 ``model``: the model that answered (whose tokenizer made the IDs); ``finish_reason``: ``length``
 for a reply cut off at max_tokens. ``source_version``: turns version the step came from;
-``source_versions``: JSON of the input table versions the batch was planned from."""
+``source_versions``: JSON of the input table versions the batch was planned from;
+``started_at``: the turn's, which bounds the read of its ``TURN_COLUMNS`` from ``turns``."""
+
+STORED_BATCH_ROWS = pa.schema([f for f in BATCH_ROWS if f.name not in TURN_COLUMNS])
+"""What ``batches/<recipe>`` holds of a grpo-style batch: its rows without ``TURN_COLUMNS``,
+which readers join from ``turns`` (``batch_tables.batch_rows``), so the lake keeps the token
+lists once in ``turns`` and once per export."""
 
 DPO_PAIRS = pa.schema(
     [
@@ -253,7 +289,7 @@ DROPPED = pa.schema(
 """Steps a batch plan left out and why (inspector batch preview)."""
 
 RETIRED = DROPPED.append(pa.field("retired_at", _TS))
-"""``batch_retired/<recipe>``: steps a recipe's plans dropped for good (``recipes.final_drops``)."""
+"""``batch_retired/<recipe>``: steps a recipe's plans dropped for good (``planner.final_drops``)."""
 
 LEDGER = pa.schema(
     [
@@ -294,27 +330,47 @@ def token_lengths() -> list[pl.Expr]:
     ]
 
 
-def with_tokens(
-    narrow: pl.DataFrame,
-    steps: pl.LazyFrame | pl.DataFrame | None,
-    columns: list[str] = TOKEN_COLUMNS,
+def with_turn_columns(
+    rows: pl.DataFrame,
+    turns: pl.LazyFrame | pl.DataFrame | None,
+    columns: list[str] = TURN_COLUMNS,
 ) -> pl.DataFrame:
-    """``narrow`` steps with their token ``columns`` read from ``steps`` (by turn_id); a scan of
-    the steps table decodes only the row groups the selected rows can be in (``lake.keyed``).
-    Columns a version of ``steps`` predates (``request_tools`` before steps carried it) are null."""
-    readable = [] if steps is None or narrow.is_empty() else steps.lazy().collect_schema().names()
+    """``rows`` with their turns' ``columns`` read from ``turns`` by turn_id (see
+    ``TURN_COLUMNS``), in ``rows``' order. Turn ids are random, so a read by id alone would
+    decode every file: the rows' ``started_at`` range (to the millisecond of Delta's file
+    statistics) goes first, and turns land in time order, so a scan decodes only the files and
+    row groups of that window. A turn re-delivered under the same id counts once. Columns
+    ``turns`` lacks are null."""
+    readable = [] if turns is None or rows.is_empty() else turns.lazy().collect_schema().names()
     found = [name for name in columns if name in readable]
-    joined = narrow
+    joined = rows.drop(columns, strict=False)
     if found:
-        tokens = keyed(
-            steps.lazy().select("turn_id", *found), "turn_id", narrow.get_column("turn_id")
-        ).collect()
-        joined = narrow.join(tokens, on="turn_id", how="left", maintain_order="left")
+        wanted = turns.lazy()
+        if "started_at" in rows.columns and "started_at" in readable:
+            wanted = wanted.filter(_within(rows.get_column("started_at")))
+        wanted = wanted.select("turn_id", *found)
+        tokens = keyed(wanted, "turn_id", rows.get_column("turn_id")).collect()
+        if tokens.get_column("turn_id").is_duplicated().any():
+            tokens = tokens.unique("turn_id", keep="first", maintain_order=True)
+        joined = joined.join(tokens, on="turn_id", how="left", maintain_order="left")
     return joined.with_columns(
         pl.lit(None, dtype).alias(name)
-        for name, dtype in polars_schema(STEPS).items()
+        for name, dtype in polars_schema(EXTRACTED_STEPS).items()
         if name in columns and name not in found
     )
+
+
+def _within(started: pl.Series) -> pl.Expr:
+    """``started_at`` within the range of ``started``, widened to whole milliseconds: Delta's
+    file statistics keep timestamps to the millisecond (no bound when any is unknown)."""
+    if started.null_count() or started.is_empty():
+        return pl.lit(True)
+    first, last = started.min(), started.max() + timedelta(milliseconds=1)
+    first = first.replace(microsecond=first.microsecond // 1000 * 1000)
+    within = pl.col("started_at").is_between(
+        pl.lit(first, started.dtype), pl.lit(last, started.dtype)
+    )
+    return within
 
 
 def polars_schema(schema: pa.Schema) -> pl.Schema:
@@ -323,8 +379,9 @@ def polars_schema(schema: pa.Schema) -> pl.Schema:
 
 
 def empty(schema: pa.Schema) -> pl.DataFrame:
-    """An empty frame with the table's columns, so "nothing new" flows through every transform."""
-    return pl.from_arrow(schema.empty_table())  # type: ignore[return-value]
+    """An empty frame with the table's columns, so "nothing new" flows through every transform.
+    (Not ``Schema.empty_table``: it imports pandas, a good part of a short run.)"""
+    return pl.from_arrow(pa.Table.from_batches([], schema=schema))  # type: ignore[return-value]
 
 
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)

@@ -26,6 +26,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.fs import DeltaStorageHandler
 from pyarrow.fs import FileType
 
+from claw_pipelines.appended import appended_rows
 from claw_pipelines.lake_store import check_store, is_remote, store_options
 from claw_pipelines.settings import ClawSettings, get_settings
 
@@ -185,25 +186,6 @@ class Lake:
             return None
         return delta_table.transaction_version(app_id)
 
-    def read_changes(
-        self,
-        table: str,
-        after_version: int | None,
-        *,
-        up_to_version: int | None = None,
-        columns: list[str] | None = None,
-    ) -> tuple[pl.DataFrame | None, int | None]:
-        """Rows inserted after ``after_version`` up to ``up_to_version`` (default: latest).
-
-        Returns the rows (None when nothing is new) and the version read up to, which is the
-        caller's next watermark. Compaction commits carry no data change and yield no rows.
-        """
-        delta_table = self.open(table)
-        if delta_table is None:
-            return None, after_version
-        latest = delta_table.version() if up_to_version is None else up_to_version
-        return changes(delta_table, after_version, latest, columns), latest
-
     def scan(self, table: str, version: int | None = None) -> pl.LazyFrame | None:
         """A lazy scan of the table at ``version`` (default latest); None if it does not exist."""
         delta_table = self.open(table, version)
@@ -292,9 +274,16 @@ def changes(
     after_version: int | None,
     up_to_version: int,
     columns: list[str] | None = None,
+    storage_options: dict[str, str] | None = None,
+    *,
+    with_version: bool = False,
 ) -> pl.DataFrame | None:
     """Rows inserted into an open table in versions ``(after_version, up_to_version]``, read
-    from its change data feed (None when the range is empty).
+    from its change data feed (None when the range is empty): the ``columns`` asked for (default
+    all), and with ``with_version`` the ``_commit_version`` each row landed in. Commits that
+    only appended are read by polars from the files they added (``appended.appended_rows``;
+    ``storage_options``: the lake's, for a table on an object store). Every reader of what is
+    new goes through here (an ``Increment`` for its run's range).
 
     The feed reads the files each version added. Once compaction merged them and a vacuum
     deleted them (the landing tables, ``assets.maintenance``), a read from the start of an
@@ -305,33 +294,45 @@ def changes(
     if after_version is not None and up_to_version <= after_version:
         return None
     start = 0 if after_version is None else after_version + 1
-    wanted = None if columns is None else [*columns, "_change_type", "_commit_version"]
     try:
-        reader = delta_table.load_cdf(
-            starting_version=start,
-            ending_version=up_to_version,
-            columns=wanted,
-            predicate="_change_type = 'insert'",
-        )
-        return pl.DataFrame(reader.read_all())
+        inserted = appended_rows(delta_table, start, up_to_version, columns, storage_options)
+        if inserted is None:
+            inserted = _inserted(delta_table, start, up_to_version, columns)
     except Exception as error:  # delta-rs tells a missing file only by a bare Exception's text
         if "not found" not in str(error):
             raise
-        if after_version is None and up_to_version == delta_table.version():
-            return (
-                pl.scan_delta(delta_table)
-                .select(columns or pl.all())
-                .with_columns(
-                    pl.lit("insert").alias("_change_type"),
-                    pl.lit(up_to_version, pl.UInt64).alias("_commit_version"),
-                )
-                .collect()
-            )
-        raise VersionsVacuumed(
-            f"{delta_table.table_uri}: versions {start} to {up_to_version} can no longer be read "
-            "from the change data feed: the files they added were compacted and then vacuumed, "
-            "as this reader fell further behind than the vacuum retention (assets.maintenance)"
-        ) from error
+        if after_version is not None or up_to_version != delta_table.version():
+            raise VersionsVacuumed(
+                f"{delta_table.table_uri}: versions {start} to {up_to_version} can no longer be "
+                "read from the change data feed: the files they added were compacted and then "
+                "vacuumed, as this reader fell further behind than the vacuum retention "
+                "(assets.maintenance)"
+            ) from error
+        inserted = (
+            pl.scan_delta(delta_table)
+            .select(columns or pl.all())
+            .with_columns(pl.lit(up_to_version, pl.UInt64).alias("_commit_version"))
+            .collect()
+        )
+    kept = ["_commit_version"] if with_version else []
+    return inserted.drop(sorted(set(CHANGE_COLUMNS) - set(kept)), strict=False)
+
+
+CHANGE_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
+"""The columns a change-data-feed read adds to a table's own."""
+
+
+def _inserted(
+    delta_table: DeltaTable, start: int, up_to_version: int, columns: list[str] | None
+) -> pl.DataFrame:
+    wanted = None if columns is None else [*columns, "_change_type", "_commit_version"]
+    reader = delta_table.load_cdf(
+        starting_version=start,
+        ending_version=up_to_version,
+        columns=wanted,
+        predicate="_change_type = 'insert'",
+    )
+    return pl.DataFrame(reader.read_all())
 
 
 class TableWriter:

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assets.configs import RECIPES_FILE
+from claw_pipelines.batching.recipe import load_recipes
+from claw_pipelines.config_files import RECIPES_FILE
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import Service, ServiceStartError, probe_bind, start_service
-from claw_pipelines.recipes import load_recipes
 from claw_pipelines.settings import LOCAL_MASTER_KEY, ClawSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -77,15 +77,15 @@ def parse_json_object(body: bytes) -> dict[str, Any] | None:
         return None
     try:
         text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BodyRejected(400, "request body is not valid UTF-8") from None
+    except UnicodeDecodeError as error:
+        raise BodyRejected(400, "request body is not valid UTF-8") from error
     non_finite = _NonFiniteNumbers()
     try:
         value = json.loads(text, parse_constant=non_finite.constant, parse_float=non_finite.number)
-    except RecursionError:
-        raise BodyRejected(400, f"request body is nested deeper than {MAX_DEPTH} levels") from None
+    except RecursionError as error:
+        raise BodyRejected(400, f"request body is nested deeper than {MAX_DEPTH} levels") from error
     except ValueError as error:  # JSONDecodeError, or an integer of over 4300 digits
-        raise BodyRejected(400, f"request body is not valid JSON: {error}") from None
+        raise BodyRejected(400, f"request body is not valid JSON: {error}") from error
     if not isinstance(value, dict):
         raise BodyRejected(400, "request body must be a JSON object")
     suspects = _Suspects(

@@ -14,13 +14,13 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
@@ -150,127 +150,172 @@ def create_app(
 ) -> FastAPI:
     """The engine app; ``log_file`` gets one JSON line per answered choice."""
     log = AnswerLog(log_file) if log_file else None
-    engine = Engine(seed, log, latency_ms / 1000.0, ContextWindow(max_model_len))
     app = FastAPI(title="claw-sim (simulated vLLM engine)")
-
-    @app.exception_handler(BadRequest)
-    async def _bad_request(_: Request, exc: BadRequest) -> JSONResponse:
-        return error_response(exc.message, exc.param)
-
-    @app.get("/health")
-    async def health() -> Response:
-        return Response(status_code=200)
-
-    @app.get("/v1/models")
-    async def models() -> dict:
-        card = {
-            "id": MODEL_NAME,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": OWNED_BY,
-            "root": MODEL_NAME,
-            "parent": None,
-            "max_model_len": max_model_len,
-            "description": DESCRIPTION,
-            "simulator": True,
-        }
-        return {"object": "list", "data": [card]}
-
-    @app.post("/tokenize")
-    async def tokenize(request: Request) -> TokenizeResponse:
-        body = await parse_body(request, TokenizeRequest)
-        text = (
-            body.prompt
-            if body.messages is None
-            else render(body.messages, body.tools, body.add_generation_prompt)
-        )
-        ids = encode(text)
-        strs = [token_str(i) for i in ids] if body.return_token_strs else None
-        return TokenizeResponse(
-            count=len(ids), max_model_len=max_model_len, tokens=ids, token_strs=strs
-        )
-
-    @app.post("/detokenize")
-    async def detokenize(request: Request) -> DetokenizeResponse:
-        body = await parse_body(request, DetokenizeRequest)
-        return DetokenizeResponse(prompt=decode(check_token_ids(body.tokens)))
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        body = await parse_body(request, ChatCompletionRequest)
-        engine.window.check_output_request(body.output_limit, body.output_param)
-        turns = render_turns(body.messages, body.tools, body.add_generation_prompt)
-        prompt_ids = engine.window.encode_prompt(turns)
-        budget = engine.window.output_budget(len(prompt_ids), body.output_limit)
-        tool_choice = (
-            body.tool_choice.function.name
-            if isinstance(body.tool_choice, NamedToolChoice)
-            else body.tool_choice
-        )
-        key = engine.request_key(body.seed)
-        top_k = (body.top_logprobs or 0) if body.logprobs else None
-        choices = []
-        for index in range(body.n):
-            rng = choice_rng(engine.seed, key, index)
-            draft = respond_chat(body.messages, body.tools or [], tool_choice, budget, rng)
-            sample = realize(draft, IM_END_ID, budget, top_k or 0, rng)
-            choices.append(Choice(index, prompt_ids, sample))
-        head = _head("chatcmpl", body.model)
-        with_ids = bool(body.return_token_ids)
-        await engine.delay()
-        if not body.stream:
-            engine.record(head, choices, stream=False)
-            response = chat_response(head, prompt_ids, choices, top_k, with_ids)
-            return _json(response)
-
-        async def stream() -> AsyncIterator[str]:
-            for choice in choices:
-                for line in _sse(chat_chunks(head, choice, top_k, with_ids)):
-                    yield line
-            if body.include_usage:
-                yield _usage_chunk(head, "chat.completion.chunk", usage(len(prompt_ids), choices))
-            engine.record(head, choices, stream=True)
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        body = await parse_body(request, CompletionRequest)
-        engine.window.check_output_request(body.output_limit, body.output_param)
-        prompts = _prompt_ids(body.prompt, engine.window)
-        key = engine.request_key(body.seed)
-        top_k = body.logprobs
-        choices = []
-        for prompt_index, prompt_ids in enumerate(prompts):
-            budget = engine.window.output_budget(len(prompt_ids), body.output_limit)
-            for n in range(body.n):
-                index = prompt_index * body.n + n
-                rng = choice_rng(engine.seed, key, index)
-                draft = respond_text(decode(prompt_ids), budget, rng)
-                sample = realize(draft, ENDOFTEXT_ID, budget, top_k or 0, rng)
-                choices.append(Choice(index, prompt_ids, sample))
-        head = _head("cmpl", body.model)
-        with_ids = bool(body.return_token_ids)
-        prompt_tokens = sum(len(ids) for ids in prompts)
-        await engine.delay()
-        if not body.stream:
-            engine.record(head, choices, stream=False)
-            response = completion_response(head, prompt_tokens, choices, top_k, with_ids)
-            return _json(response)
-
-        async def stream() -> AsyncIterator[str]:
-            for choice in choices:
-                for line in _sse(completion_chunks(head, choice, top_k, with_ids)):
-                    yield line
-            if body.include_usage:
-                yield _usage_chunk(head, "text_completion", usage(prompt_tokens, choices))
-            engine.record(head, choices, stream=True)
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
-
+    app.state.engine = Engine(seed, log, latency_ms / 1000.0, ContextWindow(max_model_len))
+    app.add_exception_handler(BadRequest, _bad_request)
+    app.include_router(routes)
     return app
+
+
+async def _bad_request(_: Request, exc: BadRequest) -> JSONResponse:
+    return error_response(exc.message, exc.param)
+
+
+def _engine(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+Current = Annotated[Engine, Depends(_engine)]
+"""A route's ``Engine``: the process's one."""
+
+routes = APIRouter()
+
+
+@routes.get("/health")
+async def health() -> Response:
+    return Response(status_code=200)
+
+
+@routes.get("/v1/models")
+async def models(engine: Current) -> dict:
+    card = {
+        "id": MODEL_NAME,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": OWNED_BY,
+        "root": MODEL_NAME,
+        "parent": None,
+        "max_model_len": engine.window.max_model_len,
+        "description": DESCRIPTION,
+        "simulator": True,
+    }
+    return {"object": "list", "data": [card]}
+
+
+@routes.post("/tokenize")
+async def tokenize(request: Request, engine: Current) -> TokenizeResponse:
+    body = await parse_body(request, TokenizeRequest)
+    text = (
+        body.prompt
+        if body.messages is None
+        else render(body.messages, body.tools, body.add_generation_prompt)
+    )
+    ids = encode(text)
+    strs = [token_str(i) for i in ids] if body.return_token_strs else None
+    return TokenizeResponse(
+        count=len(ids), max_model_len=engine.window.max_model_len, tokens=ids, token_strs=strs
+    )
+
+
+@routes.post("/detokenize")
+async def detokenize(request: Request) -> DetokenizeResponse:
+    body = await parse_body(request, DetokenizeRequest)
+    return DetokenizeResponse(prompt=decode(check_token_ids(body.tokens)))
+
+
+@routes.post("/v1/chat/completions")
+async def chat_completions(request: Request, engine: Current) -> Response:
+    body = await parse_body(request, ChatCompletionRequest)
+    engine.window.check_output_request(body.output_limit, body.output_param)
+    turns = render_turns(body.messages, body.tools, body.add_generation_prompt)
+    prompt_ids = engine.window.encode_prompt(turns)
+    budget = engine.window.output_budget(len(prompt_ids), body.output_limit)
+    tool_choice = (
+        body.tool_choice.function.name
+        if isinstance(body.tool_choice, NamedToolChoice)
+        else body.tool_choice
+    )
+    key = engine.request_key(body.seed)
+    top_k = (body.top_logprobs or 0) if body.logprobs else None
+    choices = []
+    for index in range(body.n):
+        rng = choice_rng(engine.seed, key, index)
+        draft = respond_chat(body.messages, body.tools or [], tool_choice, budget, rng)
+        sample = realize(draft, IM_END_ID, budget, top_k or 0, rng)
+        choices.append(Choice(index, prompt_ids, sample))
+    head = _head("chatcmpl", body.model)
+    with_ids = bool(body.return_token_ids)
+    answer = Answer(head, choices, len(prompt_ids), "chat.completion.chunk")
+    return await answer.sent(
+        engine,
+        body.stream,
+        body.include_usage,
+        lambda: chat_response(head, prompt_ids, choices, top_k, with_ids),
+        lambda choice: chat_chunks(head, choice, top_k, with_ids),
+    )
+
+
+@routes.post("/v1/completions")
+async def completions(request: Request, engine: Current) -> Response:
+    body = await parse_body(request, CompletionRequest)
+    engine.window.check_output_request(body.output_limit, body.output_param)
+    prompts = _prompt_ids(body.prompt, engine.window)
+    key = engine.request_key(body.seed)
+    top_k = body.logprobs
+    choices = []
+    for prompt_index, prompt_ids in enumerate(prompts):
+        budget = engine.window.output_budget(len(prompt_ids), body.output_limit)
+        for n in range(body.n):
+            index = prompt_index * body.n + n
+            rng = choice_rng(engine.seed, key, index)
+            draft = respond_text(decode(prompt_ids), budget, rng)
+            sample = realize(draft, ENDOFTEXT_ID, budget, top_k or 0, rng)
+            choices.append(Choice(index, prompt_ids, sample))
+    head = _head("cmpl", body.model)
+    with_ids = bool(body.return_token_ids)
+    prompt_tokens = sum(len(ids) for ids in prompts)
+    answer = Answer(head, choices, prompt_tokens, "text_completion")
+    return await answer.sent(
+        engine,
+        body.stream,
+        body.include_usage,
+        lambda: completion_response(head, prompt_tokens, choices, top_k, with_ids),
+        lambda choice: completion_chunks(head, choice, top_k, with_ids),
+    )
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The sampled choices of one request, sent whole or streamed."""
+
+    head: Head
+    choices: list[Choice]
+    prompt_tokens: int
+    chunk_object: str
+    """The ``object`` of a streamed chunk."""
+
+    async def sent(
+        self,
+        engine: Engine,
+        stream: bool | None,
+        include_usage: bool | None,
+        whole: Callable[[], BaseModel],
+        chunks: Callable[[Choice], Iterator[BaseModel]],
+    ) -> Response:
+        """The response after the engine's latency: ``whole()``, or each choice's ``chunks``
+        as server-sent events (and a usage chunk when asked), recorded once sent."""
+        await engine.delay()
+        if not stream:
+            engine.record(self.head, self.choices, stream=False)
+            return _json(whole())
+        return StreamingResponse(
+            self._events(engine, include_usage, chunks), media_type="text/event-stream"
+        )
+
+    async def _events(
+        self,
+        engine: Engine,
+        include_usage: bool | None,
+        chunks: Callable[[Choice], Iterator[BaseModel]],
+    ) -> AsyncIterator[str]:
+        for choice in self.choices:
+            for line in _sse(chunks(choice)):
+                yield line
+        if include_usage:
+            info = usage(self.prompt_tokens, self.choices)
+            yield _usage_chunk(self.head, self.chunk_object, info)
+        engine.record(self.head, self.choices, stream=True)
+        yield "data: [DONE]\n\n"
 
 
 def _prompt_ids(

@@ -8,11 +8,11 @@ import polars as pl
 from pydantic import BaseModel
 
 from claw_pipelines.batch_tables import MANIFEST
+from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.exporters.jsonl import write_jsonl
 from claw_pipelines.exporters.trl import write_trl
 from claw_pipelines.exporters.verl import VerlLayout, write_verl
-from claw_pipelines.recipes import Recipe
 
 
 class ExportedFile(BaseModel):
@@ -45,12 +45,20 @@ class Manifest(BaseModel):
     files: list[ExportedFile]
 
 
+EXPORT_ORDER = {
+    "dpo": ["group_id", "turn_id"],
+    "steps": ["group_id", "trajectory_id", "step_index"],
+}
+
+
 def in_export_order(algorithm: str, rows: pl.DataFrame) -> pl.DataFrame:
     """A batch's rows in (group, trajectory, step) order (pairs: group, turn), the order of
     every export file, so exporting the same batch twice writes the same files."""
-    if algorithm == "dpo":
-        return rows.sort("group_id", "turn_id")
-    return rows.sort("group_id", "trajectory_id", "step_index")
+    keys = EXPORT_ORDER["dpo" if algorithm == "dpo" else "steps"]
+    order = rows.select(pl.arg_sort_by(keys)).to_series()
+    if order.equals(pl.int_range(rows.height, dtype=order.dtype, eager=True)):
+        return rows  # already in order: no copy of the token lists
+    return rows[order]
 
 
 def verl_layout(recipe: Recipe, pad_to_multiple: int = 1) -> VerlLayout:

@@ -98,7 +98,15 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
             "sft_tokens.parquet": (tokens, "SFTTrainer pre-tokenized: input_ids, completion_mask"),
         }
     prompts = (
-        rows.sort("group_id", "trajectory_id", "step_index")
+        rows.select(
+            "group_id",
+            "trajectory_id",
+            "step_index",
+            "request_messages",
+            "request_tools",
+            "metadata",
+        )
+        .sort("group_id", "trajectory_id", "step_index")
         .group_by("group_id", maintain_order=True)
         .first()
         .select(

@@ -32,9 +32,9 @@ import numpy as np
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
+from claw_pipelines.batching.recipe import Truncation
 from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.exporters.padding import left_mask, lengths, pad, right_mask
-from claw_pipelines.recipes import Truncation
 from claw_pipelines.transforms.messages import claw_field
 
 PAD_UID = "__pad__"

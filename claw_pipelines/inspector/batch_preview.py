@@ -16,22 +16,22 @@ import os
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib.util import find_spec
-from pathlib import Path
+from typing import NamedTuple
 
 import polars as pl
 
-from claw_pipelines.inspector.tables import LakeState
-from claw_pipelines.lake import Lake, changes, watermark_app
-from claw_pipelines.policy_versions import highest_announced_version, lag_reference
-from claw_pipelines.recipes import BatchPlan, Recipe, load_recipes, plan_batch
-from claw_pipelines.retired import (
+from claw_pipelines.batching.planner import BatchPlan, plan_batch
+from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.batching.retirements import (
     current_through,
     lowered,
     recorded_open_from,
     retired_table,
     voided,
 )
+from claw_pipelines.inspector.tables import LakeState
+from claw_pipelines.lake import Lake, changes, watermark_app
+from claw_pipelines.policy_versions import highest_announced_version, lag_reference
 from claw_pipelines.transforms import curate_steps
 
 DAGSTER_URL_ENV = "CLAW_DAGSTER_URL"
@@ -40,18 +40,6 @@ DAGSTER_URL_ENV = "CLAW_DAGSTER_URL"
 def dagster_asset_url(recipe: str) -> str:
     base = os.environ.get(DAGSTER_URL_ENV, "http://127.0.0.1:3000").rstrip("/")
     return f"{base}/assets/batch_{recipe}"
-
-
-def recipes_file() -> Path:
-    """assets/batches.yaml, found without importing the Dagster code location."""
-    spec = find_spec("assets")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the 'assets' package (assets/batches.yaml) is not importable")
-    return Path(next(iter(spec.submodule_search_locations))) / "batches.yaml"
-
-
-def read_recipes() -> dict[str, Recipe]:
-    return load_recipes(recipes_file())
 
 
 CHANGE_KEYS = ["trajectory_id", "group_id"]
@@ -76,9 +64,16 @@ def _labelled(state: LakeState, after_version: int | None) -> pl.DataFrame:
     )
 
 
-def standing_retirements(
-    lake: Lake, state: LakeState, recipe: Recipe
-) -> tuple[pl.LazyFrame | None, str | None]:
+class Standing(NamedTuple):
+    """The retirements a preview plans with."""
+
+    retired: pl.LazyFrame | None
+    """The retired steps that still stand (None: none)."""
+    open_from: str | None
+    """Where the plan may start reading (None: everything)."""
+
+
+def standing_retirements(lake: Lake, state: LakeState, recipe: Recipe) -> Standing:
     """The recipe's retired steps that still stand for a plan over ``state``, and where that plan
     may start reading; (None, None) plans over everything.
 
@@ -91,7 +86,7 @@ def standing_retirements(
     curated = lake.open("curated_steps")
     through = None if table is None or curated is None else current_through(table, recipe)
     if through is None:
-        return None, None
+        return Standing(None, None)
     scored = lake.open("scored_steps")
     feeds = [
         changes(curated, through, curated.version(), CHANGE_KEYS),
@@ -107,7 +102,7 @@ def standing_retirements(
     retired = pl.scan_delta(table)
     void = voided(retired, changed)
     standing = retired.join(void.to_frame().lazy(), on="trajectory_id", how="anti")
-    return standing, lowered(recorded_open_from(table), changed, void)
+    return Standing(standing, lowered(recorded_open_from(table), changed, void))
 
 
 @dataclass(frozen=True)
@@ -209,7 +204,7 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
     plan = plan_batch(
         recipe,
         curate_steps(pl.scan_delta(scored), labels if labels.height else None),
-        lake.scan("steps", state.versions["steps"]),
+        lake.scan("turns"),
         lake.scan(ledger, state.versions[ledger]) if state.has(ledger) else None,
         datetime.now(UTC),
         retired=retired,
@@ -220,13 +215,13 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
     if retired is not None:  # dropped by earlier plans for good: listed, not planned again
         dropped = pl.concat([dropped, retired.select(dropped.columns).collect()])
     why = None
-    if plan.rows.is_empty():
+    if plan.planned.is_empty():
         why = "no complete, rewarded groups left that pass the recipe's filters"
     return Preview(
         recipe,
         dagster_asset_url(recipe.name),
         plan,
-        group_table(plan.rows, plan.consumed) if plan.rows.height else pl.DataFrame(),
+        group_table(plan.planned, plan.consumed) if plan.planned.height else pl.DataFrame(),
         dropped_table(dropped) if dropped.height else pl.DataFrame(),
         why,
         datetime.now(UTC),

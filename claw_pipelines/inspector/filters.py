@@ -1,11 +1,14 @@
-"""The trajectory list's filters: a pydantic model at the HTTP boundary, one polars predicate."""
+"""The trajectory list's filters: a pydantic model at the HTTP boundary, one polars predicate,
+and the page of the list a request asks for."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Literal, NamedTuple
 
 import polars as pl
-from pydantic import BaseModel, Field
+from fastapi import HTTPException
+from pydantic import BaseModel, Field, ValidationError
 
 Status = Literal["", "open", "completed", "aborted", "timed_out"]
 """``timed_out``: closed by the pipeline after its idle timeout, with no completion event."""
@@ -113,3 +116,31 @@ def facets(summary: pl.DataFrame) -> dict[str, list]:
         .sort()
         .to_list(),
     }
+
+
+def query_filter(query: Mapping[str, str]) -> tuple[TrajectoryFilter, Page]:
+    """Filter and page from the query string; empty form fields mean "not set"."""
+    params = {k: v for k, v in query.items() if v.strip() != ""}
+    try:
+        return TrajectoryFilter.model_validate(params), Page.model_validate(params)
+    except ValidationError as error:
+        raise HTTPException(
+            422, detail=error.errors(include_url=False, include_context=False)
+        ) from error
+
+
+class Listing(NamedTuple):
+    """One page of the trajectory list."""
+
+    filter: TrajectoryFilter
+    page: Page
+    rows: pl.DataFrame
+    matched: int
+    """How many trajectories the filter matches (on every page)."""
+
+
+def listing(query: Mapping[str, str], summary: pl.DataFrame) -> Listing:
+    """The page of ``summary`` (the inspector's trajectory rows) that ``query`` asks for."""
+    f, p = query_filter(query)
+    matched = apply(summary, f)
+    return Listing(f, p, paginate(matched, p), matched.height)

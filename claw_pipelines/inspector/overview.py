@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 import polars as pl
 from pydantic import BaseModel
@@ -86,11 +87,20 @@ def quality_histogram(scored: pl.DataFrame) -> list[int]:
     return frame.join(counts, on="b", how="left").sort("b")["len"].fill_null(0).to_list()
 
 
-def recipe_counts(state: LakeState, recipe: str) -> tuple[int, int, int]:
-    """Batches produced, steps in them, and steps recorded in the consumption ledger."""
+class RecipeCounts(NamedTuple):
+    batches: int
+    """Batches produced."""
+    steps_in_batches: int
+    steps_consumed: int
+    """Steps recorded in the consumption ledger."""
+
+
+def recipe_counts(state: LakeState, recipe: str) -> RecipeCounts:
     batches = state[f"batches/{recipe}"]
     ledger = state[f"batch_ledger/{recipe}"]
-    return batches["batch_id"].n_unique(), batches.height, ledger["turn_id"].n_unique()
+    return RecipeCounts(
+        batches["batch_id"].n_unique(), batches.height, ledger["turn_id"].n_unique()
+    )
 
 
 def compute(state: LakeState, now: datetime, recipes: list[RecipeStatus]) -> Overview:

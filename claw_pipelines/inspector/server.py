@@ -17,22 +17,23 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import jinja2
 import polars as pl
 import uvicorn
-from fastapi import Body, FastAPI, HTTPException, Request
+from fastapi import Body, Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claw_pipelines.access import is_loopback, key_refusal
+from claw_pipelines.batching.recipe import Recipe, load_recipes
 from claw_pipelines.capture.redact import Redactor
+from claw_pipelines.config_files import RECIPES_FILE
 from claw_pipelines.inspector import render
 from claw_pipelines.inspector.api_models import (
     BatchPreviewOut,
@@ -49,7 +50,6 @@ from claw_pipelines.inspector.batch_preview import (
     Preview,
     PreviewCache,
     dagster_asset_url,
-    read_recipes,
 )
 from claw_pipelines.inspector.curation import (
     LabelRequest,
@@ -57,16 +57,16 @@ from claw_pipelines.inspector.curation import (
     UnknownTargets,
     write_labels,
 )
-from claw_pipelines.inspector.filters import Page, TrajectoryFilter, apply, facets, paginate
+from claw_pipelines.inspector.filters import facets, listing
 from claw_pipelines.inspector.overview import Overview, RecipeStatus, compute, recipe_counts
 from claw_pipelines.inspector.tables import LakeIndex
 from claw_pipelines.inspector.trajectory import prompt_tokens, trajectory_detail
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
-from claw_pipelines.recipes import Recipe
 from claw_pipelines.settings import get_settings
 
 HERE = Path(__file__).parent
+Found = TypeVar("Found")
 REFRESH_S = 1.0
 """How often the background thread looks for new Delta versions."""
 
@@ -77,7 +77,7 @@ class Inspector:
     def __init__(self, lake: Lake) -> None:
         self.lake = lake
         try:
-            self.recipes: dict[str, Recipe] = read_recipes()
+            self.recipes: dict[str, Recipe] = load_recipes(RECIPES_FILE)
             self.recipes_error: str | None = None
         except Exception as error:  # a broken batches.yaml must not take the inspector down
             self.recipes, self.recipes_error = {}, f"cannot load assets/batches.yaml: {error}"
@@ -121,33 +121,22 @@ class Inspector:
         state = self.index.state
         statuses = []
         for name in self.recipes:
-            produced, in_batches, consumed = recipe_counts(state, name)
+            counts = recipe_counts(state, name)
             cached = self.previews.cached(name)
             plan = cached.plan if cached else None
             statuses.append(
                 RecipeStatus(
                     recipe=name,
-                    ready_groups=None if plan is None else plan.rows["group_id"].n_unique(),
+                    ready_groups=None if plan is None else plan.planned["group_id"].n_unique(),
                     batch_ready=None if plan is None else plan.ready,
-                    batches_produced=produced,
-                    steps_in_batches=in_batches,
-                    steps_consumed=consumed,
+                    batches_produced=counts.batches,
+                    steps_in_batches=counts.steps_in_batches,
+                    steps_consumed=counts.steps_consumed,
                     dagster_url=dagster_asset_url(name),
                     plan_error=self.preview_errors.get(name),
                 )
             )
         return compute(state, datetime.now(UTC), statuses)
-
-
-def query_filter(request: Request) -> tuple[TrajectoryFilter, Page]:
-    """Filter and page from the query string; empty form fields mean "not set"."""
-    params = {k: v for k, v in request.query_params.items() if v.strip() != ""}
-    try:
-        return TrajectoryFilter.model_validate(params), Page.model_validate(params)
-    except ValidationError as error:
-        raise HTTPException(
-            422, detail=error.errors(include_url=False, include_context=False)
-        ) from None
 
 
 def preview_out(preview: Preview) -> BatchPreviewOut:
@@ -161,7 +150,7 @@ def preview_out(preview: Preview) -> BatchPreviewOut:
         dagster_url=preview.dagster_url,
         ready=None if plan is None else plan.ready,
         batch_id=None if plan is None else plan.batch_id,
-        rows=0 if plan is None else plan.rows.height,
+        rows=0 if plan is None else plan.planned.height,
         groups=[GroupPlan(**g) for g in preview.groups.to_dicts()],
         dropped=[DroppedReason(**d) for d in preview.dropped.to_dicts()],
         why_empty=preview.why_empty,
@@ -180,24 +169,35 @@ def create_app(
     to the caller (tests call ``app.state.inspector.refresh()``); ``allowed_hosts`` restricts
     the Host header (a loopback server refuses other names, against DNS rebinding); ``key``,
     if given, is required by every request (``auth``)."""
-    inspector = Inspector(lake or Lake.from_settings())
     redactor = Redactor.from_environment()
     redactor.add_secret(key)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        inspector.refresh()
-        if background:
-            inspector.start()
-        yield
-        inspector.stop()
-
-    app = FastAPI(title="claw inspector", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
-    app.state.inspector = inspector
+    app = FastAPI(title="claw inspector", lifespan=_lifespan, docs_url="/api/docs", redoc_url=None)
+    app.state.inspector = Inspector(lake or Lake.from_settings())
+    app.state.background = background
+    app.state.redactor = redactor
+    app.state.templates = _templates()
     if allowed_hosts:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
     if key:
         app.add_middleware(KeyRequired, key=key)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    _add_routes(app)
+    # Starlette's HTTPException: routing raises it for unknown URLs, and FastAPI's subclasses it.
+    app.add_exception_handler(StarletteHTTPException, _html_errors)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    inspector: Inspector = app.state.inspector
+    inspector.refresh()
+    if app.state.background:
+        inspector.start()
+    yield
+    inspector.stop()
+
+
+def _templates() -> Jinja2Templates:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
@@ -206,174 +206,204 @@ def create_app(
     env.globals["token_colour"] = render.token_colour
     env.filters["url_segment"] = render.url_segment
     env.tests["long_text"] = render.is_long_text
-    templates = Jinja2Templates(env=env)
-    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    return Jinja2Templates(env=env)
 
-    def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
-        state = inspector.index.state
-        return templates.TemplateResponse(
-            request,
-            name,
-            {
-                "lake_root": inspector.lake.root,
-                "refreshed_at": state.refreshed_at,
-                "refresh_error": inspector.refresh_error,
-                "recipes": list(inspector.recipes),
-                **context,
-            },
-            status_code=status_code,
+
+def _inspector(request: Request) -> Inspector:
+    return request.app.state.inspector
+
+
+Current = Annotated[Inspector, Depends(_inspector)]
+"""A route's ``Inspector``: the app's one index of the lake."""
+
+
+def _page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    inspector = _inspector(request)
+    return request.app.state.templates.TemplateResponse(
+        request,
+        name,
+        {
+            "lake_root": inspector.lake.root,
+            "refreshed_at": inspector.index.state.refreshed_at,
+            "refresh_error": inspector.refresh_error,
+            "recipes": list(inspector.recipes),
+            **context,
+        },
+        status_code=status_code,
+    )
+
+
+def _found(value: Found | None, missing: str) -> Found:
+    """``value``, or a 404 saying what is ``missing``."""
+    if value is None:
+        raise HTTPException(404, missing)
+    return value
+
+
+def _detail_or_404(inspector: Inspector, trajectory_id: str) -> TrajectoryDetail:
+    detail = trajectory_detail(inspector.lake, inspector.index.state, trajectory_id)
+    return _found(detail, f"no trajectory {trajectory_id!r} in the turns table")
+
+
+def _group_or_404(inspector: Inspector, group_id: str) -> GroupOut:
+    summary = inspector.index.state.summary
+    members = summary.filter(pl.col("group_id") == group_id).sort("started_at")
+    if members.is_empty():
+        raise HTTPException(404, f"no group {group_id!r} in the turns table")
+    rewards = members["reward"].drop_nulls()
+    return GroupOut(
+        group_id=group_id,
+        rollouts=[_detail_or_404(inspector, t) for t in members["trajectory_id"]],
+        reward_mean=rewards.mean() if rewards.len() else None,  # type: ignore[arg-type]
+        reward_std=rewards.std(ddof=0) if rewards.len() else None,  # type: ignore[arg-type]
+    )
+
+
+def _preview_or_404(inspector: Inspector, recipe: str) -> BatchPreviewOut:
+    if recipe not in inspector.recipes:
+        raise HTTPException(404, f"no recipe {recipe!r} in assets/batches.yaml")
+    try:
+        return preview_out(inspector.previews.get(inspector.index.state, inspector.recipes[recipe]))
+    except Exception as error:  # the planner's failure is shown, not hidden behind a 500
+        raise HTTPException(
+            503, f"planning {recipe} failed: {type(error).__name__}: {error}"
+        ) from error
+
+
+def health(inspector: Current) -> dict[str, Any]:
+    return {"ok": True, "versions": inspector.index.state.versions}
+
+
+def overview_json(inspector: Current) -> Overview:
+    return inspector.overview()
+
+
+def trajectories_json(request: Request, inspector: Current) -> TrajectoryList:
+    found = listing(request.query_params, inspector.index.state.summary)
+    return TrajectoryList(
+        total=inspector.index.state.summary.height,
+        matched=found.matched,
+        page=found.page.page,
+        size=found.page.size,
+        rows=[TrajectoryRow(**r) for r in found.rows.drop("search_text").to_dicts()],
+    )
+
+
+def trajectory_summary_json(trajectory_id: str, inspector: Current) -> TrajectoryRow:
+    rows = inspector.index.state.summary.filter(pl.col("trajectory_id") == trajectory_id)
+    if rows.is_empty():
+        raise HTTPException(404, f"no trajectory {trajectory_id!r}")
+    return TrajectoryRow(**rows.drop("search_text").row(0, named=True))
+
+
+def trajectory_json(trajectory_id: str, inspector: Current) -> TrajectoryDetail:
+    return _detail_or_404(inspector, trajectory_id)
+
+
+def prompt_tokens_json(turn_id: str, inspector: Current) -> PromptTokens:
+    tokens = prompt_tokens(inspector.lake, inspector.index.state, turn_id)
+    return _found(tokens, f"no turn {turn_id!r}")
+
+
+def group_json(group_id: str, inspector: Current) -> GroupOut:
+    return _group_or_404(inspector, group_id)
+
+
+def labels_json(
+    labels: Annotated[LabelRequest, Body()], request: Request, inspector: Current
+) -> LabelResult:
+    try:
+        result = write_labels(
+            inspector.lake, labels, inspector.index.state, request.app.state.redactor
         )
+    except UnknownTargets as error:
+        raise HTTPException(404, str(error)) from error
+    inspector.refresh()
+    return result
 
-    def listing(request: Request) -> tuple[TrajectoryFilter, Page, pl.DataFrame, int]:
-        f, p = query_filter(request)
-        state = inspector.index.state
-        matched = apply(state.summary, f)
-        return f, p, paginate(matched, p), matched.height
 
-    def detail_or_404(trajectory_id: str) -> TrajectoryDetail:
-        detail = trajectory_detail(inspector.lake, inspector.index.state, trajectory_id)
-        if detail is None:
-            raise HTTPException(404, f"no trajectory {trajectory_id!r} in the turns table")
-        return detail
+def batch_json(recipe: str, inspector: Current) -> BatchPreviewOut:
+    return _preview_or_404(inspector, recipe)
 
-    def group_or_404(group_id: str) -> GroupOut:
-        summary = inspector.index.state.summary
-        members = summary.filter(pl.col("group_id") == group_id).sort("started_at")
-        if members.is_empty():
-            raise HTTPException(404, f"no group {group_id!r} in the turns table")
-        rewards = members["reward"].drop_nulls()
-        return GroupOut(
-            group_id=group_id,
-            rollouts=[detail_or_404(t) for t in members["trajectory_id"]],
-            reward_mean=rewards.mean() if rewards.len() else None,  # type: ignore[arg-type]
-            reward_std=rewards.std(ddof=0) if rewards.len() else None,  # type: ignore[arg-type]
-        )
 
-    def preview_or_404(recipe: str) -> BatchPreviewOut:
-        if recipe not in inspector.recipes:
-            raise HTTPException(404, f"no recipe {recipe!r} in assets/batches.yaml")
-        try:
-            return preview_out(
-                inspector.previews.get(inspector.index.state, inspector.recipes[recipe])
-            )
-        except Exception as error:  # the planner's failure is shown, not hidden behind a 500
-            raise HTTPException(
-                503, f"planning {recipe} failed: {type(error).__name__}: {error}"
-            ) from None
+def overview_page(request: Request, inspector: Current) -> HTMLResponse:
+    return _page(request, "overview.html", overview=inspector.overview())
 
-    @app.get("/api/health")
-    def health() -> dict[str, Any]:
-        return {"ok": True, "versions": inspector.index.state.versions}
 
-    @app.get("/api/overview")
-    def overview_json() -> Overview:
-        return inspector.overview()
+def trajectories_page(request: Request, inspector: Current) -> HTMLResponse:
+    f, p, rows, matched = listing(request.query_params, inspector.index.state.summary)
+    state = inspector.index.state
+    return _page(
+        request,
+        "trajectories.html",
+        filter=f,
+        page_info=p,
+        rows=rows.to_dicts(),
+        matched=matched,
+        total=state.summary.height,
+        facets=facets(state.summary),
+        prev_url=str(request.url.include_query_params(page=p.page - 1)) if p.page > 1 else None,
+        next_url=(
+            str(request.url.include_query_params(page=p.page + 1))
+            if p.page * p.size < matched
+            else None
+        ),
+        turns_missing=not state.has("turns"),
+    )
 
-    @app.get("/api/trajectories")
-    def trajectories_json(request: Request) -> TrajectoryList:
-        _, p, rows, matched = listing(request)
-        return TrajectoryList(
-            total=inspector.index.state.summary.height,
-            matched=matched,
-            page=p.page,
-            size=p.size,
-            rows=[TrajectoryRow(**r) for r in rows.drop("search_text").to_dicts()],
-        )
 
-    # Ids may contain "/", hence the `:path` converters; a suffix route must come before the
-    # route it extends, or the id would swallow the suffix.
-    @app.get("/api/trajectories/{trajectory_id:path}/summary")
-    def trajectory_summary_json(trajectory_id: str) -> TrajectoryRow:
-        rows = inspector.index.state.summary.filter(pl.col("trajectory_id") == trajectory_id)
-        if rows.is_empty():
-            raise HTTPException(404, f"no trajectory {trajectory_id!r}")
-        return TrajectoryRow(**rows.drop("search_text").row(0, named=True))
+def trajectory_page(request: Request, trajectory_id: str, inspector: Current) -> HTMLResponse:
+    return _page(request, "trajectory.html", detail=_detail_or_404(inspector, trajectory_id))
 
-    @app.get("/api/trajectories/{trajectory_id:path}")
-    def trajectory_json(trajectory_id: str) -> TrajectoryDetail:
-        return detail_or_404(trajectory_id)
 
-    @app.get("/api/steps/{turn_id}/prompt_tokens")
-    def prompt_tokens_json(turn_id: str) -> PromptTokens:
-        result = prompt_tokens(inspector.lake, inspector.index.state, turn_id)
-        if result is None:
-            raise HTTPException(404, f"no turn {turn_id!r}")
-        return result
+def group_page(request: Request, group_id: str, inspector: Current) -> HTMLResponse:
+    return _page(request, "group.html", group=_group_or_404(inspector, group_id))
 
-    @app.get("/api/groups/{group_id:path}")
-    def group_json(group_id: str) -> GroupOut:
-        return group_or_404(group_id)
 
-    @app.post("/api/labels")
-    def labels_json(request: Annotated[LabelRequest, Body()]) -> LabelResult:
-        try:
-            result = write_labels(inspector.lake, request, inspector.index.state, redactor)
-        except UnknownTargets as error:
-            raise HTTPException(404, str(error)) from None
-        inspector.refresh()
-        return result
+def batches_page(request: Request, inspector: Current) -> HTMLResponse:
+    first = next(iter(inspector.recipes), None)
+    if first is None:
+        error = inspector.recipes_error or "assets/batches.yaml declares no recipes"
+        return _page(request, "batch.html", preview=None, error=error)
+    return batch_page(request, first, inspector)
 
-    @app.get("/api/batches/{recipe}")
-    def batch_json(recipe: str) -> BatchPreviewOut:
-        return preview_or_404(recipe)
 
-    @app.get("/", response_class=HTMLResponse)
-    def overview_page(request: Request) -> HTMLResponse:
-        return page(request, "overview.html", overview=inspector.overview())
+def batch_page(request: Request, recipe: str, inspector: Current) -> HTMLResponse:
+    try:
+        preview = _preview_or_404(inspector, recipe)
+    except HTTPException as error:
+        return _page(request, "batch.html", error.status_code, preview=None, error=error.detail)
+    return _page(request, "batch.html", preview=preview, error=None)
 
-    @app.get("/trajectories", response_class=HTMLResponse)
-    def trajectories_page(request: Request) -> HTMLResponse:
-        f, p, rows, matched = listing(request)
-        state = inspector.index.state
-        return page(
-            request,
-            "trajectories.html",
-            filter=f,
-            page_info=p,
-            rows=rows.to_dicts(),
-            matched=matched,
-            total=state.summary.height,
-            facets=facets(state.summary),
-            prev_url=str(request.url.include_query_params(page=p.page - 1)) if p.page > 1 else None,
-            next_url=(
-                str(request.url.include_query_params(page=p.page + 1))
-                if p.page * p.size < matched
-                else None
-            ),
-            turns_missing=not state.has("turns"),
-        )
 
-    @app.get("/trajectories/{trajectory_id:path}", response_class=HTMLResponse)
-    def trajectory_page(request: Request, trajectory_id: str) -> HTMLResponse:
-        return page(request, "trajectory.html", detail=detail_or_404(trajectory_id))
+def _add_routes(app: FastAPI) -> None:
+    """The JSON endpoints (``/api``) and the pages, in match order: ids may contain "/", hence
+    the ``:path`` converters, and a suffix route comes before the route it extends, or the id
+    would swallow the suffix."""
+    app.add_api_route("/api/health", health)
+    app.add_api_route("/api/overview", overview_json)
+    app.add_api_route("/api/trajectories", trajectories_json)
+    app.add_api_route("/api/trajectories/{trajectory_id:path}/summary", trajectory_summary_json)
+    app.add_api_route("/api/trajectories/{trajectory_id:path}", trajectory_json)
+    app.add_api_route("/api/steps/{turn_id}/prompt_tokens", prompt_tokens_json)
+    app.add_api_route("/api/groups/{group_id:path}", group_json)
+    app.add_api_route("/api/labels", labels_json, methods=["POST"])
+    app.add_api_route("/api/batches/{recipe}", batch_json)
+    app.add_api_route("/", overview_page, response_class=HTMLResponse)
+    app.add_api_route("/trajectories", trajectories_page, response_class=HTMLResponse)
+    app.add_api_route(
+        "/trajectories/{trajectory_id:path}", trajectory_page, response_class=HTMLResponse
+    )
+    app.add_api_route("/groups/{group_id:path}", group_page, response_class=HTMLResponse)
+    app.add_api_route("/batches", batches_page, response_class=HTMLResponse)
+    app.add_api_route("/batches/{recipe}", batch_page, response_class=HTMLResponse)
 
-    @app.get("/groups/{group_id:path}", response_class=HTMLResponse)
-    def group_page(request: Request, group_id: str) -> HTMLResponse:
-        return page(request, "group.html", group=group_or_404(group_id))
 
-    @app.get("/batches", response_class=HTMLResponse)
-    def batches_page(request: Request) -> HTMLResponse:
-        first = next(iter(inspector.recipes), None)
-        if first is None:
-            error = inspector.recipes_error or "assets/batches.yaml declares no recipes"
-            return page(request, "batch.html", preview=None, error=error)
-        return batch_page(request, first)
-
-    @app.get("/batches/{recipe}", response_class=HTMLResponse)
-    def batch_page(request: Request, recipe: str) -> HTMLResponse:
-        try:
-            return page(request, "batch.html", preview=preview_or_404(recipe), error=None)
-        except HTTPException as error:
-            return page(request, "batch.html", error.status_code, preview=None, error=error.detail)
-
-    # Starlette's HTTPException: routing raises it for unknown URLs, and FastAPI's subclasses it.
-    @app.exception_handler(StarletteHTTPException)
-    async def html_errors(request: Request, error: StarletteHTTPException) -> Any:
-        if request.url.path.startswith("/api/"):
-            return await http_exception_handler(request, error)
-        return page(request, "error.html", error.status_code, error=error.detail)
-
-    return app
+async def _html_errors(request: Request, error: StarletteHTTPException) -> Any:
+    """Errors as a page, except under /api (JSON, as FastAPI answers them)."""
+    if request.url.path.startswith("/api/"):
+        return await http_exception_handler(request, error)
+    return _page(request, "error.html", error.status_code, error=error.detail)
 
 
 LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1"]

@@ -77,7 +77,7 @@ def turn_index_rows(raw: pl.DataFrame) -> pl.DataFrame:
         .with_columns(
             pl.when("_first").then(_snippet(task_text(pl.col("request_messages")))).alias("task"),
         )
-        .drop("request_messages", "response_text", "_first", "_change_type", strict=False)
+        .drop("request_messages", "response_text", "_first", strict=False)
         .with_columns(pl.col("_commit_version").cast(pl.Int64))
         .collect()
     )
@@ -114,7 +114,26 @@ def summarize(
     ``reward`` is the outcome the batch planner sees: the completion event's reward, else the
     latest trajectory reward, else a group reward, else the sum of per-turn rewards.
     """
-    base = (
+    placed = turns.lazy().select("turn_id", "trajectory_id")
+    per_trajectory = [
+        *_lifecycle(events, trajectories),
+        *_trajectory_rewards(rewards, placed),
+        _quality(scored, placed),
+        *_labels(labels, placed),
+    ]
+    summary = _identity_and_size(turns).join(_group_rewards(rewards), on="group_id", how="left")
+    for part in per_trajectory:
+        summary = summary.join(part, on="trajectory_id", how="left")
+    return (
+        summary.with_columns(_status(), *_reward_columns(), *_label_counts())
+        .with_columns(_search_text())
+        .select(SUMMARY_COLUMNS)
+        .collect()
+    )
+
+
+def _identity_and_size(turns: pl.DataFrame) -> pl.LazyFrame:
+    return (
         turns.lazy()
         .group_by("trajectory_id")
         .agg(
@@ -140,6 +159,10 @@ def summarize(
             .alias("duration_s")
         )
     )
+
+
+def _lifecycle(events: pl.DataFrame, trajectories: pl.DataFrame) -> list[pl.LazyFrame]:
+    """The latest event of each trajectory, and what the pipeline derived of it."""
     event = (
         latest(events, "trajectory_id", order="created_at")
         .lazy()
@@ -151,7 +174,12 @@ def summarize(
         pl.col("outcome").alias("derived_outcome"),
         pl.col("outcome_reward").alias("derived_reward"),
     )
-    traj_rewards = (
+    return [event, derived]
+
+
+def _trajectory_rewards(rewards: pl.DataFrame, placed: pl.LazyFrame) -> list[pl.LazyFrame]:
+    """The rewards aimed at each trajectory, and those aimed at its turns."""
+    by_trajectory = (
         rewards.lazy()
         .filter(pl.col("trajectory_id").is_not_null())
         .group_by("trajectory_id")
@@ -161,7 +189,23 @@ def summarize(
             pl.col("source").unique().alias("trajectory_reward_sources"),
         )
     )
-    group_rewards = (
+    by_turn = (
+        rewards.lazy()
+        .filter(pl.col("turn_id").is_not_null())
+        .select("turn_id", "value", "source")
+        .join(placed, on="turn_id")
+        .group_by("trajectory_id")
+        .agg(
+            pl.col("value").sum().alias("step_reward_sum"),
+            pl.len().alias("step_reward_count"),
+            pl.col("source").unique().alias("step_reward_sources"),
+        )
+    )
+    return [by_trajectory, by_turn]
+
+
+def _group_rewards(rewards: pl.DataFrame) -> pl.LazyFrame:
+    return (
         rewards.lazy()
         .filter(pl.col("group_id").is_not_null())
         .group_by("group_id")
@@ -170,27 +214,22 @@ def summarize(
             pl.col("source").unique().alias("group_reward_sources"),
         )
     )
-    turn_rewards = (
-        rewards.lazy()
-        .filter(pl.col("turn_id").is_not_null())
-        .select("turn_id", "value", "source")
-        .join(turns.lazy().select("turn_id", "trajectory_id"), on="turn_id")
-        .group_by("trajectory_id")
-        .agg(
-            pl.col("value").sum().alias("step_reward_sum"),
-            pl.len().alias("step_reward_count"),
-            pl.col("source").unique().alias("step_reward_sources"),
-        )
-    )
-    quality = (
+
+
+def _quality(scored: pl.DataFrame, placed: pl.LazyFrame) -> pl.LazyFrame:
+    return (
         scored.lazy()
-        .join(turns.lazy().select("turn_id", "trajectory_id"), on="turn_id")
+        .join(placed, on="turn_id")
         .group_by("trajectory_id")
         .agg(
             pl.col("quality_score").mean().alias("quality"),
             pl.col("quality_score").min().alias("quality_min"),
         )
     )
+
+
+def _labels(labels: pl.DataFrame, placed: pl.LazyFrame) -> list[pl.LazyFrame]:
+    """The latest label of each trajectory, and what the latest labels of its steps say."""
     trajectory_label = (
         latest_labels(labels, "trajectory")
         .lazy()
@@ -205,10 +244,7 @@ def summarize(
     step_labels = (
         latest_labels(labels, "step")
         .lazy()
-        .join(
-            turns.lazy().select(pl.col("turn_id").alias("target_id"), "trajectory_id"),
-            on="target_id",
-        )
+        .join(placed.rename({"turn_id": "target_id"}), on="target_id")
         .group_by("trajectory_id")
         .agg(
             pl.len().alias("labelled_steps"),
@@ -216,76 +252,82 @@ def summarize(
             pl.col("quality_label").drop_nulls().unique().sort().alias("step_quality_labels"),
         )
     )
-    summary = (
-        base.join(event, on="trajectory_id", how="left")
-        .join(derived, on="trajectory_id", how="left")
-        .join(traj_rewards, on="trajectory_id", how="left")
-        .join(group_rewards, on="group_id", how="left")
-        .join(turn_rewards, on="trajectory_id", how="left")
-        .join(quality, on="trajectory_id", how="left")
-        .join(trajectory_label, on="trajectory_id", how="left")
-        .join(step_labels, on="trajectory_id", how="left")
-        .with_columns(
-            pl.when(pl.col("event") == "aborted")
-            .then(pl.lit("aborted"))
-            .when((pl.col("event") == "completed") | pl.col("derived_complete").fill_null(False))
-            .then(pl.lit("completed"))
-            .when(pl.col("derived_outcome") == "timeout")
-            .then(pl.lit("timed_out"))
-            .otherwise(pl.lit("open"))
-            .alias("status"),
-            pl.coalesce(
-                "event_reward",
-                "trajectory_reward",
-                "group_reward",
-                "step_reward_sum",
-                "derived_reward",
-            ).alias("reward"),
-            (
-                pl.col("trajectory_reward_count").fill_null(0)
-                + pl.col("step_reward_count").fill_null(0)
-                + pl.col("group_reward").is_not_null().cast(pl.UInt32)
-                + pl.col("event_reward").is_not_null().cast(pl.UInt32)
-            ).alias("reward_count"),
-            pl.concat_list(
-                pl.col("trajectory_reward_sources").fill_null(pl.lit([], dtype=pl.List(pl.String))),
-                pl.col("step_reward_sources").fill_null(pl.lit([], dtype=pl.List(pl.String))),
-                pl.col("group_reward_sources").fill_null(pl.lit([], dtype=pl.List(pl.String))),
-                pl.when(pl.col("event_reward").is_not_null())
-                .then(pl.lit(["env"]))
-                .otherwise(pl.lit([], dtype=pl.List(pl.String))),
-            )
-            .list.unique()
-            .list.sort()
-            .alias("reward_sources"),
-            pl.col("labelled_steps").fill_null(0),
-            pl.col("untrainable_steps").fill_null(0),
-            pl.col("step_quality_labels").fill_null(pl.lit([], dtype=pl.List(pl.String))),
-        )
-        .with_columns(
-            pl.concat_str(
-                [
-                    "trajectory_id",
-                    "group_id",
-                    "channel",
-                    "agent",
-                    "model",
-                    "task",
-                    "last_response",
-                    "label",
-                    "label_note",
-                    pl.col("tags").list.join(" "),
-                    pl.col("step_quality_labels").list.join(" "),
-                ],
-                separator="\n",
-                ignore_nulls=True,
-            )
-            .str.to_lowercase()
-            .alias("search_text")
-        )
-        .select(SUMMARY_COLUMNS)
+    return [trajectory_label, step_labels]
+
+
+def _status() -> pl.Expr:
+    return (
+        pl.when(pl.col("event") == "aborted")
+        .then(pl.lit("aborted"))
+        .when((pl.col("event") == "completed") | pl.col("derived_complete").fill_null(False))
+        .then(pl.lit("completed"))
+        .when(pl.col("derived_outcome") == "timeout")
+        .then(pl.lit("timed_out"))
+        .otherwise(pl.lit("open"))
+        .alias("status")
     )
-    return summary.collect()
+
+
+NO_STRINGS = pl.lit([], dtype=pl.List(pl.String))
+
+
+def _reward_columns() -> list[pl.Expr]:
+    """``reward`` (see ``summarize``), how many rewards there are and from which sources."""
+    return [
+        pl.coalesce(
+            "event_reward", "trajectory_reward", "group_reward", "step_reward_sum", "derived_reward"
+        ).alias("reward"),
+        (
+            pl.col("trajectory_reward_count").fill_null(0)
+            + pl.col("step_reward_count").fill_null(0)
+            + pl.col("group_reward").is_not_null().cast(pl.UInt32)
+            + pl.col("event_reward").is_not_null().cast(pl.UInt32)
+        ).alias("reward_count"),
+        pl.concat_list(
+            pl.col("trajectory_reward_sources").fill_null(NO_STRINGS),
+            pl.col("step_reward_sources").fill_null(NO_STRINGS),
+            pl.col("group_reward_sources").fill_null(NO_STRINGS),
+            pl.when(pl.col("event_reward").is_not_null())
+            .then(pl.lit(["env"]))
+            .otherwise(NO_STRINGS),
+        )
+        .list.unique()
+        .list.sort()
+        .alias("reward_sources"),
+    ]
+
+
+def _label_counts() -> list[pl.Expr]:
+    return [
+        pl.col("labelled_steps").fill_null(0),
+        pl.col("untrainable_steps").fill_null(0),
+        pl.col("step_quality_labels").fill_null(NO_STRINGS),
+    ]
+
+
+def _search_text() -> pl.Expr:
+    """What the list's search box matches: ids, identity, the last response and labels."""
+    return (
+        pl.concat_str(
+            [
+                "trajectory_id",
+                "group_id",
+                "channel",
+                "agent",
+                "model",
+                "task",
+                "last_response",
+                "label",
+                "label_note",
+                pl.col("tags").list.join(" "),
+                pl.col("step_quality_labels").list.join(" "),
+            ],
+            separator="\n",
+            ignore_nulls=True,
+        )
+        .str.to_lowercase()
+        .alias("search_text")
+    )
 
 
 SUMMARY_COLUMNS = [

@@ -21,7 +21,7 @@ from claw_pipelines.inspector.summary import (
     turn_index_rows,
     upsert,
 )
-from claw_pipelines.lake import Lake
+from claw_pipelines.lake import Lake, changes
 from claw_pipelines.schemas import Label, Reward, TrajectoryEventRow, Turn
 
 VERSION = pl.Int64
@@ -260,7 +260,8 @@ class LakeIndex:
             return None, after
         present = {f.name for f in table.schema().fields}
         columns = [c for c in feed.wanted() if c in present]
-        return self.lake.read_changes(feed.table, after, columns=columns)
+        latest = table.version()
+        return changes(table, after, latest, columns, with_version=True), latest
 
     def refresh(self) -> LakeState:
         """Read what each table committed since the last refresh and publish a new state."""

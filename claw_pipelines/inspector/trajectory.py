@@ -133,6 +133,51 @@ def step_frame(turns: pl.DataFrame, state: LakeState) -> pl.DataFrame:
     steps = (
         state["steps"].filter(pl.col("turn_id").is_in(ids)).drop("_commit_version", "trajectory_id")
     )
+    frame = _with_verdicts(turns.lazy().join(steps.lazy(), on="turn_id", how="left"))
+    for facts in _step_facts(state, ids):
+        frame = frame.join(facts.lazy(), on="turn_id", how="left")
+    return (
+        frame.with_columns(
+            ((pl.col("ended_at") - pl.col("started_at")).dt.total_milliseconds()).alias(
+                "duration_ms"
+            )
+        )
+        .sort("started_at", "turn_id")
+        .with_columns(pl.col("step_index").forward_fill().fill_null(-1).alias("_order"))
+        .sort("_order", "started_at", "turn_id")
+        .drop("_order")
+        .collect()
+    )
+
+
+def _with_verdicts(frame: pl.LazyFrame) -> pl.LazyFrame:
+    """Each step's index and prefix verdict: the pipeline's, else computed here."""
+    return (
+        frame.with_columns(
+            pl.when(pl.col("step_index").is_not_null().any())
+            .then(pl.col("step_index").cast(pl.Int64))
+            .otherwise(pl.col("started_at").rank("ordinal").cast(pl.Int64) - 1)
+            .alias("step_index")
+        )
+        .pipe(prefix_check)
+        .with_columns(
+            pl.when((pl.col("step_index") == 0) | pl.col("step_index").is_null())
+            .then(None)
+            .otherwise(pl.coalesce("prefix_consistent", "prefix_consistent_computed"))
+            .alias("prefix_consistent"),
+            pl.when(pl.col("prefix_consistent").is_not_null())
+            .then(pl.col("prefix_break_reason"))
+            .when(pl.col("step_index").is_not_null())
+            .then(pl.col("prefix_break_reason_computed"))
+            .alias("prefix_break_reason"),
+            pl.col("prefix_consistent").is_not_null().alias("prefix_from_pipeline"),
+        )
+        .drop("prefix_consistent_computed", "prefix_break_reason_computed")
+    )
+
+
+def _step_facts(state: LakeState, ids: pl.Series) -> list[pl.DataFrame]:
+    """Per turn of ``ids``: its credited reward and quality, its rewards, its latest label."""
     scored = (
         state["scored_steps"]
         .filter(pl.col("turn_id").is_in(ids))
@@ -156,43 +201,7 @@ def step_frame(turns: pl.DataFrame, state: LakeState) -> pl.DataFrame:
         pl.col("author").alias("label_author"),
         pl.col("created_at").alias("labelled_at"),
     )
-    frame = (
-        turns.lazy()
-        .join(steps.lazy(), on="turn_id", how="left")
-        .with_columns(
-            pl.when(pl.col("step_index").is_not_null().any())
-            .then(pl.col("step_index").cast(pl.Int64))
-            .otherwise(pl.col("started_at").rank("ordinal").cast(pl.Int64) - 1)
-            .alias("step_index")
-        )
-        .pipe(prefix_check)
-        .with_columns(
-            pl.when((pl.col("step_index") == 0) | pl.col("step_index").is_null())
-            .then(None)
-            .otherwise(pl.coalesce("prefix_consistent", "prefix_consistent_computed"))
-            .alias("prefix_consistent"),
-            pl.when(pl.col("prefix_consistent").is_not_null())
-            .then(pl.col("prefix_break_reason"))
-            .when(pl.col("step_index").is_not_null())
-            .then(pl.col("prefix_break_reason_computed"))
-            .alias("prefix_break_reason"),
-            pl.col("prefix_consistent").is_not_null().alias("prefix_from_pipeline"),
-        )
-        .drop("prefix_consistent_computed", "prefix_break_reason_computed")
-        .join(scored.lazy(), on="turn_id", how="left")
-        .join(step_rewards.lazy(), on="turn_id", how="left")
-        .join(labels.lazy(), on="turn_id", how="left")
-        .with_columns(
-            ((pl.col("ended_at") - pl.col("started_at")).dt.total_milliseconds()).alias(
-                "duration_ms"
-            )
-        )
-        .sort("started_at", "turn_id")
-        .with_columns(pl.col("step_index").forward_fill().fill_null(-1).alias("_order"))
-        .sort("_order", "started_at", "turn_id")
-        .drop("_order")
-    )
-    return frame.collect()
+    return [scored, step_rewards, labels]
 
 
 def trajectory_rewards(state: LakeState, trajectory_id: str, group_id: str | None) -> pl.DataFrame:

@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 from deltalake.fs import DeltaStorageHandler
 
-from claw_pipelines.batch_tables import batches_table, exports_folder, manifest_path
+from claw_pipelines.batch_tables import batch_rows, batches_table, exports_folder, manifest_path
 from claw_pipelines.exporters.manifest import Manifest, in_export_order
 from claw_pipelines.exporters.trl import trl_tables
 from claw_pipelines.exporters.verl import VerlLayout, verl_arrays
@@ -25,7 +25,8 @@ class Batch:
     batch_id: str
     manifest: Manifest
     rows: pl.DataFrame
-    """The batch's ``batches/<recipe>`` rows, in the order of every export file."""
+    """The batch's rows (``batches/<recipe>``, with the token lists and messages of the turns
+    they point at), in the order of every export file."""
     export_uri: str
     """The folder of the batch's export files (``verl/``, ``trl/``, ``jsonl/``, manifest)."""
 
@@ -34,9 +35,8 @@ class Batch:
         store = DeltaStorageHandler(lake.root_uri, lake.storage_options or None)
         with store.open_input_file(manifest_path(recipe, batch_id)) as file:
             manifest = Manifest.model_validate_json(file.read())
-        scan = lake.scan(batches_table(recipe))
-        rows = scan.filter(pl.col("batch_id") == batch_id).collect() if scan is not None else None
-        if rows is None or rows.is_empty():
+        rows = batch_rows(lake, recipe, manifest.algorithm, batch_id)
+        if rows.is_empty():
             raise LookupError(f"batch {batch_id} has no rows in {batches_table(recipe)}")
         return cls(
             recipe=recipe,

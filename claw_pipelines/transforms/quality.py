@@ -13,13 +13,17 @@ import polars as pl
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from claw_pipelines.derived_schemas import SCORED_STEPS, polars_schema, with_tokens
+from claw_pipelines.derived_schemas import (
+    SCORED_STEPS,
+    SIGNAL_COLUMNS,
+    fit,
+    polars_schema,
+    with_turn_columns,
+)
 from claw_pipelines.transforms.messages import malformed_tool_calls, tool_call_count
 
 RESPONSE_COLUMNS = ["response_token_ids", "response_logprobs"]
 """The token lists the signals read (prompt ids, the bulk of a step, are not needed)."""
-
-REPEATED_NGRAMS = "_repeated_ngram_ratio"
 
 
 class QualityWeights(BaseModel):
@@ -91,22 +95,52 @@ def repeated_ngram_ratio(tokens: pl.Series, n: int) -> pl.Series:
     )
 
 
+def token_signals(steps: pl.DataFrame, ngram: int) -> pl.DataFrame:
+    """``steps`` (with their response token lists and logprobs) plus ``SIGNAL_COLUMNS``: what
+    the token signals need, so scoring can run on narrow rows."""
+    return steps.with_columns(
+        pl.col("response_logprobs").list.len().cast(pl.Int32).alias("logprobs_len"),
+        pl.lit(ngram, pl.Int32).alias("repetition_ngram"),
+        repeated_ngram_ratio(steps.get_column("response_token_ids"), ngram).alias(
+            "repeated_ngram_ratio"
+        ),
+    )
+
+
+def _with_signals(
+    rows: pl.DataFrame, turns: pl.LazyFrame | pl.DataFrame | None, ngram: int
+) -> pl.DataFrame:
+    """``rows`` with ``SIGNAL_COLUMNS`` for ``ngram``: as the step extractor stored them, else
+    (steps from before it stored them, or another n) from the response token lists read from
+    ``turns`` for those rows only."""
+    declared = polars_schema(SCORED_STEPS)
+    rows = rows.with_columns(
+        pl.lit(None, declared[name]).alias(name) for name in SIGNAL_COLUMNS if name not in rows
+    ).with_row_index("_order")
+    stale = pl.col("repetition_ngram").is_null() | (pl.col("repetition_ngram") != ngram)
+    missing = rows.filter(stale)
+    if missing.is_empty():
+        return rows.drop("_order")
+    computed = token_signals(with_turn_columns(missing, turns, RESPONSE_COLUMNS), ngram)
+    kept = rows.filter(~stale)
+    return pl.concat([kept, computed.select(kept.columns)]).sort("_order").drop("_order")
+
+
 def _signals(
     config: QualityConfig, latest_policy_version: pl.Expr, length_stats: pl.Expr
 ) -> dict[str, pl.Expr]:
-    response = pl.col("response_token_ids")
-    response_len = response.list.len().fill_null(0)
-    logprobs = pl.col("response_logprobs")
+    response_len = pl.col("response_len").fill_null(0)
+    logprobs_len = pl.col("logprobs_len")
     mean, std = length_stats.struct.field("mean"), length_stats.struct.field("std")
     return {
         "not_engine_tokens": pl.col("token_source") != "engine",
-        "logprobs_missing": logprobs.is_null() & (response_len > 0),
-        "logprobs_misaligned": logprobs.is_not_null() & (logprobs.list.len() != response_len),
+        "logprobs_missing": logprobs_len.is_null() & (response_len > 0),
+        "logprobs_misaligned": logprobs_len.is_not_null() & (logprobs_len != response_len),
         "truncated": pl.col("finish_reason") == "length",
         "empty_response": (response_len == 0)
         & (pl.col("response_text").fill_null("").str.strip_chars() == "")
         & (tool_call_count() == 0),
-        "repetitive": pl.col(REPEATED_NGRAMS) > config.repetition_threshold,
+        "repetitive": pl.col("repeated_ngram_ratio") > config.repetition_threshold,
         "malformed_tool_call": malformed_tool_calls() > 0,
         "error": pl.col("status") == "error",
         "prefix_break": ~pl.col("prefix_consistent"),
@@ -118,7 +152,7 @@ def _signals(
 
 def score_steps(
     rewarded: pl.LazyFrame | pl.DataFrame,
-    steps: pl.LazyFrame | pl.DataFrame,
+    turns: pl.LazyFrame | pl.DataFrame | None,
     config: QualityConfig,
     *,
     latest_policy_version: int | None = None,
@@ -130,19 +164,18 @@ def score_steps(
     Length outliers use ``response_length_stats`` (mean, std over a reference population, e.g.
     the scored_steps table) when given, else the frame itself once it holds
     ``length_min_population`` steps; incremental runs should pass the table's statistics.
-    Token signals read the rewarded turns' token lists from ``steps`` (a frame or a table
-    scan); the output stays narrow.
+    Token signals use the ``SIGNAL_COLUMNS`` the step extractor stored; rows without them for
+    the configured n-gram read their response token lists from ``turns`` (a table scan, or any
+    frame with the turns' token lists).
     """
-    frame = with_tokens(rewarded.lazy().collect(), steps, RESPONSE_COLUMNS)
-    repeated = repeated_ngram_ratio(frame.get_column("response_token_ids"), config.repetition_ngram)
-    frame = frame.lazy().with_columns(repeated.alias(REPEATED_NGRAMS))
+    frame = _with_signals(rewarded.lazy().collect(), turns, config.repetition_ngram).lazy()
     latest = (
         pl.col("policy_version").max()
         if latest_policy_version is None
         else pl.lit(latest_policy_version, pl.Int64)
     )
     if response_length_stats is None:
-        lengths = pl.col("response_token_ids").list.len().cast(pl.Float64)
+        lengths = pl.col("response_len").cast(pl.Float64)
         enough = pl.len() >= config.length_min_population
         stats = pl.struct(
             pl.when(enough).then(lengths.mean()).alias("mean"),
@@ -174,6 +207,4 @@ def score_steps(
         scored = frame.with_columns(
             (1.0 - penalty).clip(0.0, 1.0).alias("quality_score"), reasons.alias("quality_reasons")
         )
-    return scored.select(
-        pl.col(name).cast(dtype) for name, dtype in polars_schema(SCORED_STEPS).items()
-    )
+    return fit(scored, SCORED_STEPS)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from claw_pipelines import reward_rules
-from claw_pipelines.derived_schemas import REWARDED_STEPS, polars_schema
+from claw_pipelines.derived_schemas import REWARDED_STEPS, fit
 from claw_pipelines.lake import keyed
+from claw_pipelines.transforms import reward_rules
 from claw_pipelines.transforms.credit import assign_credit
 
 
@@ -151,6 +151,4 @@ def reward_steps(
             .alias("reward_sources")
         )
     )
-    return assign_credit(frame, config.credit_assignment).select(
-        pl.col(name).cast(dtype) for name, dtype in polars_schema(REWARDED_STEPS).items()
-    )
+    return fit(assign_credit(frame, config.credit_assignment), REWARDED_STEPS)

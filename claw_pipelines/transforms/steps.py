@@ -34,6 +34,7 @@ from datetime import datetime, timedelta
 import polars as pl
 
 from claw_pipelines.derived_schemas import (
+    EXTRACTED_STEPS,
     OPEN_STATE,
     STEP_SOURCE_COLUMNS,
     STEPS,
@@ -42,7 +43,7 @@ from claw_pipelines.derived_schemas import (
     empty,
     fit,
     token_lengths,
-    with_tokens,
+    with_turn_columns,
 )
 from claw_pipelines.transforms.inference import infer_trajectories
 from claw_pipelines.transforms.prefixes import (
@@ -51,6 +52,7 @@ from claw_pipelines.transforms.prefixes import (
     PREV_SOURCE,
     check_prefixes,
 )
+from claw_pipelines.transforms.quality import token_signals
 from claw_pipelines.transforms.threads import regroup, side_threads
 
 
@@ -60,7 +62,7 @@ class StepExtraction:
     ``derived_schemas.OPEN_STATE``), so a caller can store what changed and no more."""
 
     steps: pl.DataFrame
-    """Rows in ``derived_schemas.STEPS``."""
+    """Rows in ``derived_schemas.EXTRACTED_STEPS`` (with their turns' token lists)."""
     open_turns: pl.DataFrame
     """The turns of trajectories still open (``state = open``)."""
     new_tails: pl.DataFrame
@@ -85,7 +87,7 @@ _TAIL = ["prompt_token_ids", "response_token_ids", "token_source", "step_index",
 
 _TAIL_KEPT = [c for c in TAIL_COLUMNS if c not in ("state", "closed_at", "emitted_turn_ids")]
 """The last emitted step's columns a closed tail keeps (``_hydrate`` reads its token lists back
-from the emitted steps when a late turn needs them)."""
+from ``turns`` when a late turn needs them)."""
 
 _TAIL_STATE = [*TAIL_COLUMNS, *TOKEN_COLUMNS]
 """The tail columns a run works with: the state holds a tail per trajectory closed within the
@@ -151,18 +153,19 @@ def _last_per_trajectory(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _hydrate(
-    tails: pl.DataFrame, turns: pl.DataFrame, emitted: pl.LazyFrame | pl.DataFrame | None
+    tails: pl.DataFrame, turns: pl.DataFrame, landed: pl.LazyFrame | pl.DataFrame | None
 ) -> pl.DataFrame:
-    """The closed tails with the token lists of their last step, read from the ``emitted``
-    steps for the tails new turns may continue: those of the turns' trajectories, and every
-    inferred one when identity-less turns need a prefix match. Tails stay token-free in the
-    state, so it stays small however many trajectories closed within the reopen window.
+    """The closed tails with the token lists of their last step, read from the ``landed``
+    turns (by the tail's turn_id) for the tails new turns may continue: those of the turns'
+    trajectories, and every inferred one when identity-less turns need a prefix match. Tails
+    stay token-free in the state, so it stays small however many trajectories closed within
+    the reopen window.
     """
     wanted = pl.col("trajectory_id").is_in(turns.get_column("trajectory_id").drop_nulls().implode())
     if turns.get_column("trajectory_inferred").any():
         wanted = wanted | pl.col("trajectory_inferred")
     needed = tails.filter(wanted & (pl.col("step_index") >= 0))
-    hydrated = with_tokens(needed.drop(TOKEN_COLUMNS), emitted).select(tails.columns)
+    hydrated = with_turn_columns(needed, landed, TOKEN_COLUMNS).select(tails.columns)
     return pl.concat(
         [tails.join(needed.select("trajectory_id"), on="trajectory_id", how="anti"), hydrated],
         how="vertical_relaxed",
@@ -235,7 +238,7 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame, min_tokens: int) -> pl.D
             steps.join(split, on="trajectory_id", how="anti"),
             check_prefixes(_link(regrouped, tokens, sources)),
         ])  # fmt: skip
-    return fit(steps.with_columns(token_lengths()), STEPS)
+    return fit(steps.with_columns(token_lengths()), EXTRACTED_STEPS)
 
 
 def _link(frame: pl.DataFrame, tokens: pl.DataFrame, sources: pl.Series) -> pl.DataFrame:
@@ -257,7 +260,7 @@ def _link(frame: pl.DataFrame, tokens: pl.DataFrame, sources: pl.Series) -> pl.D
     )
     rows, previous = frame.get_column("_row"), frame.get_column("_prev")
     return frame.with_columns(
-        *(tokens.get_column(name).gather(rows) for name in TOKEN_COLUMNS),
+        *(_in_order(tokens.get_column(name), rows) for name in TOKEN_COLUMNS),
         *(
             pl.when(pl.col("_from_tail"))
             .then(pl.col(f"_tail_{name}"))
@@ -272,13 +275,23 @@ def _link(frame: pl.DataFrame, tokens: pl.DataFrame, sources: pl.Series) -> pl.D
     )
 
 
+def _in_order(values: pl.Series, rows: pl.Series) -> pl.Series:
+    """``values`` gathered at ``rows``; as they are when ``rows`` is every row in order (turns
+    landing in step order, as time-ordered trajectory ids do), so no token list is copied."""
+    if rows.len() == values.len() and rows.equals(
+        pl.int_range(rows.len(), dtype=rows.dtype, eager=True)
+    ):
+        return values
+    return values.gather(rows)
+
+
 def extract_steps(
     new_turns: pl.LazyFrame | pl.DataFrame | None,
     open_state: pl.LazyFrame | pl.DataFrame | None,
     new_events: pl.LazyFrame | pl.DataFrame | None,
     *,
     now: datetime,
-    emitted: pl.LazyFrame | pl.DataFrame | None = None,
+    landed: pl.LazyFrame | pl.DataFrame | None = None,
     source_version: int | None = None,
     idle_timeout_s: float = 600.0,
     reopen_window_s: float = 3_600.0,
@@ -291,10 +304,10 @@ def extract_steps(
     previous state, open turns and closed tails (None on the first run); a trajectory may have
     several tails (a log of its emissions), the one with the highest step_index is current.
     ``new_events``: trajectory_events
-    rows since their watermark. ``emitted``: the steps emitted so far (the steps table, or
-    None before any), read only for the last steps of closed trajectories that new turns
-    continue. Turns without a trajectory_id are assigned to inferred trajectories by token
-    prefix (see ``claw_pipelines.transforms.inference``).
+    rows since their watermark. ``landed``: the turns (the table, or any frame with their
+    turn_id, started_at and token lists), read only for the last steps of closed trajectories
+    that new turns continue. Turns without a trajectory_id are assigned to inferred
+    trajectories by token prefix (see ``claw_pipelines.transforms.inference``).
     ``reopen_window_s`` bounds the state: it should cover the capture path's worst landing lag
     (spool replay after a proxy restart), not the life of a trajectory.
     """
@@ -322,7 +335,7 @@ def extract_steps(
         ]
     )
     turns = _new_turns(new_turns, source_version).join(seen, on="turn_id", how="anti")
-    tails = _hydrate(tails, turns, emitted)
+    tails = _hydrate(tails, turns, landed)
     turns = _resolve_identity(turns, open_rows, tails, min_prefix_tokens)
     pending = pl.concat([open_rows.select(_PENDING), turns]).filter(~FAILED)
     events = _first_events(new_events)
@@ -390,3 +403,10 @@ def extract_steps(
         new_tails=fit(closed, OPEN_STATE),
         kept_tails=pl.concat([fit(unchanged.drop(TOKEN_COLUMNS), OPEN_STATE).lazy(), untouched]),
     )
+
+
+def stored_steps(extracted: pl.DataFrame, ngram: int) -> pl.DataFrame:
+    """What the ``steps`` table keeps of extracted steps (``derived_schemas.STEPS``): the rows
+    point at their turns, with the token signals for ``ngram``-grams computed while the token
+    lists are at hand."""
+    return fit(token_signals(extracted, ngram), STEPS)

@@ -15,6 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
+from proxy_calls import QUESTION
 from stack_fixtures import CaptureStack, launch_stack
 from test_agent_apis import (
     anthropic_client,
@@ -23,7 +24,6 @@ from test_agent_apis import (
     rejected_message,
     streamed_message,
 )
-from test_capture_proxy import QUESTION
 
 from claw_pipelines.capture.launcher import DEFAULT_CONFIG
 

@@ -15,8 +15,8 @@ import httpx
 import openai
 import polars as pl
 import pytest
+from proxy_calls import QUESTION, assert_matches_engine, landed, post
 from stack_fixtures import CaptureStack
-from test_capture_proxy import QUESTION, assert_matches_engine, landed, post
 
 from claw_pipelines.capture.redact import REDACTED
 
@@ -281,10 +281,12 @@ def test_the_agents_sdk_default_model_runs_a_tool(capture_stack: CaptureStack) -
     )
     result = Runner.run_sync(agent, QUESTION, run_config=RunConfig(tracing_disabled=True))
     assert used and "42" in str(result.final_output)
+    calls = len(result.raw_responses)
+    assert calls >= 2
     rows = capture_stack.wait_for_rows(
-        lambda df: df.filter(pl.col("trajectory_id") == trajectory).height >= 2
+        lambda df: df.filter(pl.col("trajectory_id") == trajectory).height >= calls
     ).filter(pl.col("trajectory_id") == trajectory)
-    assert rows.height == len(result.raw_responses) >= 2
+    assert rows.height == calls
     sent = capture_stack.engine_answers()
     for row in rows.iter_rows(named=True):
         assert row["api"] == "responses" and row["status"] == "success"
@@ -358,11 +360,18 @@ def test_a_request_the_bridge_cannot_serve_gets_a_400_naming_why(
         assert response.json()["type"] == "error"
 
 
-def test_planted_secrets_reach_neither_api_column(capture_stack: CaptureStack) -> None:
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_planted_secrets_reach_neither_api_column(capture_stack: CaptureStack, api: str) -> None:
     planted = "sk-planted-" + uuid.uuid4().hex
-    raw = openai_client(capture_stack).responses.with_raw_response.create(
-        model="policy", input=f"my key is {planted}. {QUESTION}", max_output_tokens=16
-    )
+    said = f"my key is {planted}. {QUESTION}"
+    if api == "responses":
+        raw = openai_client(capture_stack).responses.with_raw_response.create(
+            model="policy", input=said, max_output_tokens=16
+        )
+    else:
+        raw = anthropic_client(capture_stack).messages.with_raw_response.create(
+            model="policy", max_tokens=16, messages=[{"role": "user", "content": said}]
+        )
     row = landed_row(capture_stack, raw.headers["x-litellm-call-id"])
     for column in ("api_request", "api_response", "request_messages"):
         assert planted not in (row[column] or ""), column

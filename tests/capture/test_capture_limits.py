@@ -10,8 +10,8 @@ import uuid
 import httpx
 import polars as pl
 import pytest
+from proxy_calls import client_for, landed, post
 from stack_fixtures import CaptureStack
-from test_capture_proxy import client_for, landed, post
 
 MIB = 2**20
 LIMIT = 8 * MIB

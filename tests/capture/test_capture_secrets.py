@@ -10,8 +10,8 @@ from pathlib import Path
 import openai
 import polars as pl
 import pytest
+from proxy_calls import client_for, landed, post
 from stack_fixtures import CaptureStack
-from test_capture_proxy import client_for, landed, post
 
 from claw_pipelines.lake import Lake
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from claw_pipelines.capture.spool import SpoolWriter
 from claw_pipelines.capture.spool_flusher import SpoolFlusher
-from claw_pipelines.lake import Lake
+from claw_pipelines.lake import Lake, changes
 from claw_pipelines.schemas import Turn, rows_to_arrow, utc_now
 
 NEW_COLUMNS = ("api", "api_request", "api_response")
@@ -35,8 +35,8 @@ def test_the_spool_lands_new_columns_in_a_table_written_without_them(tmp_path: P
     assert (rows["new"]["api"], rows["new"]["api_request"]) == ("responses", '{"input": "hi"}')
     assert rows["old"]["api"] is None
     assert set(NEW_COLUMNS) <= set(lake.open("turns").schema().to_arrow().names)
-    changes, _ = lake.read_changes("turns", None)
-    assert sorted(changes["turn_id"]) == ["new", "old"]
+    inserted = changes(lake.open("turns"), None, lake.version("turns"))
+    assert sorted(inserted["turn_id"]) == ["new", "old"]
 
 
 def test_a_writer_whose_handle_predates_the_new_columns_still_commits(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import dagster as dg
 import httpx
 import pytest
-from dagster_harness import Bound
+from dagster_harness import Bound, Driver
 from dagster_rollouts import land_rollouts
 
 from claw_pipelines.lake import Lake
@@ -34,6 +34,11 @@ def bound(tmp_path: Path) -> Bound:
 def instance() -> Iterator[dg.DagsterInstance]:
     with dg.instance_for_test() as test_instance:
         yield test_instance
+
+
+@pytest.fixture
+def driver(bound: Bound, instance: dg.DagsterInstance) -> Driver:
+    return Driver(bound, instance)
 
 
 DEADLINE_S = 300.0

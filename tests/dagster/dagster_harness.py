@@ -8,7 +8,7 @@ from typing import Any
 
 import dagster as dg
 
-from claw_pipelines.definitions import build_definitions
+from assets.definitions import build_definitions
 from claw_pipelines.lake import Lake
 from resources.lake import LakeResource
 

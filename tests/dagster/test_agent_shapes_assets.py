@@ -8,17 +8,11 @@ from datetime import timedelta
 
 import polars as pl
 import pyarrow as pa
-import pytest
 from agent_shapes import claude_code_session, trailing_context_session
 from dagster_harness import CHAIN, Driver
 
 from claw_pipelines.derived_schemas import STEPS, TRAJECTORIES
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, rows_to_arrow, utc_now
-
-
-@pytest.fixture
-def driver(bound, instance) -> Driver:
-    return Driver(bound, instance)
 
 
 def _without_parent(schema: pa.Schema) -> pa.Schema:

@@ -14,8 +14,9 @@ from dagster_harness import Driver, retry_reasons
 from dagster_rollouts import land_rollouts
 from deltalake import DeltaTable
 
-from assets import batch_work, ledger
-from assets.configs import recipes
+from assets import batch_work
+from claw_pipelines.batching import building, ledger
+from claw_pipelines.config_files import recipes
 from claw_pipelines.schemas import utc_now
 
 
@@ -93,14 +94,14 @@ def test_a_batch_rewrite_that_a_compaction_got_ahead_of_is_retried(
     for name in names:
         driver.materialize(["batch_grpo"], partition_key=name)
     before = bound.lake.scan("batches/grpo").sort("turn_id").collect()
-    written_alone = batch_work.write_deltalake
+    written_alone = building.write_deltalake
 
     def written_while_another_compacts(table, data, **kwargs):
         if len(table.file_uris()) > 1:
             DeltaTable(table.table_uri).optimize.compact()
         return written_alone(table, data, **kwargs)
 
-    monkeypatch.setattr(batch_work, "write_deltalake", written_while_another_compacts)
+    monkeypatch.setattr(building, "write_deltalake", written_while_another_compacts)
     raced = driver.attempt(["batch_grpo"], partition_key=names[0])
     assert raced.success
     (why,) = retry_reasons(raced)
@@ -191,7 +192,7 @@ def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monk
     exports = ExportTicks(bound, instance)
     exports.tick()
     writing, release = threading.Event(), threading.Event()
-    written_alone = batch_work._write_batch
+    written_alone = batch_work.write_batch
 
     def first_waits(lake, recipe, plan):
         if plan.batch_id == first:
@@ -199,7 +200,7 @@ def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monk
             assert release.wait(60)
         return written_alone(lake, recipe, plan)
 
-    monkeypatch.setattr(batch_work, "_write_batch", first_waits)
+    monkeypatch.setattr(batch_work, "write_batch", first_waits)
     slow = threading.Thread(target=driver.materialize, args=(["batch_grpo"], first))
     slow.start()
     assert writing.wait(60)

@@ -19,8 +19,9 @@ from dagster._core.storage.tags import WILL_RETRY_TAG
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
-from assets import batch_work, batches, ledger
-from assets.configs import recipes
+from assets import batch_work, batches
+from claw_pipelines.batching import ledger
+from claw_pipelines.config_files import recipes
 from claw_pipelines.schemas import utc_now
 
 RELAUNCHER = "batch_grpo_relauncher"
@@ -165,7 +166,7 @@ def test_a_batch_whose_runs_keep_failing_is_relaunched_up_to_the_cap_then_logged
     def worker_killed(lake, recipe, plan):
         raise RuntimeError("worker killed")
 
-    monkeypatch.setattr(batch_work, "_write_batch", worker_killed)
+    monkeypatch.setattr(batch_work, "write_batch", worker_killed)
     assert not driver.attempt(_selected(lost), partition_key=lost.partition_key).success
     _past_the_grace_period(monkeypatch)
     run_keys = []

@@ -13,7 +13,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from claw_pipelines.definitions import defs
+from assets.definitions import defs
 from claw_pipelines.settings import ClawSettings, get_settings
 from resources.lake import LakeResource
 

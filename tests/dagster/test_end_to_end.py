@@ -9,6 +9,7 @@ import dagster as dg
 import polars as pl
 from dagster_harness import Bound, Driver
 
+from claw_pipelines.batch_tables import batch_rows
 from claw_pipelines.demo import AGENT, reward, run_demo
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
@@ -55,8 +56,7 @@ def test_demo_agents_to_grpo_batch(capture_stack, instance) -> None:
     batch_ids = [request.partition_key for request in planned.run_requests]
     for batch_id in batch_ids:  # the shared lake may hold other areas' ready groups too
         driver.materialize(["batch_grpo"], partition_key=batch_id)
-    rows = capture_stack.lake.scan("batches/grpo").filter(pl.col("batch_id").is_in(batch_ids))
-    rows = rows.collect()
+    rows = pl.concat(batch_rows(capture_stack.lake, "grpo", "grpo", b) for b in batch_ids)
 
     landed = capture_stack.rows("turns").select("turn_id", "prompt_token_ids", "response_token_ids")
     joined = rows.join(landed, on="turn_id", suffix="_landed")

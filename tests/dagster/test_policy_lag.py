@@ -11,7 +11,7 @@ import polars as pl
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
-from assets.configs import recipes
+from claw_pipelines.config_files import recipes
 from claw_pipelines.inspector.batch_preview import preview
 from claw_pipelines.inspector.tables import LakeIndex
 from claw_pipelines.lake import Lake

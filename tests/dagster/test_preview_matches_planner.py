@@ -7,7 +7,7 @@ from __future__ import annotations
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
-from assets.configs import recipes
+from claw_pipelines.config_files import recipes
 from claw_pipelines.inspector.batch_preview import preview
 from claw_pipelines.inspector.tables import LakeIndex
 

@@ -10,7 +10,7 @@ from dagster_harness import CHAIN, Driver
 from dagster_rollouts import land_rollouts
 from polars.testing import assert_frame_equal
 
-from assets.configs import recipes
+from claw_pipelines.config_files import recipes
 from claw_pipelines.inspector import batch_preview
 from claw_pipelines.inspector.batch_preview import Preview, preview, standing_retirements
 from claw_pipelines.inspector.tables import LakeIndex

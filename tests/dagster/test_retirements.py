@@ -8,10 +8,9 @@ import polars as pl
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
-from assets import ledger
-from assets.configs import recipes
-from assets.retirements import Retirements
-from claw_pipelines.retired import retired_table
+from claw_pipelines.batching import ledger
+from claw_pipelines.batching.retirements import Retirements, retired_table
+from claw_pipelines.config_files import recipes
 from claw_pipelines.schemas import Reward, rows_to_arrow, utc_now
 
 RETIRED = retired_table("grpo")

@@ -14,7 +14,7 @@ import pytest
 from dagster_harness import Driver, retry_reasons
 from dagster_rollouts import Rollouts, land_rollouts
 
-from assets.incremental import Increment
+from claw_pipelines.incremental.increment import Increment
 from claw_pipelines.schemas import TrajectoryEventRow, rows_to_arrow
 
 WAIT_S = 60.0
@@ -120,9 +120,9 @@ def test_backlog_runs_racing_chunk_by_chunk_write_each_step_once(
 ) -> None:
     """A backlog is extracted in chunks, each committed before the last moves the watermark;
     two runs over the same backlog must not both land their chunks."""
-    import assets.steps
+    from claw_pipelines.incremental import turn_chunks
 
-    monkeypatch.setattr(assets.steps, "CHUNK_TURNS", 4)
+    monkeypatch.setattr(turn_chunks, "CHUNK_TURNS", 4)
     landed = land_rollouts(bound.lake, groups=1, group_size=2, steps=2)
     for seed in (1, 2):
         more = land_rollouts(bound.lake, groups=1, group_size=2, steps=2, seed=seed)

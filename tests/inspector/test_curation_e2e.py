@@ -1,6 +1,6 @@
 """Curation end to end: a trajectory labelled untrainable in the inspector (in Chromium) leaves the
 batch preview at once and is left out of the next materialized batch (the Dagster assets of
-claw_pipelines.definitions, run in-process over the same lake)."""
+assets.definitions, run in-process over the same lake)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from lake_rows import land_rollouts
 from playwright.sync_api import expect
 
-from claw_pipelines.definitions import build_definitions
+from assets.definitions import build_definitions
 from claw_pipelines.processes import Service, free_port
 from claw_pipelines.stack import start_inspector
 from resources.lake import LakeResource

@@ -21,6 +21,7 @@ from claw_pipelines.inspector.server import create_app
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, rows_to_arrow
 from claw_pipelines.transforms import extract_steps
+from claw_pipelines.transforms.steps import stored_steps
 
 
 @pytest.fixture
@@ -401,7 +402,7 @@ def _land(lake: Lake, rows: list[dict], trajectories: list[str]) -> None:
     lake.append("trajectory_events", events)
     extraction = extract_steps(pl.from_arrow(turns), None, pl.from_arrow(events),
                                now=datetime.now(UTC))  # fmt: skip
-    lake.append("steps", conform(extraction.steps, STEPS))
+    lake.append("steps", conform(stored_steps(extraction.steps, 4), STEPS))
 
 
 def test_side_trajectories_are_linked_both_ways_and_hold_their_turns(client, lake):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import polars as pl
 import pytest
 
-from assets.configs import recipes
+from claw_pipelines.config_files import recipes
 from claw_pipelines.inspector import batch_preview
 from claw_pipelines.inspector.batch_preview import Preview, PreviewCache
 

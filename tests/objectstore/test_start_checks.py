@@ -10,8 +10,8 @@ import pytest
 from conftest import S3, lake_env
 from stack_fixtures import refused_start
 
+from assets.definitions import build_definitions
 from claw_pipelines import stack
-from claw_pipelines.definitions import build_definitions
 from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import free_port
 

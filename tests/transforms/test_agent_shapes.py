@@ -17,9 +17,9 @@ from agent_shapes import (
 )
 from transform_rows import at, event, events, turns
 
-from claw_pipelines.derived_schemas import STEPS, TRAJECTORIES, conform
-from claw_pipelines.recipes import Recipe, plan_batch
-from claw_pipelines.reward_rules import RewardConfig
+from claw_pipelines.batching.planner import plan_batch
+from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.derived_schemas import EXTRACTED_STEPS, TRAJECTORIES, conform
 from claw_pipelines.transforms import (
     QualityConfig,
     curate_steps,
@@ -29,6 +29,7 @@ from claw_pipelines.transforms import (
     summarize_trajectories,
 )
 from claw_pipelines.transforms.prefixes import full_sequence
+from claw_pipelines.transforms.reward_rules import RewardConfig
 
 
 def _steps(*rows, evts=None, now=5000.0) -> pl.DataFrame:
@@ -66,7 +67,7 @@ def test_a_trailing_context_message_moved_on_every_call_is_a_tail_edit():
     prompts = steps["prompt_len"].to_list()
     assert all(s > 0.8 * p for s, p in zip(shared[1:], prompts, strict=False))
     assert steps["parent_trajectory_id"].is_null().all()
-    conform(steps, STEPS)
+    conform(steps, EXTRACTED_STEPS)
 
 
 def test_identity_less_trailing_context_sessions_are_inferred_one_trajectory_each():
@@ -209,7 +210,7 @@ def test_late_turns_are_not_split_and_stay_in_the_main_trajectory():
     first = extract_steps(turns(*session["main"][:1]), None, events(event("late-1")),
                           now=at(100))  # fmt: skip
     late = extract_steps(turns(session["main"][1]), first.open_state, None, now=at(200),
-                         emitted=first.steps)  # fmt: skip
+                         landed=first.steps)  # fmt: skip
     assert late.steps.select("trajectory_id", "step_index", "reopened").row(0) == (
         "late-1", 1, True)  # fmt: skip
     assert late.steps["prefix_consistent"].all()

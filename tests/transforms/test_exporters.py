@@ -8,10 +8,10 @@ import numpy as np
 import polars as pl
 from transform_rows import SYSTEM, at, event, events, rewards, turn, turns
 
+from claw_pipelines.batching.planner import plan_batch
+from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.exporters import Destination, export_batch
 from claw_pipelines.exporters.verl import VerlLayout, verl_tensors
-from claw_pipelines.recipes import Recipe, plan_batch
-from claw_pipelines.reward_rules import RewardConfig
 from claw_pipelines.transforms import (
     QualityConfig,
     curate_steps,
@@ -19,6 +19,7 @@ from claw_pipelines.transforms import (
     reward_steps,
     score_steps,
 )
+from claw_pipelines.transforms.reward_rules import RewardConfig
 
 META = json.dumps({"claw": {"ground_truth": "4", "data_source": "math"}})
 

@@ -9,7 +9,6 @@ import pytest
 from transform_rows import SYSTEM, at, chain, event, events, labels, turn, turns
 
 from claw_pipelines.derived_schemas import CURATED_STEPS, conform
-from claw_pipelines.reward_rules import RewardConfig
 from claw_pipelines.transforms import (
     QualityConfig,
     curate_steps,
@@ -18,6 +17,7 @@ from claw_pipelines.transforms import (
     score_steps,
 )
 from claw_pipelines.transforms.quality import repeated_ngram_ratio
+from claw_pipelines.transforms.reward_rules import RewardConfig
 
 
 def _scored(*rows, latest=None, config=None, **kwargs) -> dict[str, dict]:

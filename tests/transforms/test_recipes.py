@@ -11,10 +11,10 @@ import yaml
 from pydantic import ValidationError
 from transform_rows import SYSTEM, T0, at, chain, event, events, rewards, turn, turns
 
-from assets.ledger import pinned_recipe
+from claw_pipelines.batching.ledger import pinned_recipe
+from claw_pipelines.batching.planner import final_drops, plan_batch
+from claw_pipelines.batching.recipe import PINNED, Recipe, load_recipes
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, conform
-from claw_pipelines.recipes import PINNED, Recipe, final_drops, load_recipes, plan_batch
-from claw_pipelines.reward_rules import RewardConfig
 from claw_pipelines.transforms import (
     QualityConfig,
     curate_steps,
@@ -22,6 +22,7 @@ from claw_pipelines.transforms import (
     reward_steps,
     score_steps,
 )
+from claw_pipelines.transforms.reward_rules import RewardConfig
 
 
 def _curated(

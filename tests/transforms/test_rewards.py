@@ -11,18 +11,18 @@ import pytest
 from transform_rows import at, chain, event, events, registrations, rewards, turns
 
 from claw_pipelines.derived_schemas import REWARDED_STEPS, conform
-from claw_pipelines.reward_rules import (
-    JudgeConfig,
-    RewardConfig,
-    RewardRule,
-    openai_judge,
-    rule_rewards,
-)
 from claw_pipelines.transforms import (
     CreditAssignment,
     affected_trajectories,
     extract_steps,
     reward_steps,
+)
+from claw_pipelines.transforms.reward_rules import (
+    JudgeConfig,
+    RewardConfig,
+    RewardRule,
+    openai_judge,
+    rule_rewards,
 )
 
 

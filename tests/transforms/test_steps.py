@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 from transform_rows import SYSTEM, at, chain, event, events, turn, turns
 
-from claw_pipelines.derived_schemas import OPEN_STATE, STEPS, conform
+from claw_pipelines.derived_schemas import EXTRACTED_STEPS, OPEN_STATE, conform
 from claw_pipelines.transforms import extract_steps
 
 
@@ -38,7 +38,7 @@ def test_out_of_order_and_duplicate_turns_become_ordered_unique_steps():
     assert steps["close_reason"].unique().to_list() == ["completed"]
     assert steps["source_version"].unique().to_list() == [7]
     assert steps["shared_prefix_tokens"].to_list() == [0, 23, 27]
-    conform(steps, STEPS)
+    conform(steps, EXTRACTED_STEPS)
     conform(result.open_state, OPEN_STATE)
 
 
@@ -66,10 +66,10 @@ def test_a_log_of_tails_continues_from_the_latest_emission():
     so a second late turn follows the first one, not the original end."""
     rows = chain("A", 4)
     first = _run(turns(*rows[:2]), evts=events(event("A")))
-    second = _run(turns(rows[2]), first.open_state, now=60, emitted=first.steps)
+    second = _run(turns(rows[2]), first.open_state, now=60, landed=first.steps)
     log = pl.concat([first.open_state, second.open_state])
     emitted = pl.concat([first.steps, second.steps])
-    third = _run(turns(rows[3], rows[1]), log, now=90, emitted=emitted)
+    third = _run(turns(rows[3], rows[1]), log, now=90, landed=emitted)
     assert third.steps["step_id"].to_list() == ["A-3"]
     assert third.steps["step_index"].to_list() == [3]
     assert third.steps["prefix_consistent"].all()
@@ -80,7 +80,7 @@ def test_reopened_trajectory_appends_without_duplicating():
     first = _run(turns(*rows[:2]), evts=events(event("A")))
     assert first.steps["step_index"].to_list() == [0, 1]
     assert first.open_state["prompt_token_ids"].is_null().all()
-    late = _run(turns(rows[2], rows[1], rows[3]), first.open_state, now=60, emitted=first.steps)
+    late = _run(turns(rows[2], rows[1], rows[3]), first.open_state, now=60, landed=first.steps)
     assert late.steps["step_id"].to_list() == ["A-2", "A-3"]
     assert late.steps["step_index"].to_list() == [2, 3]
     assert late.steps["reopened"].all()
@@ -98,7 +98,7 @@ def test_a_closed_tail_survives_runs_that_do_not_touch_it():
     other = _run(turns(*chain("B", 1)), first.open_state, events(event("B")), now=40)
     conform(other.open_state, OPEN_STATE)
     emitted = pl.concat([first.steps, other.steps])
-    late = _run(turns(rows[2]), other.open_state, now=60, emitted=emitted)
+    late = _run(turns(rows[2]), other.open_state, now=60, landed=emitted)
     assert late.steps["step_index"].to_list() == [2]
     assert late.steps["reopened"].all() and late.steps["prefix_consistent"].all()
 
@@ -107,7 +107,7 @@ def test_a_late_turn_is_checked_against_the_late_turn_before_it_not_the_tail():
     rows = chain("A", 4)
     first = _run(turns(*rows[:2]), evts=events(event("A")))
     blind = {**rows[2], "prompt_token_ids": None}
-    late = _run(turns(blind, rows[3]), first.open_state, now=60, emitted=first.steps)
+    late = _run(turns(blind, rows[3]), first.open_state, now=60, landed=first.steps)
     assert late.steps["step_index"].to_list() == [2, 3]
     assert late.steps["prefix_break_reason"].to_list() == ["missing_tokens", None]
     assert late.steps["prefix_consistent"].to_list() == [False, True]
@@ -174,7 +174,7 @@ def test_late_identity_less_turn_continues_a_closed_inferred_trajectory():
     a = chain(None, 3, prefix="a", base=10)
     closed = _run(turns(*a[:2]), now=5000)
     assert closed.steps.height == 2
-    late = _run(turns(a[2]), closed.open_state, now=5010, emitted=closed.steps)
+    late = _run(turns(a[2]), closed.open_state, now=5010, landed=closed.steps)
     assert late.steps.select("trajectory_id", "step_index", "reopened").row(0) == (
         "inferred-a-0",
         2,
@@ -212,7 +212,7 @@ def test_identical_turns_of_several_agents_are_continued_once_each():
 def test_a_known_tail_and_an_identical_new_turn_are_continued_once_each(tail):
     r0, r1 = _rollout("r0", [[5, 6], [30]], start=0), _rollout("r1", [[5, 6], [31]], start=1)
     first = _run(turns(r0[0]), now=30 if tail == "open" else 5000)
-    second = _run(turns(r1[0], r0[1], r1[1]), first.open_state, now=5010, emitted=first.steps)
+    second = _run(turns(r1[0], r0[1], r1[1]), first.open_state, now=5010, landed=first.steps)
     assert _trajectories(first.steps, second.steps) == {
         "inferred-r0-0": ["r0-0", "r0-1"],
         "inferred-r1-0": ["r1-0", "r1-1"],
@@ -222,7 +222,7 @@ def test_a_known_tail_and_an_identical_new_turn_are_continued_once_each(tail):
 def test_empty_inputs_give_empty_outputs():
     result = _run(None)
     assert result.steps.height == 0 and result.open_state.height == 0
-    assert result.steps.columns == STEPS.names
+    assert result.steps.columns == EXTRACTED_STEPS.names
 
 
 def test_group_comes_from_a_sibling_turn_or_the_completion_event():

@@ -1,29 +1,37 @@
 """How a batch plan picks its units from the eligible steps: whole trajectories (ppo,
 reinforce_pp, sft), complete groups of them (grpo, rloo), or preference pairs from one state
 (dpo), with the reason each step left out was dropped. Pure polars, called by
-``recipes.plan_batch``."""
+``planner.plan_batch``."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import polars as pl
 
+from claw_pipelines.batching.recipe import GROUPED, Recipe
 from claw_pipelines.derived_schemas import (
-    BATCH_ROWS,
     DPO_PAIRS,
-    STEP_ONLY_COLUMNS,
+    STORED_BATCH_ROWS,
     fit,
-    with_tokens,
+    with_turn_columns,
 )
 from claw_pipelines.transforms.group_stats import trajectory_advantages
 
-if TYPE_CHECKING:
-    from claw_pipelines.recipes import Recipe
 
-GROUPED: frozenset[str] = frozenset({"grpo", "rloo"})
-"""Algorithms whose batches are made of complete groups of rollouts of one prompt."""
+class Units(NamedTuple):
+    """What a plan takes from the eligible steps, whatever its kind of unit."""
+
+    rows: pl.DataFrame
+    """The batch's rows: ``STORED_BATCH_ROWS`` (pointing at their turns), or complete
+    ``DPO_PAIRS``."""
+    dropped: pl.DataFrame
+    """Every step left out, with the reason (``dropped_as``)."""
+    ready: bool
+    """A full batch (``Recipe.units_per_batch`` units) is available."""
+    consumed: pl.DataFrame
+    """(turn_id, trajectory_id, group_id) of every step the batch uses."""
 
 
 def dropped_as(frame: pl.DataFrame, reason: str | pl.Expr) -> pl.DataFrame:
@@ -147,7 +155,8 @@ def trajectory_batch(
     now: datetime,
     batch_id: str,
     versions: str,
-) -> tuple[pl.DataFrame, pl.DataFrame, bool, pl.DataFrame]:
+) -> Units:
+    """Whole trajectories (in groups for grpo/rloo), each step of them a row."""
     units, drops = _trajectory_units(recipe, steps)
     chosen, reasons, ready = _select_units(recipe, units, now)
     drops.append(dropped_as(steps.join(reasons, on="trajectory_id"), pl.col("reason")))
@@ -173,34 +182,49 @@ def trajectory_batch(
             pl.lit(versions).alias("source_versions"),
         )
     )
-    return fit(rows, BATCH_ROWS), pl.concat(drops), ready, rows
+    consumed = rows.select("turn_id", "trajectory_id", "group_id")
+    return Units(fit(rows, STORED_BATCH_ROWS), pl.concat(drops), ready, consumed)
 
 
 def dpo_batch(
     recipe: Recipe,
     steps: pl.DataFrame,
-    tokens: pl.LazyFrame | pl.DataFrame,
+    turns: pl.LazyFrame | pl.DataFrame,
     batch_id: str,
     versions: str,
-) -> tuple[pl.DataFrame, pl.DataFrame, bool, pl.DataFrame]:
-    """One pair per state (group, prompt): best vs worst credited reward, gap >= minimum."""
-    eligible = with_tokens(
-        steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_not_null()),
-        tokens,
-        STEP_ONLY_COLUMNS,
+) -> Units:
+    """One pair per state (group, prompt): best vs worst credited reward, gap >= minimum.
+    The pairs are complete rows (token lists and messages read from ``turns``)."""
+    eligible = with_turn_columns(
+        steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_not_null()), turns
     )
+    pairs = _pairs(recipe, eligible)
+    wanted = recipe.units_per_batch
+    chosen = pairs.filter(pl.col("_unit") < wanted)
+    consumed = _both_sides(chosen)
+    later = _both_sides(pairs.filter(pl.col("_unit") >= wanted)).get_column("turn_id")
+    unpaired = eligible.join(consumed.select("turn_id"), on="turn_id", how="anti")
     drops = [
         dropped_as(steps.filter(pl.col("_reason").is_not_null()), pl.col("_reason")),
         dropped_as(steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_null()),
-                 "no_group"),
+                   "no_group"),
+        dropped_as(unpaired, pl.when(pl.col("turn_id").is_in(later.implode()))
+                   .then(pl.lit("next_batch")).otherwise(pl.lit("no_pair"))),
     ]  # fmt: skip
+    rows = _pair_rows(recipe, chosen, batch_id, versions)
+    return Units(rows, pl.concat(drops), pairs.height >= wanted, consumed)
+
+
+def _pairs(recipe: Recipe, eligible: pl.DataFrame) -> pl.DataFrame:
+    """Per state, its best step beside its worst (columns ``*_r``), where they differ in their
+    response and by at least the recipe's reward gap; in batch order (``_unit``)."""
     state = ["group_id", "_prompt_key"]
     ranked = eligible.with_columns(pl.col("prompt_token_ids").hash().alias("_prompt_key")).sort(
         *state, "reward", "turn_id", descending=[False, False, True, False]
     )
     best = ranked.group_by(state, maintain_order=True).first()
     worst = ranked.group_by(state, maintain_order=True).last()
-    pairs = (
+    return (
         best.join(worst, on=state, suffix="_r")
         .filter(
             (pl.col("turn_id") != pl.col("turn_id_r"))
@@ -211,28 +235,22 @@ def dpo_batch(
         .sort("started_at", "turn_id")
         .with_row_index("_unit")
     )
-    wanted = recipe.units_per_batch
-    chosen = pairs.filter(pl.col("_unit") < wanted)
-    consumed = pl.concat(
-        [
-            chosen.select("turn_id", "trajectory_id", "group_id"),
-            chosen.select(
-                pl.col("turn_id_r").alias("turn_id"),
-                pl.col("trajectory_id_r").alias("trajectory_id"),
-                "group_id",
-            ),
-        ]
+
+
+def _both_sides(pairs: pl.DataFrame) -> pl.DataFrame:
+    """(turn_id, trajectory_id, group_id) of the chosen and of the rejected step of each pair."""
+    chosen = pairs.select("turn_id", "trajectory_id", "group_id")
+    rejected = pairs.select(
+        pl.col("turn_id_r").alias("turn_id"),
+        pl.col("trajectory_id_r").alias("trajectory_id"),
+        "group_id",
     )
-    later = pairs.filter(pl.col("_unit") >= wanted)
-    later_ids = pl.concat(
-        [later.select("turn_id"), later.select(pl.col("turn_id_r").alias("turn_id"))]
-    )
-    unpaired = eligible.join(consumed.select("turn_id"), on="turn_id", how="anti")
-    drops.append(
-        dropped_as(unpaired, pl.when(pl.col("turn_id").is_in(later_ids["turn_id"].implode()))
-                 .then(pl.lit("next_batch")).otherwise(pl.lit("no_pair")))
-    )  # fmt: skip
-    rows = chosen.select(
+    return pl.concat([chosen, rejected])
+
+
+def _pair_rows(recipe: Recipe, pairs: pl.DataFrame, batch_id: str, versions: str) -> pl.DataFrame:
+    """``DPO_PAIRS`` rows of the chosen ``pairs``."""
+    rows = pairs.select(
         pl.lit(batch_id).alias("batch_id"),
         pl.lit(recipe.name).alias("recipe"),
         "group_id",
@@ -257,4 +275,4 @@ def dpo_batch(
         "source_version",
         pl.lit(versions).alias("source_versions"),
     )
-    return fit(rows, DPO_PAIRS), pl.concat(drops), pairs.height >= wanted, consumed
+    return fit(rows, DPO_PAIRS)

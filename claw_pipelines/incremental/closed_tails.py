@@ -29,8 +29,8 @@ import pyarrow as pa
 from deltalake import write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from assets.incremental import COMPACT_AFTER_FILES, WRITER
-from claw_pipelines.derived_schemas import CLOSED_TAILS, conform, fit
+from claw_pipelines.derived_schemas import CLOSED_TAILS, OPEN_STATE, conform, empty, fit
+from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER
 from claw_pipelines.lake import Lake, column_bound, compact
 from claw_pipelines.schemas import utc_now
 
@@ -53,8 +53,7 @@ class ClosedTails:
     attempt: int
     """The attempt appending: its rows carry this id."""
     counted: frozenset[int]
-    """The attempts whose rows count: recorded as committed, the last committer, this one
-    (and rows from before attempt ids, whose ``attempt`` is null)."""
+    """The attempts whose rows count: recorded as committed, the last committer, this one."""
     unrecorded: int | None = None
     """The attempt that made the steps table's last commit, when it wrote tails that no row
     records as committed yet: recorded by this run before its own commit."""
@@ -78,8 +77,7 @@ class ClosedTails:
         frame = self.lake.scan(TABLE)
         if frame is None:
             return None
-        attempt = pl.col("attempt")
-        counted = attempt.is_null() | attempt.is_in(list(self.counted))
+        counted = pl.col("attempt").is_in(list(self.counted))
         return fit(frame, CLOSED_TAILS).filter(counted)
 
     def append(self, tails: pl.DataFrame | pl.LazyFrame) -> None:
@@ -140,3 +138,14 @@ class ClosedTails:
                 table.delete(f"closed_at < '{cutoff.isoformat()}'")
         compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
         self.lake.drop_removed_files(TABLE)
+
+
+def open_turns_of(state: pl.LazyFrame | None, tails: ClosedTails) -> pl.LazyFrame:
+    """The open turns of ``steps_open``. Lakes from before ``steps_tails`` also kept the closed
+    tails there: those move to the log (once, as the state this run writes has none)."""
+    if state is None:
+        return empty(OPEN_STATE).lazy()
+    closed = state.filter(pl.col("state") == "closed")
+    if closed.select(pl.len()).collect().item():
+        tails.append(closed)
+    return state.filter(pl.col("state") == "open")

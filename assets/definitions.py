@@ -1,7 +1,8 @@
 """The Dagster composition root: the code location ``claw_pipelines`` (see workspace.yaml).
 
-Assets, checks and sensors live in ``assets/``, resources in ``resources/``; this module only
-binds them to the environment (lake root, sensor interval) and picks the executor.
+It binds the assets, checks and sensors of ``assets/`` and the resources of ``resources/`` to
+the environment (lake root, sensor interval) and picks the executor. It lives here, not in
+``claw_pipelines``: the library never imports the Dagster layer.
 """
 
 from __future__ import annotations

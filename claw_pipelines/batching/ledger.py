@@ -1,7 +1,7 @@
 """Batch reservations: which steps each batch of a recipe consumed, and what it was planned from.
 
 ``batch_ledger/<recipe>`` holds one row per consumed step. A batch's rows are appended in one
-commit together with its pins (the curated_steps, steps (token lists), ledger and retirement
+commit together with its pins (the curated_steps, steps, turns, ledger and retirement
 versions it was planned from, the policy version announced then and the planning time), so the
 ledger is both the "at most one batch per step" guarantee and the partition's record:
 re-planning from the pins reproduces the batch exactly.
@@ -20,14 +20,14 @@ import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from assets.incremental import COMPACT_AFTER_FILES, ConcurrentRun
-from assets.retirements import Retirements
 from claw_pipelines.batch_tables import batches_table, ledger_table, manifest_path
+from claw_pipelines.batching.planner import BatchPlan, plan_batch
+from claw_pipelines.batching.recipe import PINNED, Recipe
+from claw_pipelines.batching.retirements import Retirements, retired_table
 from claw_pipelines.derived_schemas import LEDGER, conform
+from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, ConcurrentRun
 from claw_pipelines.lake import Lake, compact, keyed
 from claw_pipelines.policy_versions import highest_announced_version, lag_reference
-from claw_pipelines.recipes import PINNED, BatchPlan, Recipe, plan_batch
-from claw_pipelines.retired import retired_table
 
 PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
 """The ledger as written here: each row also carries its batch's pins (JSON)."""
@@ -52,7 +52,10 @@ def next_batch_id(lake: Lake, recipe: str) -> str:
 
 
 def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> BatchPlan:
-    """The plan for ``batch_id`` from exactly the inputs it was (or is being) planned from."""
+    """The plan for ``batch_id`` from exactly the inputs it was (or is being) planned from.
+    The rows' token lists are read from the latest ``turns``: turns are append-only and never
+    rewritten, so a turn reads the same in every version from the pinned ``turns`` one on, and
+    the landing table's vacuum (which makes old versions unreadable) cannot break a re-plan."""
     ledger_version = pins["batch_ledger"]
     ledger = None if ledger_version < 0 else lake.scan(ledger_table(recipe.name), ledger_version)
     retired_version = pins.get("batch_retired", -1)
@@ -63,7 +66,7 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
     return plan_batch(
         recipe,
         pl.scan_delta(curated),
-        lake.scan("steps", pins["steps"]),
+        lake.scan("turns"),
         ledger,
         datetime.fromisoformat(pins["planned_at"]),
         retired=retired,
@@ -73,6 +76,7 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
         source_versions={
             "curated_steps": pins["curated_steps"],
             "steps": pins["steps"],
+            "turns": pins.get("turns", -1),
             "batch_ledger": ledger_version,
         },
     )
@@ -170,6 +174,7 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
     pins = {
         "curated_steps": curated_version,
         "steps": lake.version("steps"),
+        "turns": lake.version("turns"),
         "batch_ledger": -1 if snapshot is None else snapshot.version(),
         "batch_retired": retirements.version,
         "open_from": retirements.open_from,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import polars as pl
 
-from assets import closed_tails
-from assets.closed_tails import ClosedTails
+from claw_pipelines.incremental import closed_tails
+from claw_pipelines.incremental.closed_tails import ClosedTails
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import utc_now
 

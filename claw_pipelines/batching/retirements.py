@@ -17,34 +17,95 @@ nothing.
 Each retirement commit also records where the next plan may start reading (``claw.open_from``,
 the plan's ``open_from_next``): every trajectory sorting before it is consumed or retired, so
 planning reads the tables' recent end only. A trajectory changed since (even with an old or
-unordered id) lowers it again.
+unordered id) lowers it again. The inspector's batch preview plans with the retirements that
+still stand (``current_through``, ``voided``, ``lowered``) the same way.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-import dagster as dg
 import polars as pl
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from assets.incremental import CHUNK_TRAJECTORIES, COMPACT_AFTER_FILES
+from claw_pipelines.batching.planner import BatchPlan
+from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import RETIRED, conform
-from claw_pipelines.lake import Lake, changes, compact, sql_in
-from claw_pipelines.recipes import BatchPlan, Recipe
-from claw_pipelines.retired import (
-    OPEN_FROM,
-    RECIPE_APP,
-    current_through,
-    fingerprint,
-    lowered,
-    recorded_open_from,
-    retired_table,
-    through_app,
-    voided,
-)
+from claw_pipelines.incremental.increment import CHUNK_TRAJECTORIES, COMPACT_AFTER_FILES
+from claw_pipelines.lake import Lake, changes, compact, keyed, sql_in
+
+LOG = logging.getLogger(__name__)
+
+RECIPE_APP = "claw/retired/recipe"
+"""App transaction naming the recipe the retirements were decided under (its fingerprint as a
+number): a table last written under another recipe (even an earlier one edited back) is voided."""
+OPEN_FROM = "claw.open_from"
+"""Commit metadata of every retirement commit: where the next plan may start ("" for nowhere)."""
+HISTORY_SEARCHED = 20
+"""Commits searched back for the last ``claw.open_from`` (past voids and compactions); when
+none is found the next plan reads the tables whole, which is always right."""
+
+
+def retired_table(recipe: str) -> str:
+    return f"batch_retired/{recipe}"
+
+
+def through_app(recipe: str) -> str:
+    """App transaction: the curated_steps version the retirements are current through."""
+    return f"claw/retired/{recipe}"
+
+
+def fingerprint(recipe: Recipe) -> int:
+    """Everything in the recipe that decides final drops (batch size and exports do not), as a
+    60-bit number (an app transaction version)."""
+    settings = recipe.model_dump_json(exclude={"exports", "groups_per_batch"})
+    return int(hashlib.sha256(settings.encode()).hexdigest()[:15], 16)
+
+
+def current_through(table: DeltaTable, recipe: Recipe) -> int | None:
+    """The curated_steps version ``table`` is current through; None when it holds nothing
+    decided under ``recipe`` as it is now."""
+    if table.transaction_version(RECIPE_APP) != fingerprint(recipe):
+        return None
+    return table.transaction_version(through_app(recipe.name))
+
+
+def recorded_open_from(table: DeltaTable) -> str | None:
+    """``claw.open_from`` as the last plan recorded it (None: read everything)."""
+    for commit in table.history(HISTORY_SEARCHED):
+        if OPEN_FROM in commit:
+            return commit[OPEN_FROM] or None
+    return None
+
+
+def voided(retired: pl.LazyFrame, changed: pl.DataFrame) -> pl.Series:
+    """The trajectories (sorted) of the retired rows whose trajectory or group has a row in
+    ``changed`` (columns trajectory_id, group_id)."""
+    return (
+        pl.concat(
+            [
+                keyed(retired, "trajectory_id", changed.get_column("trajectory_id")),
+                keyed(retired, "group_id", changed.get_column("group_id")),
+            ]
+        )
+        .select("trajectory_id")
+        .unique()
+        .sort("trajectory_id")
+        .collect()
+        .get_column("trajectory_id")
+    )
+
+
+def lowered(open_from: str | None, changed: pl.DataFrame, void: pl.Series) -> str | None:
+    """``open_from`` lowered to every changed or voided trajectory (None stays: read all)."""
+    if open_from is None:
+        return None
+    lower = [changed.get_column("trajectory_id").min(), void.min()]
+    return min([open_from, *(v for v in lower if v is not None)])
 
 
 @dataclass
@@ -126,7 +187,7 @@ class Retirements:
     def _give_up(self, action: str, error: CommitFailedError) -> None:
         self.usable = False
         self.open_from = None
-        dg.get_dagster_logger().warning(
+        LOG.warning(
             "another planner changed %s first (%s); this plan %s no retirements",
             retired_table(self.recipe.name),
             error,

@@ -8,7 +8,8 @@ Rows and watermark land in the same atomic commit, so:
 * a run that crashed after committing (before Dagster recorded it) is not replayed;
 * two runs of the same asset racing from the same snapshot collide on the app id and delta-rs
   rejects the second commit (``Concurrent transaction failed``) instead of duplicating rows,
-  and Dagster retries the losing step (``ConcurrentRun``), which reads on from the winner's.
+  and the losing step is retried (``ConcurrentRun``, ``assets.races``), reading on from the
+  winner's.
 
 Every such commit also carries ``claw/<asset>/run``, the number of runs that committed: a run
 that read nothing new (a sweep closing idle trajectories) commits the same input versions as
@@ -32,7 +33,6 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import dagster as dg
 import polars as pl
 import pyarrow as pa
 from deltalake import (
@@ -48,8 +48,11 @@ from deltalake.exceptions import CommitFailedError
 from claw_pipelines.derived_schemas import SKIPPING_COLUMNS, conform, empty
 from claw_pipelines.lake import Lake, changes, compact, keyed, sql_in, watermark_app
 
-CHUNK_TRAJECTORIES = 8192
-"""Trajectories recomputed per commit by ``Increment.recompute``."""
+CHUNK_TRAJECTORIES = 32_768
+"""Trajectories recomputed per commit by ``Increment.recompute``. The step tables hold no token
+lists or messages (they point at their turns), so a chunk of a first build takes tens of MiB;
+each chunk costs a scan of the input and a commit (~60 ms together), which at 8,192 per chunk
+was a second of a 100k-step build."""
 
 ROW_GROUP_ROWS = 8192
 """Small row groups, so re-reading a chunk of (time-ordered) trajectory ids skips the rest of
@@ -78,29 +81,17 @@ STATE_LOOKBACK = 200
 """How many state-table commits to look back through for the one the output's last commit
 matches: each attempt that died or lost a race between its state and output commits adds one."""
 
-LEGACY_STATE_LOOKBACK = 5
-"""The same for outputs from before attempt ids (matched by run number, a version at a time)."""
 
 ATTEMPT_RANDOM_BITS = 24
 """An attempt id is its run number followed by this many random bits: ids grow run after run,
 and two attempts of one run (a race, a retry) differ."""
 
 
-RACE_RETRIES = 3
-"""How often a step that lost a commit race is retried (each retry reads on from the winner)."""
-
-RACE_RETRY_WAIT_S = 1.0
-
-
-class ConcurrentRun(dg.RetryRequested):
-    """Another run of the asset committed to its output while this run ran. That commit stands;
-    this run's rows and state never count. Dagster retries the step (up to ``RACE_RETRIES``
-    times), which reads on from the committed watermark, so an instance without the pool limits
-    of dagster.yaml (which queue such runs instead) still refreshes without anyone relaunching."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(max_retries=RACE_RETRIES, seconds_to_wait=RACE_RETRY_WAIT_S)
-        self.args = (message,)
+class ConcurrentRun(RuntimeError):
+    """Another run committed to the table this run was about to commit to (its output, a
+    batch's ledger or rows) since this run's snapshot. That commit stands; this run's rows and
+    state never count. A retry reads on from the committed watermark (``assets.races`` makes
+    Dagster retry the step)."""
 
 
 @dataclass
@@ -118,13 +109,13 @@ class Written:
 
 
 def _runs(table: DeltaTable | None, asset: str) -> int:
-    """How many runs of ``asset`` committed to ``table`` (0 before any, or before run numbers)."""
+    """How many runs of ``asset`` committed to ``table`` (0 before any)."""
     return 0 if table is None else table.transaction_version(watermark_app(asset, "run")) or 0
 
 
 def _attempt_of(table: DeltaTable | None, asset: str, app: str = "attempt") -> int | None:
     """The attempt that made ``table``'s last watermark commit of ``asset`` (``app="writer"``:
-    its last commit); None before attempt ids."""
+    its last commit); None before any."""
     return None if table is None else table.transaction_version(watermark_app(asset, app))
 
 
@@ -164,8 +155,7 @@ class Increment:
 
     @property
     def committed_attempt(self) -> int | None:
-        """The attempt that made the output's last watermark commit (None before the first, or
-        before attempt ids)."""
+        """The attempt that made the output's last watermark commit (None before the first)."""
         return _attempt_of(self.snapshot, self.asset)
 
     @classmethod
@@ -195,25 +185,24 @@ class Increment:
         source: str,
         columns: list[str] | None = None,
         *,
-        keep_version: bool = False,
+        with_version: bool = False,
         versions: tuple[int | None, int | None] | None = None,
     ) -> pl.DataFrame | None:
-        """Rows inserted into ``source`` within this run's range (None when none).
-
-        ``keep_version`` keeps ``_commit_version`` (the input version each row landed in);
-        ``versions`` = ``(after, upto]`` reads a part of the range (not counted in ``rows_read``,
-        which counts the whole range).
+        """``lake.changes`` of ``source`` over this run's range: the rows inserted (None when
+        none), ``with_version`` with the ``_commit_version`` each landed in. ``versions`` =
+        ``(after, upto]`` reads a part of the range (not counted in ``rows_read``, which counts
+        the whole range).
         """
         after, upto = versions or (self.after[source], self.upto[source])
         if upto is None:
             return None
-        frame = changes(self.inputs[source], after, upto, columns)
-        if frame is None:
-            return None
-        cdf = ["_change_type", "_commit_timestamp"] + ([] if keep_version else ["_commit_version"])
-        if versions is None:
+        options = self.lake.storage_options or None
+        frame = changes(
+            self.inputs[source], after, upto, columns, options, with_version=with_version
+        )
+        if frame is not None and versions is None:
             self.rows_read[source] = frame.height
-        return frame.drop(cdf, strict=False)
+        return frame
 
     def scan(self, source: str) -> pl.LazyFrame | None:
         """The whole input as of the version this run pinned."""
@@ -387,8 +376,6 @@ class Increment:
 
     def _state_version(self, state_table: str, latest: DeltaTable) -> int:
         attempt = self.committed_attempt
-        if attempt is None:
-            return self._legacy_state_version(state_table, latest)
         if _attempt_of(latest, self.asset) == attempt:
             return latest.version()
         for commit in latest.history(STATE_LOOKBACK):
@@ -397,15 +384,6 @@ class Increment:
         raise RuntimeError(
             f"no version of {state_table} was written by the last commit of {self.output}"
         )
-
-    def _legacy_state_version(self, state_table: str, latest: DeltaTable) -> int:
-        """``state_as_of`` for an output from before attempt ids: matched by run number."""
-        run, version = self.run - 1, latest.version()
-        for candidate in range(version, max(version - LEGACY_STATE_LOOKBACK, -1), -1):
-            table = latest if candidate == version else self.lake.open(state_table, candidate)
-            if _runs(table, self.asset) == run:
-                return candidate
-        raise RuntimeError(f"no version of {state_table} was written by run {run}")
 
     def ranges(self) -> dict[str, list[int | None]]:
         """Per input ``[after, upto]``: the Delta version range this run read."""

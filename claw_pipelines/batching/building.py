@@ -1,0 +1,87 @@
+"""Building one batch: its plan (reserved now, or re-planned from its pins under the recipe it
+was planned with) and its rows in ``batches/<recipe>``. ``assets.batch_work`` checks and
+exports what this writes, and records both in Dagster."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import polars as pl
+import pyarrow as pa
+from deltalake import write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from claw_pipelines.batch_tables import batches_table
+from claw_pipelines.batching import ledger
+from claw_pipelines.batching.planner import BatchPlan
+from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.batching.retirements import retired_table
+from claw_pipelines.derived_schemas import DPO_PAIRS, STORED_BATCH_ROWS, conform
+from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
+from claw_pipelines.lake import Lake, compact, sql_in
+from claw_pipelines.schemas import utc_now
+
+
+def batch_schema(recipe: Recipe) -> pa.Schema:
+    """What ``batches/<recipe>`` stores: dpo pairs complete, other rows pointing at turns."""
+    return DPO_PAIRS if recipe.algorithm == "dpo" else STORED_BATCH_ROWS
+
+
+class Planned(NamedTuple):
+    """A batch's plan and what it was planned with."""
+
+    plan: BatchPlan
+    recipe: Recipe
+    """The recipe as it was when the batch was reserved (``ledger.pinned_recipe``)."""
+    pins: dict
+    reserved_now: bool
+    """Reserved by this call, not re-planned from an earlier reservation."""
+
+
+def planned(lake: Lake, recipe: Recipe, batch_id: str) -> Planned | None:
+    """The plan of ``batch_id`` (None: it was never reserved, and not enough is ready for it);
+    a batch reserved before is re-planned from its pins under the recipe it was planned with."""
+    pins = ledger.pins_of(lake, recipe.name, batch_id)
+    if pins is None:
+        plan = ledger.reserve(lake, recipe, batch_id, utc_now())
+        if plan is None:
+            return None
+        return Planned(plan, recipe, ledger.pins_of(lake, recipe.name, batch_id), True)
+    planned_under = ledger.pinned_recipe(recipe, pins)
+    plan = ledger.plan_from_pins(lake, planned_under, batch_id, pins)
+    return Planned(plan, planned_under, pins, False)
+
+
+def write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
+    """Replace the batch's rows in one commit, so a re-run never duplicates them. Rows point at
+    their turns (no token lists: ``derived_schemas.STORED_BATCH_ROWS``), so even a batch of
+    every step is a small write. A batch is one file, so the table is compacted as batches
+    pile up. The schema is merged: a table from before a batch column gains it, null in older
+    batches' rows."""
+    schema = batch_schema(recipe)
+    table = lake.ensure(batches_table(recipe.name), schema)
+    try:
+        write_deltalake(
+            table,
+            conform(plan.planned, schema),
+            mode="overwrite",
+            predicate=sql_in("batch_id", [plan.batch_id]),
+            schema_mode="merge",
+            writer_properties=WRITER,
+        )
+    except CommitFailedError as error:  # e.g. another batch's compaction merged the files read
+        raise ConcurrentRun(
+            f"another batch of {recipe.name} changed {batches_table(recipe.name)} "
+            f"while {plan.batch_id} was written"
+        ) from error
+    compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
+
+
+def retired_before(lake: Lake, recipe: str, pins: dict) -> int:
+    """How many steps earlier plans retired (the plan left them out), from the file statistics
+    of the pinned version: no data read, however many there are."""
+    version = pins.get("batch_retired", -1)
+    if version < 0:
+        return 0
+    files = pl.DataFrame(lake.open(retired_table(recipe), version).get_add_actions(flatten=True))
+    return int(files.get_column("num_records").sum()) if files.height else 0

@@ -1,0 +1,291 @@
+"""Batch planning: the next batch of a recipe, its drops and the drops that are final.
+
+``plan_batch`` is pure: from curated steps and the recipe's consumption ledger it picks the next
+batch deterministically, so re-planning from pinned input versions reproduces the same batch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+
+import polars as pl
+
+from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.batching.units import dpo_batch, trajectory_batch
+from claw_pipelines.derived_schemas import (
+    BATCH_ROWS,
+    DROPPED,
+    LEDGER,
+    fit,
+    with_turn_columns,
+)
+from claw_pipelines.lake import keyed
+from claw_pipelines.transforms.credit import assign_credit
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    batch_id: str
+    planned: pl.DataFrame
+    """What ``batches/<recipe>`` stores of the batch, in deterministic order:
+    ``derived_schemas.STORED_BATCH_ROWS`` (rows pointing at their turns), for dpo complete
+    ``DPO_PAIRS`` rows."""
+    turns: pl.LazyFrame | pl.DataFrame | None
+    """The turns the rows' ``TURN_COLUMNS`` are read from (None when ``planned`` is complete)."""
+    dropped: pl.DataFrame
+    """``derived_schemas.DROPPED``: unconsumed steps left out of this batch, with the reason
+    (filters, waiting for a group, straggler drop, zero variance, no pair, next batch)."""
+    ready: bool
+    """A full batch (``Recipe.units_per_batch`` units) is available now."""
+    consumed: pl.DataFrame
+    """(turn_id, trajectory_id, group_id) of every step this batch uses; for dpo both the
+    chosen and the rejected step."""
+    final: pl.DataFrame
+    """The rows of ``dropped`` that later plans drop too (``final_drops``): to retire."""
+    open_from_next: str | None
+    """The smallest trajectory id still in play once this batch is reserved (if ``ready``) and
+    the final drops retired, or the newest id when none is: the next plan's ``open_from``, valid
+    only after the reservation committed. None for an empty table."""
+
+    @cached_property
+    def rows(self) -> pl.DataFrame:
+        """The complete batch rows (``BATCH_ROWS``: with their turns' token lists and
+        messages), as exports and trainers take them."""
+        return complete_rows(self.planned, self.turns)
+
+    def ledger_rows(self, recipe: str, planned_at: datetime) -> pl.DataFrame:
+        """``derived_schemas.LEDGER`` rows marking this batch's steps consumed."""
+        return fit(
+            self.consumed.with_columns(
+                pl.lit(recipe).alias("recipe"),
+                pl.lit(self.batch_id).alias("batch_id"),
+                pl.lit(planned_at).alias("planned_at"),
+            ),
+            LEDGER,
+        )
+
+
+TRUNCATED = "length"
+"""The finish reason of a reply cut off at max_tokens: it has no end-of-turn token."""
+
+
+def _length_limits(recipe: Recipe) -> list[tuple[str, int, str]]:
+    """(length column, limit, reason): the length filters, and the fixed widths when the recipe
+    does not truncate (so every exported batch fits its widths)."""
+    f = recipe.filters
+    fits = recipe.truncation == "error"
+    prompt_width = recipe.prompt_length if fits else None
+    response_width = recipe.response_length if fits else None
+    limits = [
+        ("prompt_len", [f.max_prompt_len, prompt_width], "prompt_too_long"),
+        ("response_len", [f.max_response_len, response_width], "response_too_long"),
+    ]
+    return [
+        (column, min(given), reason)
+        for column, bounds, reason in limits
+        if (given := [b for b in bounds if b is not None])
+    ]
+
+
+def _step_reasons(recipe: Recipe, latest_policy: pl.Expr) -> pl.Expr:
+    """The first filter a step fails (null = eligible)."""
+    f = recipe.filters
+    checks: list[tuple[pl.Expr, str]] = [(~pl.col("trainable").fill_null(True), "untrainable")]
+    if f.min_quality is not None:
+        checks.append((pl.col("quality_score") < f.min_quality, "low_quality"))
+    if f.require_reward:
+        checks.append((~pl.col("reward_present").fill_null(False), "no_reward"))
+    if f.max_policy_lag is not None:
+        checks.append(((latest_policy - pl.col("policy_version")) > f.max_policy_lag, "stale"))
+    for column, limit, reason in _length_limits(recipe):
+        checks.append((pl.col(column) > limit, reason))
+    if recipe.algorithm == "dpo" and not recipe.keep_truncated:
+        checks.append((pl.col("finish_reason") == TRUNCATED, "truncated"))
+    checks.append((pl.col("response_len").is_null(), "no_tokens"))
+    reason = pl.lit(None, pl.String)
+    for failed, name in reversed(checks):
+        reason = pl.when(failed.fill_null(False)).then(pl.lit(name)).otherwise(reason)
+    return reason
+
+
+def _unconsumed(recipe: Recipe, curated: pl.LazyFrame, excluded: pl.LazyFrame) -> pl.LazyFrame:
+    """Credited curated steps the recipe has neither consumed nor retired: trajectory-based
+    algorithms skip any trajectory with an excluded step, dpo skips excluded steps (credit is
+    still assigned over the whole trajectory). The excluded keys and then the open trajectory
+    ids are collected first (one plan joining the whole id columns took ~3x the memory), so
+    planning holds the open trajectories' rows, not the table's."""
+    key = "turn_id" if recipe.algorithm == "dpo" else "trajectory_id"
+    excluded = excluded.select(key).unique().collect(engine="streaming").lazy()
+    open_trajectories = (
+        curated.join(excluded, on=key, how="anti").select("trajectory_id").unique().collect()
+    )
+    open_rows = keyed(curated, "trajectory_id", open_trajectories.get_column("trajectory_id"))
+    credited = assign_credit(open_rows, recipe.credit_assignment)
+    return credited.join(excluded, on=key, how="anti") if key == "turn_id" else credited
+
+
+FINAL_REASONS = frozenset(
+    {
+        "untrainable",
+        "low_quality",
+        "no_reward",
+        "stale",
+        "prompt_too_long",
+        "response_too_long",
+        "truncated",
+        "no_tokens",
+        "trajectory_filtered",
+        "below_min_reward",
+        "no_group",
+    }
+)
+"""Drops decided by the step's own trajectory: they stand until one of its curated rows changes
+(staleness only grows, as the newest policy version never goes back)."""
+
+FINAL_GROUP_REASONS = frozenset({"zero_variance", "straggler_dropped"})
+"""Drops of a whole group: they stand until a curated row of the group changes, provided every
+other unconsumed member of the group is dropped for good too. A member waiting, overflowing or
+queued for a later batch could still move into the group's first ``group_size``."""
+
+
+def final_drops(recipe: Recipe, dropped: pl.DataFrame) -> pl.DataFrame:
+    """The rows of a plan's ``dropped`` that every later plan drops as well, as long as no curated
+    row of their group (or of their trajectory, when it has none) changes.
+
+    Leaving them out of later plans (``plan_batch(retired=...)``) changes no batch; it keeps
+    planning from re-reading everything ever dropped (e.g. GRPO's many zero-variance groups).
+    """
+    final = pl.col("reason").is_in(list(FINAL_REASONS))
+    if recipe.algorithm == "dpo":
+        return dropped.filter(final)
+    by_group = pl.col("reason").is_in(list(FINAL_GROUP_REASONS))
+    group_done = (final | by_group).all().over("group_id")
+    return dropped.filter(final | (by_group & group_done))
+
+
+def plan_batch(
+    recipe: Recipe,
+    curated_steps: pl.LazyFrame | pl.DataFrame,
+    turns: pl.LazyFrame | pl.DataFrame,
+    ledger: pl.LazyFrame | pl.DataFrame | None,
+    now: datetime,
+    *,
+    retired: pl.LazyFrame | pl.DataFrame | None = None,
+    open_from: str | None = None,
+    batch_id: str | None = None,
+    source_versions: dict[str, int] | None = None,
+    latest_policy_version: int | None = None,
+) -> BatchPlan:
+    """Select the next batch of ``recipe`` from curated steps not yet in its ledger.
+
+    Rewards are re-credited with the recipe's credit assignment; staleness is measured against
+    ``latest_policy_version`` (the assets pass ``policy_versions.lag_reference``, the highest
+    announced version; default: the newest policy_version among all curated steps, consumed or
+    not). Trajectory-based algorithms
+    skip any trajectory with a consumed step (so late steps of a consumed trajectory never
+    form a fragment); dpo skips consumed steps. Everything is ordered by explicit keys
+    (start time, then ids), so the same inputs and ``now`` give the same batch. ``batch_id``
+    defaults to ``<recipe>-<n+1>`` with n the batches in the ledger. ``retired`` steps (rows of
+    earlier plans' ``final_drops``) are left out like consumed ones. ``open_from`` (an earlier
+    plan's ``open_from_next``, lowered to any trajectory changed since) says every trajectory
+    sorting before it is consumed or retired: only the rest of each table is read, which file
+    statistics make cheap as ids are time-ordered. Planning reads only the narrow curated
+    columns: a grpo-style batch's rows point at their turns (``BatchPlan.rows`` reads their
+    token lists from ``turns``); dpo reads the eligible steps' token lists to pair them.
+    """
+    curated = curated_steps.lazy()
+    if latest_policy_version is None:
+        latest_policy_version = curated.select(pl.col("policy_version").max()).collect().item()
+    if batch_id is None:
+        batch_id = _next_batch_id(recipe, ledger)
+    in_play = _in_play(open_from)
+    curated = curated.filter(in_play)
+    frame = _candidates(recipe, curated, [ledger, retired], in_play, latest_policy_version)
+    versions = json.dumps(source_versions or {}, sort_keys=True)
+    if recipe.algorithm == "dpo":
+        units = dpo_batch(recipe, frame, turns, batch_id, versions)
+    else:
+        units = trajectory_batch(recipe, frame, now, batch_id, versions)
+    dropped = fit(units.dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED)
+    final = final_drops(recipe, dropped)
+    settled = [final, units.consumed] if units.ready else [final]
+    return BatchPlan(
+        batch_id=batch_id,
+        planned=units.rows,
+        turns=None if recipe.algorithm == "dpo" else turns,
+        dropped=dropped,
+        ready=units.ready,
+        consumed=units.consumed.sort("turn_id"),
+        final=final,
+        open_from_next=_open_from_next(
+            frame, pl.concat(part.select("turn_id") for part in settled), curated, open_from
+        ),
+    )
+
+
+def _next_batch_id(recipe: Recipe, ledger: pl.LazyFrame | pl.DataFrame | None) -> str:
+    """``<recipe>-<n+1>``, n the batches in the ledger."""
+    batches_so_far = 0
+    if ledger is not None:
+        batches_so_far = ledger.lazy().select(pl.col("batch_id").n_unique()).collect().item()
+    return f"{recipe.name}-{batches_so_far + 1:06d}"
+
+
+def _in_play(open_from: str | None) -> pl.Expr:
+    """The rows a plan starting at ``open_from`` reads (a trajectory id sorting before it is
+    consumed or retired)."""
+    if open_from is None:
+        return pl.lit(True)
+    return pl.col("trajectory_id").is_null() | (pl.col("trajectory_id") >= open_from)
+
+
+def _candidates(
+    recipe: Recipe,
+    curated: pl.LazyFrame,
+    excluding: list[pl.LazyFrame | pl.DataFrame | None],
+    in_play: pl.Expr,
+    latest_policy_version: int | None,
+) -> pl.DataFrame:
+    """The credited curated steps in play that no frame of ``excluding`` (ledger, retired
+    steps) holds, each with the first filter it fails (``_reason``), in batch order."""
+    excluded = [
+        frame.lazy().filter(in_play).select("turn_id", "trajectory_id")
+        for frame in excluding
+        if frame is not None
+    ]
+    candidates = (
+        _unconsumed(recipe, curated, pl.concat(excluded))
+        if excluded
+        else assign_credit(curated, recipe.credit_assignment)
+    )
+    latest = pl.lit(latest_policy_version, pl.Int64)
+    return (
+        candidates.with_columns(_step_reasons(recipe, latest).alias("_reason"))
+        .sort("started_at", "trajectory_id", "step_index", "turn_id")
+        .collect(engine="streaming")
+    )
+
+
+def _open_from_next(
+    candidates: pl.DataFrame, settled: pl.DataFrame, curated: pl.LazyFrame, open_from: str | None
+) -> str | None:
+    """The smallest trajectory id among the ``candidates`` not ``settled`` (consumed by this
+    batch, retired), or the newest curated id when none is left: what comes later is newer, or
+    shows in the change feed."""
+    still_in_play = candidates.join(settled, on="turn_id", how="anti").get_column("trajectory_id")
+    if still_in_play.len():
+        return still_in_play.min()
+    newest = curated.select(pl.col("trajectory_id").max()).collect().item()
+    return newest if newest is not None else open_from
+
+
+def complete_rows(stored: pl.DataFrame, turns: pl.LazyFrame | pl.DataFrame | None) -> pl.DataFrame:
+    """A batch's rows as ``batches/<recipe>`` stores them, completed: grpo-style rows get
+    their ``TURN_COLUMNS`` from ``turns`` (``BATCH_ROWS``); ``turns`` None: complete already
+    (dpo pairs)."""
+    if turns is None:
+        return stored
+    return fit(with_turn_columns(stored, turns), BATCH_ROWS)

@@ -1,0 +1,17 @@
+"""Reading only what is new, and committing it exactly once.
+
+Owns the machinery of the incremental assets: the watermark an output table carries (a Delta
+app transaction per input), an ``Increment`` (one run's version range of its inputs, its
+idempotent commits, its chunked recomputes and its carried-over state table), the steps run's
+log of closed tails (``closed_tails``) and its backlog in chunks (``turn_chunks``), and
+``ConcurrentRun``, raised when another run committed first. The change data feed itself is
+read by ``lake.changes``. Nothing here needs Dagster: ``assets/`` wires it into assets.
+
+Words used throughout:
+
+* *watermark*: per input, the Delta version an output has read up to, committed with its rows.
+* *attempt*: one try of a run (a race, a retry), with an id of its own on every commit.
+* *state*: rows a run carries over to the next (the turns of trajectories still open).
+* *tail*: what is kept of a closed trajectory for its reopen window (its last step and the
+  turns it emitted), so a late turn extends it instead of starting a new one.
+"""

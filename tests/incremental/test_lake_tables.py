@@ -1,0 +1,100 @@
+"""How derived tables are read and written: keyed reads, bounds from file statistics,
+statistics kept for flat columns only, compactions that lost a race."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, write_deltalake
+
+from claw_pipelines.derived_schemas import EXTRACTED_STEPS, TOKEN_COLUMNS
+from claw_pipelines.incremental.increment import WRITER
+from claw_pipelines.lake import Lake, changes, column_bound, compact, keyed
+
+
+def test_keyed_reads_exactly_the_keys_across_files(tmp_path: Path) -> None:
+    lake = Lake(str(tmp_path / "lake"))
+    for ids in (["t-1", "t-2", "t-3"], ["t-4", "t-5"]):
+        lake.append("ids", pa.table({"id": ids}))
+    ids = lake.scan("ids")
+    picked = keyed(ids, "id", pl.Series(["t-5", None, "t-2", "t-9", "t-5"])).collect()
+    assert sorted(picked.get_column("id")) == ["t-2", "t-5"]
+    assert keyed(ids, "id", pl.Series([None], dtype=pl.String)).collect().is_empty()
+
+
+def test_column_bound_comes_from_file_statistics_and_falls_back_to_a_scan(tmp_path: Path) -> None:
+    """The newest policy version and the oldest closed tail are read from the files'
+    statistics: they hold with the data files gone. A table written without statistics is
+    scanned instead."""
+    versions = [pa.table({"v": pa.array(v, pa.int64())}) for v in ([1, 3], [None, None], [7, 2])]
+    with_stats, without = str(tmp_path / "with"), str(tmp_path / "without")
+    for table in versions:
+        write_deltalake(with_stats, table, mode="append")
+        write_deltalake(
+            without,
+            table,
+            mode="append",
+            configuration={"delta.dataSkippingNumIndexedCols": "0"},
+        )
+    for data_file in Path(with_stats).glob("*.parquet"):
+        data_file.unlink()
+    for bound, expected in (("max", 7), ("min", 1)):
+        assert column_bound(DeltaTable(with_stats), "v", bound) == expected
+        assert column_bound(DeltaTable(without), "v", bound) == expected
+
+
+def test_derived_tables_keep_statistics_for_flat_columns_only(tmp_path: Path) -> None:
+    """Files and row groups are skipped by ids, times and versions, so those keep their
+    statistics; the token lists, which no reader filters on, are written without."""
+    steps = Path(tmp_path / "steps")
+    names = ["step_id", "turn_id", "trajectory_id", "policy_version", *TOKEN_COLUMNS]
+    rows = pa.table(
+        [["s-1"], ["u-1"], ["t-1"], [3], [[1, 2]], [[3]], [[-0.1]]],
+        schema=pa.schema([EXTRACTED_STEPS.field(name) for name in names]),
+    )
+    write_deltalake(str(steps), rows, writer_properties=WRITER)
+    (data_file,) = steps.glob("*.parquet")
+    chunks = pq.ParquetFile(data_file).metadata.row_group(0)
+    with_min_max = {
+        chunk.path_in_schema.split(".")[0]
+        for chunk in (chunks.column(i) for i in range(chunks.num_columns))
+        if chunk.statistics is not None and chunk.statistics.has_min_max
+    }
+    assert {"step_id", "turn_id", "trajectory_id", "policy_version"} <= with_min_max
+    assert not with_min_max & set(TOKEN_COLUMNS)
+    assert column_bound(DeltaTable(str(steps)), "policy_version", "max") == 3
+
+
+def test_a_compaction_another_writer_got_ahead_of_is_skipped(tmp_path: Path) -> None:
+    """Compaction runs after a run's own commit: when another writer removed files it would
+    merge, it is skipped (the run's commit stands) and the other writer's rows are intact."""
+    uri = str(tmp_path / "t")
+    for batch in ("a", "b", "c"):
+        write_deltalake(uri, pa.table({"batch_id": [batch]}), mode="append")
+    stale = DeltaTable(uri)
+    DeltaTable(uri).delete("batch_id = 'b'")
+    compact(stale, max_files=1)
+    assert stale.version() == 2
+    assert sorted(pl.scan_delta(uri).collect()["batch_id"]) == ["a", "c"]
+    compact(DeltaTable(uri), max_files=1)
+    assert len(DeltaTable(uri).file_uris()) == 1
+
+
+def test_a_change_feed_read_holds_the_rows_columns_and_on_request_their_version(
+    tmp_path: Path,
+) -> None:
+    """Every reader of what is new gets the table's own columns, not the feed's bookkeeping;
+    ``with_version`` adds the version each row landed in."""
+    lake = Lake(str(tmp_path / "lake"))
+    first = lake.append("ids", pa.table({"id": ["a"], "n": [1]}))
+    last = lake.append("ids", pa.table({"id": ["b"], "n": [2]}))
+    table = lake.open("ids")
+    newer = changes(table, first, last)
+    assert newer.columns == ["id", "n"] and newer["id"].to_list() == ["b"]
+    every = changes(table, None, last, ["id"], with_version=True)
+    assert every.columns == ["id", "_commit_version"]
+    assert dict(every.iter_rows()) == {"a": first, "b": last}
+    assert changes(table, last, last) is None
