@@ -78,12 +78,13 @@ class Schedule:
     """When the flusher flushes and adopts.
 
     A Delta commit costs about the same CPU whatever its size (tens of ms, measured by
-    ``bench/capture_overhead.py``), so under traffic rows are committed by count (a nudge at
-    ``max_rows``) or once the oldest has waited ``max_wait_s``, and otherwise once appends have
-    paused for ``interval_s``: an agent's last turns land about ``interval_s`` after its last
-    call, and a busy proxy commits every few seconds instead of every second. Sealed rows whose
-    commit failed are retried once per ``interval_s``, not on every tick. Adoption keeps its own
-    period, so a failing flush never holds it back.
+    ``bench/capture_overhead.py``), so under traffic turns are committed by count or once the
+    oldest has waited ``max_wait_s``, and otherwise once appends have paused for ``interval_s``:
+    a busy proxy commits every few seconds instead of every second. A nudge (``woken``) flushes
+    at once: ``max_rows`` reached, or a row that closes something landed (a trajectory's
+    completion, a reward), so what a batch waits for is in Delta at once with every turn before
+    it. Sealed rows whose commit failed are retried once per ``interval_s``, not on every tick.
+    Adoption keeps its own period, so a failing flush never holds it back.
     """
 
     interval_s: float
@@ -145,10 +146,11 @@ class SpoolFlusher:
         self._thread = threading.Thread(target=self._run, name="claw-spool-flusher", daemon=True)
         self._thread.start()
 
-    def nudge(self) -> None:
-        """Ask for an early flush when the active segments hold ``max_rows`` or ``max_bytes``."""
+    def nudge(self, urgent: bool = False) -> None:
+        """Ask for an early flush: at once when ``urgent`` (a row that closes something landed),
+        else when the active segments hold ``max_rows`` or ``max_bytes``."""
         rows, size = self.writer.active_load()
-        if rows >= self.max_rows or size >= self.max_bytes:
+        if urgent or rows >= self.max_rows or size >= self.max_bytes:
             self._wake.set()
 
     def _run(self) -> None:

@@ -6,10 +6,12 @@ no local file system can be made to give, is injected into ``os.fsync``.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,8 @@ from fastapi.testclient import TestClient
 from spool_faults import Ballast, small_tmpfs
 
 from claw_pipelines.capture import spool_codec
+from claw_pipelines.capture.claw_r1.protocol import StepPayload, SubmitSteps
+from claw_pipelines.capture.claw_r1.routes import submit_steps
 from claw_pipelines.capture.control import build_control_app
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.spool import SpoolUnavailable, SpoolWriter, Waiting
@@ -216,6 +220,61 @@ def test_the_writer_says_when_its_waiting_rows_were_appended(tmp_path: Path) -> 
     writer.seal()
     assert writer.waiting() == Waiting(None, None, sealed_rows=2)
     writer.close()
+
+
+def _complete(client: TestClient) -> None:
+    answer = client.post("/claw/v1/trajectories/t-1/complete", json={"reward": 1.0})
+    assert answer.status_code == 200, answer.text
+
+
+def _reward(client: TestClient) -> None:
+    answer = client.post("/claw/v1/rewards", json={"trajectory_id": "t-1", "value": 1.0})
+    assert answer.status_code == 200, answer.text
+
+
+def _claw_r1_last_step(_: TestClient) -> None:
+    last = StepPayload(prompt_ids=[1], response_ids=[2], trajectory_uid="t-1", is_last=True)
+    asyncio.run(submit_steps(SubmitSteps(steps=[last])))
+
+
+@pytest.mark.parametrize(
+    ("close", "table"),
+    [
+        (_complete, "trajectory_events"),
+        (_reward, "rewards"),
+        (_claw_r1_last_step, "trajectory_events"),
+    ],
+    ids=["complete", "reward", "claw-r1-last-step"],
+)
+def test_a_completion_or_a_reward_commits_at_once_with_the_turns_before_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    close: Callable[[TestClient], None],
+    table: str,
+) -> None:
+    """Turns alone wait an hour here (for a pause or the max wait); the row that closes their
+    trajectory wakes the flusher, which commits it and every turn spooled before it."""
+    settings = ClawSettings(
+        lake_uri=str(tmp_path / "lake"),
+        spool_dir=tmp_path / "spool",
+        flush_interval_s=3600,
+        flush_max_wait_s=3600,
+    )
+    runtime = CaptureRuntime(settings)
+    monkeypatch.setattr(CaptureRuntime, "_instance", runtime)
+    try:
+        runtime.land([_turn(f"turn-{i}") for i in range(3)])
+        assert runtime.flusher.committed_rows == 0
+        close(TestClient(build_control_app()))
+        deadline = time.monotonic() + 30  # a bound against hanging, not a speed target
+        while runtime.writer.spooled_rows() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert runtime.writer.spooled_rows() == 0
+        turns = set(runtime.lake.scan("turns").collect()["turn_id"])
+        assert {"turn-0", "turn-1", "turn-2"} <= turns
+        assert runtime.lake.scan(table).collect()["trajectory_id"].to_list() == ["t-1"]
+    finally:
+        CaptureRuntime.shutdown_current()
 
 
 def test_status_counts_spooled_rows_until_they_land(
