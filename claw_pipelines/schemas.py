@@ -100,6 +100,9 @@ class LandingRow(BaseModel):
     model_config = ConfigDict(extra="forbid")
     table_name: ClassVar[str]
     key: ClassVar[str]
+    closes: ClassVar[bool] = False
+    """Whether the row ends something a batch waits for (a trajectory's completion or abort, a
+    reward): the proxy commits it at once, with everything spooled before it."""
 
     @classmethod
     def arrow_schema(cls) -> pa.Schema:
@@ -183,6 +186,7 @@ class Reward(LandingRow):
 
     table_name: ClassVar[str] = "rewards"
     key: ClassVar[str] = "reward_id"
+    closes: ClassVar[bool] = True
 
     reward_id: str = Field(default_factory=new_id)
     turn_id: str | None = None
@@ -207,6 +211,7 @@ class TrajectoryEventRow(LandingRow):
 
     table_name: ClassVar[str] = "trajectory_events"
     key: ClassVar[str] = "event_id"
+    closes: ClassVar[bool] = True
 
     event_id: str = Field(default_factory=new_id)
     trajectory_id: str

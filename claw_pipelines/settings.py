@@ -46,7 +46,14 @@ class ClawSettings(BaseSettings):
     )
     fsync_interval_ms: int = Field(default=100, ge=1, le=200)
     flush_max_rows: int = Field(default=512, ge=1, description="Commit once this many rows wait.")
-    flush_interval_s: float = Field(default=1.0, gt=0, description="Commit at least this often.")
+    flush_interval_s: float = Field(
+        default=1.0, gt=0, description="Commit once no row has come for this long."
+    )
+    flush_max_wait_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Under continuous traffic, commit once the oldest row has waited this long.",
+    )
     max_commit_retries: int = Field(default=100, ge=0)
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024,

@@ -97,6 +97,7 @@ class CaptureRuntime:
             self.lake,
             max_rows=settings.flush_max_rows,
             interval_s=settings.flush_interval_s,
+            max_wait_s=settings.flush_max_wait_s,
             fsync_interval_s=settings.fsync_interval_ms / 1000
             if settings.fsync == "interval"
             else None,
@@ -134,10 +135,11 @@ class CaptureRuntime:
             self.pending.popitem(last=False)
 
     def land(self, rows: list[LandingRow]) -> None:
-        """Append rows to the spool (synchronous write: durable against a process crash)."""
+        """Append rows to the spool (synchronous write: durable against a process crash); a row
+        that closes something (a completion, a reward) has the flusher commit at once."""
         for row in rows:
             self.writer.append(row)
-        self.flusher.nudge()
+        self.flusher.nudge(urgent=any(row.closes for row in rows))
 
     async def land_durably(self, rows: list[LandingRow]) -> None:
         """Append rows and, with per-answer fsync, wait for the group commit."""

@@ -107,6 +107,17 @@ class _Episode:
             log.warning("spool %s works again after %d failure(s)", self.what, failures)
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """What waits for a commit: when the oldest and the newest row of the active segments were
+    appended (``time.monotonic``; None when they are empty), and the rows of sealed segments
+    not committed yet."""
+
+    oldest_at: float | None
+    newest_at: float | None
+    sealed_rows: int
+
+
 @dataclass
 class _ActiveSegment:
     seq: int
@@ -142,6 +153,8 @@ class SpoolWriter:
         self._next_seq: dict[str, int] = {}
         self._dirty: set[int] = set()
         self._sync_error: OSError | None = None
+        self._oldest_at: float | None = None
+        self._newest_at: float | None = None
         self._fsync_task: asyncio.Future | None = None
         self.write_failures = _Episode("write")
         self.fsync_failures = _Episode("fsync")
@@ -160,6 +173,8 @@ class SpoolWriter:
             segment.rows += 1
             segment.size += len(message)
             self._dirty.add(segment.fd)
+            self._newest_at = time.monotonic()
+            self._oldest_at = self._oldest_at or self._newest_at
         self.write_failures.succeeded()
 
     def _open_segment(self, table: str) -> _ActiveSegment:
@@ -181,6 +196,10 @@ class SpoolWriter:
         """Rows and bytes in the active segments (what the next flush would seal)."""
         with self._mutex:
             return self._active_rows(), sum(s.size for s in self._active.values())
+
+    def waiting(self) -> Waiting:
+        with self._mutex:
+            return Waiting(self._oldest_at, self._newest_at, sum(self._sealed_rows.values()))
 
     def spooled_rows(self) -> int:
         """Rows appended and not committed yet: in active segments and in sealed ones waiting
@@ -220,6 +239,7 @@ class SpoolWriter:
                 os.close(segment.fd)
                 self._sealed_rows[(table, segment.seq)] = segment.rows
                 del self._active[table]
+            self._oldest_at = self._newest_at = None
 
     def sync(self) -> None:
         """fsync every segment written since the last sync (one call serves many answers).

@@ -29,6 +29,7 @@ from claw_pipelines.capture.spool import (
     LOCK_NAME,
     SpoolUnavailable,
     SpoolWriter,
+    Waiting,
     parse_segment_name,
 )
 from claw_pipelines.lake import Lake, TableWriter
@@ -74,27 +75,44 @@ def dedupe_on_key(data: pa.Table, key: str) -> pa.Table:
 
 @dataclass
 class Schedule:
-    """When the flusher flushes and adopts: each on its own period from ``start``, whether or
-    not its last attempt failed, so a failing flush never skips adoption and is retried once per
-    interval rather than on every tick."""
+    """When the flusher flushes and adopts.
+
+    A Delta commit costs about the same CPU whatever its size (tens of ms, measured by
+    ``bench/capture_overhead.py``), so under traffic turns are committed by count or once the
+    oldest has waited ``max_wait_s``, and otherwise once appends have paused for ``interval_s``:
+    a busy proxy commits every few seconds instead of every second. A nudge (``woken``) flushes
+    at once: ``max_rows`` reached, or a row that closes something landed (a trajectory's
+    completion, a reward), so what a batch waits for is in Delta at once with every turn before
+    it. Sealed rows whose commit failed are retried once per ``interval_s``, not on every tick.
+    Adoption keeps its own period, so a failing flush never holds it back.
+    """
 
     interval_s: float
     adopt_every_s: float
     start: float
+    max_wait_s: float = 5.0
 
     def __post_init__(self) -> None:
         self._next_flush = self.start + self.interval_s
         self._next_adopt = self.start + self.adopt_every_s
 
-    def due(self, now: float, woken: bool) -> tuple[bool, bool]:
-        """Whether to flush (its interval passed, or a nudge) and whether to adopt, at ``now``."""
-        flush = woken or now >= self._next_flush
+    def due(self, now: float, woken: bool, waiting: Waiting) -> tuple[bool, bool]:
+        """Whether to flush (a nudge, or rows waiting as the class says) and whether to adopt."""
+        flush = woken or (now >= self._next_flush and self._rows_due(now, waiting))
         if flush:
             self._next_flush = now + self.interval_s
         adopt = now >= self._next_adopt
         if adopt:
             self._next_adopt = now + self.adopt_every_s
         return flush, adopt
+
+    def _rows_due(self, now: float, waiting: Waiting) -> bool:
+        if waiting.sealed_rows:
+            return True
+        if waiting.oldest_at is None or waiting.newest_at is None:
+            return False
+        paused = now - waiting.newest_at >= self.interval_s
+        return paused or now - waiting.oldest_at >= self.max_wait_s
 
 
 class SpoolCommitError(RuntimeError):
@@ -110,6 +128,7 @@ class SpoolFlusher:
     max_rows: int = 512
     max_bytes: int = SEGMENT_BYTES
     interval_s: float = 1.0
+    max_wait_s: float = 5.0
     fsync_interval_s: float | None = 0.1
     adopt_every_s: float = 5.0
 
@@ -127,16 +146,17 @@ class SpoolFlusher:
         self._thread = threading.Thread(target=self._run, name="claw-spool-flusher", daemon=True)
         self._thread.start()
 
-    def nudge(self) -> None:
-        """Ask for an early flush when the active segments hold ``max_rows`` or ``max_bytes``."""
+    def nudge(self, urgent: bool = False) -> None:
+        """Ask for an early flush: at once when ``urgent`` (a row that closes something landed),
+        else when the active segments hold ``max_rows`` or ``max_bytes``."""
         rows, size = self.writer.active_load()
-        if rows >= self.max_rows or size >= self.max_bytes:
+        if urgent or rows >= self.max_rows or size >= self.max_bytes:
             self._wake.set()
 
     def _run(self) -> None:
-        """Flush every interval (or when nudged) and adopt orphans every ``adopt_every_s``,
-        on the ``Schedule``, which no attempt's outcome changes."""
-        schedule = Schedule(self.interval_s, self.adopt_every_s, time.monotonic())
+        """Flush and adopt orphans when the ``Schedule`` says, which no attempt's outcome
+        changes."""
+        schedule = Schedule(self.interval_s, self.adopt_every_s, time.monotonic(), self.max_wait_s)
         tick = self.fsync_interval_s or self.interval_s
         while not self._stop.is_set():
             self._wake.wait(timeout=min(tick, self.interval_s))
@@ -145,7 +165,7 @@ class SpoolFlusher:
             if self.fsync_interval_s is not None:
                 with contextlib.suppress(SpoolUnavailable):  # logged once per episode
                     self.writer.sync()
-            flush, adopt = schedule.due(time.monotonic(), woken)
+            flush, adopt = schedule.due(time.monotonic(), woken, self.writer.waiting())
             if flush:
                 _logging_failure(self.flush, "spool flush")
             if adopt:

@@ -30,11 +30,16 @@ def small_tmpfs(directory: Path, size: str = "4m") -> Iterator[Path]:
 
 class Ballast:
     """Fills a file system but for ``leave_free`` bytes, as a disk that is nearly full: the
-    spool's writes then fail whole or part way until a flush deletes committed segments."""
+    spool's writes then fail whole or part way until a flush deletes committed segments.
 
-    def __init__(self, path: Path, leave_free: int) -> None:
+    With ``spool``, the files under it (segments a flush will delete) count as free, so each
+    flush leaves ``leave_free`` bytes however much happened to be spooled when the ballast came.
+    """
+
+    def __init__(self, path: Path, leave_free: int, spool: Path | None = None) -> None:
         self.path = path
         self.leave_free = leave_free
+        self.spool = spool
 
     def __enter__(self) -> Ballast:
         chunk = b"\0" * 4096
@@ -42,8 +47,19 @@ class Ballast:
             with contextlib.suppress(OSError):
                 while True:
                     file.write(chunk)
-            file.truncate(max(0, file.tell() - self.leave_free))
+            free = max(0, self.leave_free - self._spooled_bytes())
+            file.truncate(max(0, file.tell() - free))
         return self
+
+    def _spooled_bytes(self) -> int:
+        if self.spool is None:
+            return 0
+        size = 0
+        for path in self.spool.rglob("*"):
+            with contextlib.suppress(FileNotFoundError):  # committed meanwhile
+                if path != self.path and path.is_file():
+                    size += path.stat().st_size
+        return size
 
     def __exit__(self, *_: object) -> None:
         self.path.unlink()

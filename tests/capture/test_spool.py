@@ -6,10 +6,12 @@ no local file system can be made to give, is injected into ``os.fsync``.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,9 +19,11 @@ from fastapi.testclient import TestClient
 from spool_faults import Ballast, small_tmpfs
 
 from claw_pipelines.capture import spool_codec
+from claw_pipelines.capture.claw_r1.protocol import StepPayload, SubmitSteps
+from claw_pipelines.capture.claw_r1.routes import submit_steps
 from claw_pipelines.capture.control import build_control_app
 from claw_pipelines.capture.runtime import CaptureRuntime
-from claw_pipelines.capture.spool import SpoolUnavailable, SpoolWriter
+from claw_pipelines.capture.spool import SpoolUnavailable, SpoolWriter, Waiting
 from claw_pipelines.capture.spool_flusher import (
     QUARANTINE_DIR,
     Schedule,
@@ -166,15 +170,111 @@ def test_a_failing_flush_never_stops_startup(tmp_path: Path) -> None:
 
 
 def test_flushes_and_adoptions_keep_their_own_schedule() -> None:
-    """Nothing an attempt does moves the schedule: a failing flush is retried once per
-    interval, not on every tick, and never holds back adoption; a nudge flushes at once."""
+    """Nothing an attempt does moves the schedule: sealed rows whose commit failed are retried
+    once per interval, not on every tick, and never hold back adoption; a nudge flushes at once."""
     schedule = Schedule(interval_s=0.5, adopt_every_s=1.0, start=0.0)
+    failed = Waiting(None, None, sealed_rows=3)
     ticks = [round(0.1 * i, 1) for i in range(1, 13)]
-    due = {tick: schedule.due(tick, woken=False) for tick in ticks}
+    due = {tick: schedule.due(tick, woken=False, waiting=failed) for tick in ticks}
     assert [t for t in ticks if due[t][0]] == [0.5, 1.0]
     assert [t for t in ticks if due[t][1]] == [1.0]
-    assert schedule.due(1.3, woken=True) == (True, False)
-    assert schedule.due(1.5, woken=False) == (False, False)
+    assert schedule.due(1.3, woken=True, waiting=NOTHING) == (True, False)
+    assert schedule.due(1.5, woken=False, waiting=failed) == (False, False)
+
+
+NOTHING = Waiting(None, None, sealed_rows=0)
+
+
+def _flushes(schedule: Schedule, appends: list[float], until: float) -> list[float]:
+    """The ticks (every 0.1 s) at which ``schedule`` flushes rows appended at ``appends``."""
+    flushed, oldest, newest = [], None, None
+    for tick in [round(0.1 * i, 1) for i in range(1, int(until * 10) + 1)]:
+        for at in [a for a in appends if (newest is None or newest < a) and a <= tick]:
+            oldest, newest = oldest or at, at
+        waiting = Waiting(oldest, newest, 0) if newest is not None else NOTHING
+        if schedule.due(tick, woken=False, waiting=waiting)[0] and oldest is not None:
+            flushed.append(tick)
+            oldest = None
+    return flushed
+
+
+def test_a_busy_proxy_commits_every_few_seconds_and_a_quiet_one_soon_after_its_last_row() -> None:
+    """A commit costs about the same CPU whatever its size: under continuous traffic the rows
+    wait up to ``max_wait_s`` (or a nudge at ``max_rows``); once appends pause they land
+    ``interval_s`` after the last one."""
+    steady = [round(0.05 * i, 2) for i in range(1, 240)]  # a row every 50 ms for 12 s
+    assert _flushes(Schedule(1.0, 5.0, 0.0, max_wait_s=5.0), steady, until=14) == [5.1, 10.2, 13.0]
+    burst = [0.2, 0.4, 0.6, 3.0]
+    assert _flushes(Schedule(1.0, 5.0, 0.0, max_wait_s=5.0), burst, until=6) == [1.6, 4.0]
+    assert not _flushes(Schedule(1.0, 5.0, 0.0), [], until=6)
+
+
+def test_the_writer_says_when_its_waiting_rows_were_appended(tmp_path: Path) -> None:
+    writer = SpoolWriter(tmp_path / "spool")
+    assert writer.waiting() == NOTHING
+    writer.append(_turn("a"))
+    writer.append(_turn("b"))
+    first = writer.waiting()
+    assert first.oldest_at is not None and first.newest_at is not None
+    assert first.oldest_at <= first.newest_at and first.sealed_rows == 0
+    writer.seal()
+    assert writer.waiting() == Waiting(None, None, sealed_rows=2)
+    writer.close()
+
+
+def _complete(client: TestClient) -> None:
+    answer = client.post("/claw/v1/trajectories/t-1/complete", json={"reward": 1.0})
+    assert answer.status_code == 200, answer.text
+
+
+def _reward(client: TestClient) -> None:
+    answer = client.post("/claw/v1/rewards", json={"trajectory_id": "t-1", "value": 1.0})
+    assert answer.status_code == 200, answer.text
+
+
+def _claw_r1_last_step(_: TestClient) -> None:
+    last = StepPayload(prompt_ids=[1], response_ids=[2], trajectory_uid="t-1", is_last=True)
+    asyncio.run(submit_steps(SubmitSteps(steps=[last])))
+
+
+@pytest.mark.parametrize(
+    ("close", "table"),
+    [
+        (_complete, "trajectory_events"),
+        (_reward, "rewards"),
+        (_claw_r1_last_step, "trajectory_events"),
+    ],
+    ids=["complete", "reward", "claw-r1-last-step"],
+)
+def test_a_completion_or_a_reward_commits_at_once_with_the_turns_before_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    close: Callable[[TestClient], None],
+    table: str,
+) -> None:
+    """Turns alone wait an hour here (for a pause or the max wait); the row that closes their
+    trajectory wakes the flusher, which commits it and every turn spooled before it."""
+    settings = ClawSettings(
+        lake_uri=str(tmp_path / "lake"),
+        spool_dir=tmp_path / "spool",
+        flush_interval_s=3600,
+        flush_max_wait_s=3600,
+    )
+    runtime = CaptureRuntime(settings)
+    monkeypatch.setattr(CaptureRuntime, "_instance", runtime)
+    try:
+        runtime.land([_turn(f"turn-{i}") for i in range(3)])
+        assert runtime.flusher.committed_rows == 0
+        close(TestClient(build_control_app()))
+        deadline = time.monotonic() + 30  # a bound against hanging, not a speed target
+        while runtime.writer.spooled_rows() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert runtime.writer.spooled_rows() == 0
+        turns = set(runtime.lake.scan("turns").collect()["turn_id"])
+        assert {"turn-0", "turn-1", "turn-2"} <= turns
+        assert runtime.lake.scan(table).collect()["trajectory_id"].to_list() == ["t-1"]
+    finally:
+        CaptureRuntime.shutdown_current()
 
 
 def test_status_counts_spooled_rows_until_they_land(

@@ -31,13 +31,15 @@ class Outcomes:
     """Every answer the clients got, by kind."""
 
     turns: list[str] = field(default_factory=list)
-    rewards: list[str] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
+    """White-box steps: ``/claw/v1`` rows that close nothing (a reward or a completion would
+    have the flusher commit at once, so the spool would never fill)."""
     refused: list[httpx.Response] = field(default_factory=list)
     """Answers other than 200 (a dropped connection as a 599)."""
 
     @property
     def answered(self) -> int:
-        return len(self.turns) + len(self.rewards)
+        return len(self.turns) + len(self.steps)
 
 
 async def _client(stack: CaptureStack, index: int, outcomes: Outcomes, stop: threading.Event):
@@ -49,18 +51,16 @@ async def _client(stack: CaptureStack, index: int, outcomes: Outcomes, stop: thr
                 return
             try:
                 if call % 3 == 2:
-                    body = {"trajectory_id": f"full-{index}-{call}", "value": 1.0}
-                    response = await client.post("/claw/v1/rewards", json=body)
+                    body = {"prompt_token_ids": [1, 2], "response_token_ids": [3]}
+                    response = await client.post("/claw/v1/steps", json=body)
                 else:
                     path = f"/t/full-{index}/g/v1/chat/completions"
                     response = await client.post(path, json=chat)
             except httpx.TransportError as error:  # a dropped connection is refused too
                 response = httpx.Response(599, text=repr(error))
             if response.status_code == 200:
-                if call % 3 == 2:
-                    outcomes.rewards.append(response.json()["reward_id"])
-                else:
-                    outcomes.turns.append(response.headers["x-litellm-call-id"])
+                answered = outcomes.steps if call % 3 == 2 else outcomes.turns
+                answered.append(response.headers["x-litellm-call-id"])
             else:
                 outcomes.refused.append(response)
                 await asyncio.sleep(0.05)
@@ -77,8 +77,10 @@ def _wait(condition, what: str) -> None:
 def test_a_full_spool_disk_answers_503_and_every_200_lands(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     with small_tmpfs(spool):
-        # A flush every 2 s: between two, the clients write more than the 32 KiB left free.
-        stack = launch_stack(tmp_path, env={"CLAW_FSYNC": "answer", "CLAW_FLUSH_INTERVAL_S": "2"})
+        # A flush every 2 s under the clients' continuous load (its longest wait): between two,
+        # they write more than the 32 KiB left free.
+        flush_every_2_s = {"CLAW_FLUSH_INTERVAL_S": "2", "CLAW_FLUSH_MAX_WAIT_S": "2"}
+        stack = launch_stack(tmp_path, env={"CLAW_FSYNC": "answer", **flush_every_2_s})
         outcomes, stop = Outcomes(), threading.Event()
 
         async def load() -> None:
@@ -88,7 +90,8 @@ def test_a_full_spool_disk_answers_503_and_every_200_lands(tmp_path: Path) -> No
         clients.start()
         try:
             _wait(lambda: outcomes.answered >= 40, "40 answers before the disk fills")
-            with Ballast(spool / f"ballast-{uuid.uuid4().hex}", leave_free=32 * 1024):
+            ballast = Ballast(spool / f"ballast-{uuid.uuid4().hex}", 32 * 1024, spool=spool)
+            with ballast:
                 _wait(lambda: len(outcomes.refused) >= 30, "30 calls refused on a nearly full disk")
                 answered_while_full = outcomes.answered
             freed_at = outcomes.answered
@@ -100,10 +103,9 @@ def test_a_full_spool_disk_answers_503_and_every_200_lands(tmp_path: Path) -> No
             stack.engine.stop()
 
     turns = stack.rows("turns")
-    rewards = stack.rows("rewards")
     missing = set(outcomes.turns) - set(turns["turn_id"])
     assert not missing, f"{len(missing)} of {len(outcomes.turns)} answered turns are missing"
-    assert not set(outcomes.rewards) - set(rewards["reward_id"]), "answered rewards are missing"
+    assert not set(outcomes.steps) - set(turns["turn_id"]), "answered steps are missing"
     assert turns["turn_id"].n_unique() == turns.height
     assert answered_while_full > 40, "no call was answered while the disk was full"
     statuses = {(r.status_code, r.headers.get("retry-after")) for r in outcomes.refused}
