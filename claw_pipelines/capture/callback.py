@@ -32,9 +32,9 @@ from claw_pipelines.capture.native import NativeStream, answer_json
 from claw_pipelines.capture.policy import stamp_served_version
 from claw_pipelines.capture.request_context import RequestContext, current_request
 from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.capture.stream_turns import StreamAccumulator
 from claw_pipelines.capture.turns import (
     PendingCall,
-    StreamAccumulator,
     UnusableAnswer,
     error_turn,
     native_turn,

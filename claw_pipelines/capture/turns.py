@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +69,7 @@ def _problems(error: ValidationError) -> str:
 
 def require_choices(response: object) -> list[Any]:
     """The answer's choices; an answer without any has nothing to hand the agent or to land."""
-    choices = _field(response, "choices")
+    choices = field_of(response, "choices")
     if not choices:
         raise UnusableAnswer("it has no choices")
     return choices
@@ -82,7 +82,7 @@ def scrubbed_json(value: object, redactor: Redactor) -> str | None:
     return json.dumps(redactor.data(value), ensure_ascii=False, default=str)
 
 
-def _field(obj: object, name: str) -> Any:
+def field_of(obj: object, name: str) -> Any:
     """Attribute or key access, for LiteLLM objects that may also arrive as plain dicts."""
     if isinstance(obj, dict):
         return obj.get(name)
@@ -176,16 +176,16 @@ def _backend(hidden_params: dict[str, Any] | None) -> str | None:
     return ":".join(str(p) for p in (provider, api_base) if p) or None
 
 
-def _logprob_values(logprobs: object) -> list[float] | None:
+def logprob_values(logprobs: object) -> list[float] | None:
     """Per-token logprobs, from the chat format (``content[].logprob``) or the text-completion
     one (``token_logprobs``); None when any is missing, as a partial list would misalign."""
     if logprobs is None:
         return None
-    content = _field(logprobs, "content")
+    content = field_of(logprobs, "content")
     if content is not None:
-        values = [_field(entry, "logprob") for entry in content]
+        values = [field_of(entry, "logprob") for entry in content]
     else:
-        values = _field(logprobs, "token_logprobs")
+        values = field_of(logprobs, "token_logprobs")
     if values is None or any(value is None for value in values):
         return None
     if content is not None:
@@ -197,20 +197,22 @@ def _check_top_logprobs(content: list[Any]) -> None:
     """The alternatives' logprobs go to the agent with the answer, which a non-finite one would
     fail to serialize after the row landed; the chosen ones are checked with the row."""
     tops = [
-        _field(top, "logprob") for entry in content for top in _field(entry, "top_logprobs") or ()
+        field_of(top, "logprob")
+        for entry in content
+        for top in field_of(entry, "top_logprobs") or ()
     ]
     if not all(isinstance(value, int | float) and math.isfinite(value) for value in tops):
         raise UnusableAnswer("a top_logprobs logprob is not a finite number")
 
 
-def _completion_tokens(response_ids: list[int] | None, usage: object) -> int | None:
+def completion_tokens(response_ids: list[int] | None, usage: object) -> int | None:
     """A choice's own length when its IDs are known: with n > 1, usage counts every choice."""
     if isinstance(response_ids, list):
         return len(response_ids)
-    return _field(usage, "completion_tokens") if usage else None
+    return field_of(usage, "completion_tokens") if usage else None
 
 
-def _token_source(prompt_ids: list[int] | None, response_ids: list[int] | None) -> str:
+def token_source(prompt_ids: list[int] | None, response_ids: list[int] | None) -> str:
     return "engine" if prompt_ids is not None and response_ids is not None else "none"
 
 
@@ -233,7 +235,7 @@ def _choice_identity(pending: PendingCall, choice: int) -> dict[str, Any]:
     }
 
 
-def _base_turn(
+def base_turn(
     pending: PendingCall, choice: int, buffered_stream: bool = False, **values: Any
 ) -> Turn:
     ended_at = utc_now()
@@ -276,34 +278,34 @@ def turns_from_response(
     A buffered stream reaches the agent all at once, right after its turn is spooled, so its
     first token arrives at ``ended_at``.
     """
-    response_prompt_ids = _field(response, "prompt_token_ids")
-    usage = _field(response, "usage")
+    response_prompt_ids = field_of(response, "prompt_token_ids")
+    usage = field_of(response, "usage")
     hidden = getattr(response, "_hidden_params", None)
     turns = []
     for index, choice in enumerate(require_choices(response)):
-        provider_fields = _field(choice, "provider_specific_fields") or {}
-        response_ids = provider_fields.get("token_ids", _field(choice, "token_ids"))
-        prompt_ids = _field(choice, "prompt_token_ids") or response_prompt_ids
-        message = _dump(_field(choice, "message")) or {}
-        if not message and _field(choice, "text") is not None:
-            message = {"role": "assistant", "content": _field(choice, "text")}
+        provider_fields = field_of(choice, "provider_specific_fields") or {}
+        response_ids = provider_fields.get("token_ids", field_of(choice, "token_ids"))
+        prompt_ids = field_of(choice, "prompt_token_ids") or response_prompt_ids
+        message = _dump(field_of(choice, "message")) or {}
+        if not message and field_of(choice, "text") is not None:
+            message = {"role": "assistant", "content": field_of(choice, "text")}
         message = {k: v for k, v in message.items() if v is not None}
         turns.append(
-            _base_turn(
+            base_turn(
                 pending,
                 index,
-                model=str(_field(response, "model") or pending.model),
+                model=str(field_of(response, "model") or pending.model),
                 backend=_backend(hidden),
                 status="success",
-                finish_reason=_field(choice, "finish_reason"),
-                token_source=_token_source(prompt_ids, response_ids),
+                finish_reason=field_of(choice, "finish_reason"),
+                token_source=token_source(prompt_ids, response_ids),
                 prompt_token_ids=prompt_ids,
                 response_token_ids=response_ids,
-                response_logprobs=_logprob_values(_field(choice, "logprobs")),
+                response_logprobs=logprob_values(field_of(choice, "logprobs")),
                 response_message=scrubbed_json(message, redactor),
                 response_text=redactor.text(message.get("content") or "") or None,
-                prompt_tokens=_field(usage, "prompt_tokens") if usage else None,
-                completion_tokens=_completion_tokens(response_ids, usage),
+                prompt_tokens=field_of(usage, "prompt_tokens") if usage else None,
+                completion_tokens=completion_tokens(response_ids, usage),
                 writer_id=writer_id,
                 api_response=api_response,
                 buffered_stream=pending.stream,
@@ -328,7 +330,7 @@ def native_turn(
     """
     message, finish_reason = pending.bridge.chat_view(answer)
     usage = answer.get("usage") or {}
-    return _base_turn(
+    return base_turn(
         pending,
         0,
         model=str(answer.get("model") or pending.model),
@@ -350,7 +352,7 @@ def error_turn(
 ) -> Turn:
     """The row for a call that failed: the error is data too (backends time out, reject, crash)."""
     message = f"{type(error).__name__}: {error}"
-    return _base_turn(
+    return base_turn(
         pending,
         0,
         model=pending.model,
@@ -359,107 +361,3 @@ def error_turn(
         token_source="none",
         writer_id=writer_id,
     )
-
-
-@dataclass
-class _StreamedChoice:
-    content: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
-    saw_token_ids: bool = False
-    missed_token_ids: bool = False
-    """A chunk carried a token's logprob but not its ID: LiteLLM drops the IDs of a final chunk
-    without text, such as vLLM's end of sequence, so the ID list would be incomplete."""
-    saw_logprobs: bool = False
-    finish_reason: str | None = None
-
-
-@dataclass
-class StreamAccumulator:
-    """Assembles a streamed answer chunk by chunk, keeping per-chunk token IDs and logprobs."""
-
-    choices: dict[int, _StreamedChoice] = field(default_factory=dict)
-    prompt_token_ids: list[int] | None = None
-    model: str | None = None
-    usage: object = None
-    first_token_at: datetime | None = None
-
-    def add(self, chunk: object) -> bool:
-        """Take a chunk; True if it ends a choice (so it must wait until the turn is spooled)."""
-        self.model = self.model or _field(chunk, "model")
-        self.prompt_token_ids = self.prompt_token_ids or _field(chunk, "prompt_token_ids")
-        if _field(chunk, "usage") is not None:
-            self.usage = _field(chunk, "usage")
-        ends = False
-        for choice in _field(chunk, "choices") or []:
-            state = self.choices.setdefault(_field(choice, "index") or 0, _StreamedChoice())
-            delta = _field(choice, "delta")
-            content = _field(delta, "content") if delta is not None else _field(choice, "text")
-            tool_calls = (_field(delta, "tool_calls") if delta is not None else None) or []
-            if content or tool_calls:
-                self.first_token_at = self.first_token_at or utc_now()
-            if content:
-                state.content.append(content)
-            for call in tool_calls:
-                self._add_tool_call(state, call)
-            token_ids = _field(choice, "token_ids")
-            if token_ids is None:
-                token_ids = (_field(choice, "provider_specific_fields") or {}).get("token_ids")
-            values = _logprob_values(_field(choice, "logprobs"))
-            if token_ids is not None:
-                state.saw_token_ids = True
-                state.token_ids.extend(token_ids if isinstance(token_ids, list) else [token_ids])
-            elif values:
-                state.missed_token_ids = True
-            if values is not None:
-                state.saw_logprobs = True
-                state.logprobs.extend(values)
-            finish_reason = _field(choice, "finish_reason")
-            state.finish_reason = finish_reason or state.finish_reason
-            ends = ends or bool(finish_reason)
-        return ends
-
-    @staticmethod
-    def _add_tool_call(state: _StreamedChoice, call: object) -> None:
-        index = _field(call, "index") or 0
-        entry = state.tool_calls.setdefault(
-            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-        )
-        entry["id"] = _field(call, "id") or entry["id"]
-        function = _field(call, "function")
-        if function is not None:
-            entry["function"]["name"] += _field(function, "name") or ""
-            entry["function"]["arguments"] += _field(function, "arguments") or ""
-
-    def turns(self, pending: PendingCall, redactor: Redactor, writer_id: str) -> list[Turn]:
-        if not self.choices:
-            raise UnusableAnswer("the stream carried no choices")
-        turns = []
-        for index in sorted(self.choices):
-            state = self.choices[index]
-            message: dict[str, Any] = {"role": "assistant", "content": "".join(state.content)}
-            if state.tool_calls:
-                message["tool_calls"] = [state.tool_calls[i] for i in sorted(state.tool_calls)]
-            complete_ids = state.saw_token_ids and not state.missed_token_ids
-            response_ids = state.token_ids if complete_ids else None
-            turns.append(
-                _base_turn(
-                    pending,
-                    index,
-                    model=str(self.model or pending.model),
-                    status="success",
-                    finish_reason=state.finish_reason,
-                    token_source=_token_source(self.prompt_token_ids, response_ids),
-                    prompt_token_ids=self.prompt_token_ids,
-                    response_token_ids=response_ids,
-                    response_logprobs=state.logprobs if state.saw_logprobs else None,
-                    response_message=scrubbed_json(message, redactor),
-                    response_text=redactor.text(message["content"]) or None,
-                    first_token_at=self.first_token_at,
-                    prompt_tokens=_field(self.usage, "prompt_tokens") if self.usage else None,
-                    completion_tokens=_completion_tokens(response_ids, self.usage),
-                    writer_id=writer_id,
-                )
-            )
-        return turns

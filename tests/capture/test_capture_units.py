@@ -32,8 +32,8 @@ from claw_pipelines.capture.redact import REDACTED, Redactor
 from claw_pipelines.capture.request_body import BodyRejected, parse_json_object
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.capture.stream_turns import StreamAccumulator
 from claw_pipelines.capture.turns import (
-    StreamAccumulator,
     UnusableAnswer,
     pending_call,
     turns_from_response,
