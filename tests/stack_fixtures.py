@@ -10,10 +10,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
 import openai
 import polars as pl
 
@@ -160,34 +161,93 @@ def launch_stack(
     return CaptureStack(workdir, engine, proxy, key, env)
 
 
+LOAD_APIS = ("chat", "responses", "messages")
+LOAD_RETRIED_ERRORS = (
+    openai.APIConnectionError,
+    openai.APIStatusError,
+    openai.APITimeoutError,
+    anthropic.APIConnectionError,
+    anthropic.APIStatusError,
+    anthropic.APITimeoutError,
+)
+LOAD_QUESTION = "What is 6 * 7?"
+
+
+def _load_client(
+    api: str, base_url: str, key: str
+) -> tuple[openai.AsyncOpenAI | anthropic.AsyncAnthropic, Callable[[], Awaitable[str]]]:
+    """A client of ``api`` through ``base_url`` (``…/v1``) and its call, which returns the
+    answer's turn id."""
+    messages = [{"role": "user", "content": LOAD_QUESTION}]
+    if api == "messages":
+        anthropic_client = anthropic.AsyncAnthropic(
+            base_url=base_url.removesuffix("/v1"), api_key=key, max_retries=0, timeout=30
+        )
+
+        async def message() -> str:
+            raw = await anthropic_client.messages.with_raw_response.create(
+                model="policy", messages=messages, max_tokens=16
+            )
+            return raw.headers["x-litellm-call-id"]
+
+        return anthropic_client, message
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=30)
+
+    async def chat() -> str:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="policy", messages=messages, max_tokens=16
+        )
+        return raw.headers["x-litellm-call-id"]
+
+    async def response() -> str:
+        raw = await client.responses.with_raw_response.create(
+            model="policy", input=LOAD_QUESTION, max_output_tokens=16
+        )
+        return raw.headers["x-litellm-call-id"]
+
+    return client, chat if api == "chat" else response
+
+
 class Load:
     """Clients that keep calling the proxy (through restarts: a refused call is tried again)
-    and record the turn id of every answer. Client ``i`` uses ``base_urls[i]`` (``…/v1``)."""
+    and record the turn id of every answer. Client ``i`` uses ``base_urls[i]`` (``…/v1``) and
+    speaks ``LOAD_APIS[i % 3]``, so every route the proxy captures is under the same load."""
 
     def __init__(self, key: str, base_urls: list[str]) -> None:
         self.key = key
         self.base_urls = base_urls
         self.answered: list[str] = []
+        self.answered_by_api: dict[str, list[str]] = {api: [] for api in LOAD_APIS}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
-    async def _one(self, base_url: str) -> None:
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=self.key, max_retries=0, timeout=30)
+    async def _one(self, base_url: str, api: str) -> None:
+        client, call = _load_client(api, base_url, self.key)
         async with client:
             while not self.stop.is_set():
                 try:
-                    raw = await client.chat.completions.with_raw_response.create(
-                        model="policy",
-                        messages=[{"role": "user", "content": "What is 6 * 7?"}],
-                        max_tokens=16,
-                    )
-                except (openai.APIConnectionError, openai.APIStatusError, openai.APITimeoutError):
+                    turn_id = await call()
+                except LOAD_RETRIED_ERRORS:
                     await asyncio.sleep(0.2)
                     continue
-                self.answered.append(raw.headers["x-litellm-call-id"])
+                self.answered.append(turn_id)
+                self.answered_by_api[api].append(turn_id)
 
     async def _run(self) -> None:
-        await asyncio.gather(*(self._one(url) for url in self.base_urls))
+        await asyncio.gather(
+            *(self._one(url, LOAD_APIS[i % len(LOAD_APIS)]) for i, url in enumerate(self.base_urls))
+        )
+
+    def missing_by_api(self, turns: pl.DataFrame) -> dict[str, int]:
+        """For each API, how many of its answers are not among ``turns`` as a turn of that API
+        (every API must have been answered)."""
+        assert all(self.answered_by_api.values()), {
+            k: len(v) for k, v in self.answered_by_api.items()
+        }
+        return {
+            api: len(set(ids) - set(turns.filter(pl.col("api") == api)["turn_id"]))
+            for api, ids in self.answered_by_api.items()
+        }
 
     def wait_for(self, count: int, timeout_s: float = 120) -> None:
         """Until ``count`` calls were answered in all."""

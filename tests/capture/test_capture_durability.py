@@ -1,4 +1,5 @@
-"""Concurrency and crashes: rows == answered calls, no duplicate turn ids, no loss on kill -9."""
+"""Concurrency and crashes: rows == answered calls, no duplicate turn ids, no loss on kill -9
+(on chat completions, Responses and Messages at once)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,7 @@ def test_kill_9_under_load_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     missing = answered - set(turns["turn_id"])
     assert not missing, f"{len(missing)} answered turns missing"
     assert turns["turn_id"].n_unique() == turns.height, "duplicate turn ids"
+    assert load.missing_by_api(turns) == {"chat": 0, "responses": 0, "messages": 0}
     assert turns.filter(pl.col("status") == "success").height >= len(answered)
     assert not any(Path(stack.env["CLAW_SPOOL_DIR"]).glob("*/*.spool"))
 

@@ -33,7 +33,7 @@ def _landed(fleet: Fleet, answered: set[str], timeout_s: float = 120) -> pl.Data
         turns = (
             fleet.lake.scan("turns")
             .filter(pl.col("trajectory_id").str.starts_with(PREFIX))
-            .select("turn_id", "writer_id")
+            .select("turn_id", "writer_id", "api")
             .collect()
         )
         if answered <= set(turns["turn_id"]) or time.monotonic() > deadline:
@@ -64,6 +64,7 @@ def test_three_proxies_on_one_s3_lake_survive_a_kill_9(fleet: Fleet) -> None:
     missing = answered - set(turns["turn_id"])
     assert not missing, f"{len(missing)} answered turns missing"
     assert turns["turn_id"].n_unique() == turns.height, "duplicate turn ids"
+    assert load.missing_by_api(turns) == {"chat": 0, "responses": 0, "messages": 0}
     unanswered = turns.filter(~pl.col("turn_id").is_in(list(answered)))
     assert unanswered.height <= CLIENTS // PROXIES  # in flight on the killed proxy: spooled,
     assert set(unanswered["writer_id"]) <= dead_spools  # and their answers never left it
