@@ -31,10 +31,15 @@ def _lake_of_settings() -> LakeResource:
 
 
 def build_definitions(
-    lake: LakeResource | None = None, sensor_interval_s: int | None = None
+    lake: LakeResource | None = None,
+    sensor_interval_s: int | None = None,
+    sensor_wait_s: float | None = None,
 ) -> dg.Definitions:
-    """The code location, bound to ``lake`` (default: CLAW_LAKE_URI) for tests and tools."""
-    interval = sensor_interval_s or OrchestrationSettings().sensor_interval_s
+    """The code location, bound to ``lake`` (default: CLAW_LAKE_URI) for tests and tools;
+    sensor timing from ``OrchestrationSettings`` unless given."""
+    settings = OrchestrationSettings()
+    interval = sensor_interval_s or settings.sensor_interval_s
+    wait = settings.sensor_wait_s if sensor_wait_s is None else sensor_wait_s
     lifecycle = dg.Definitions(
         assets=[
             *landing.LANDING_SPECS,
@@ -45,7 +50,7 @@ def build_definitions(
             quality.curated_steps,
             *release.release_assets(),
         ],
-        sensors=[landing.build_ingest_sensor(interval), build_automation_sensor(interval)],
+        sensors=[landing.build_ingest_sensor(interval, wait), build_automation_sensor(interval)],
         jobs=[maintenance.landing_maintenance],
         schedules=[maintenance.landing_maintenance_schedule],
         resources={"lake": lake or _lake_of_settings()},

@@ -37,6 +37,10 @@ REFRESH = ["steps", "trajectories", "rewarded_steps", "scored_steps", "curated_s
            *(f"release_{name}" for name in recipes())]  # fmt: skip
 """What new landing data refreshes, in one run (``assets.release`` builds the batches)."""
 
+CLOSING_TABLES = ["trajectory_events", "rewards", "labels"]
+"""Landing tables whose new rows can make a batch ready (a completion, a reward, a label): a
+waiting tick of the ingest sensor reports them the moment they land."""
+
 LANDING_READERS: dict[str, list[str]] = {
     "turns": ["steps"],
     "trajectory_events": ["steps", "trajectories", "rewarded_steps"],
@@ -72,7 +76,10 @@ def _data_changed(table: DeltaTable, after_version: int | None) -> bool:
     return after_version is None or bool(data_commits(table, after_version))
 
 
-def build_ingest_sensor(interval_s: int) -> dg.SensorDefinition:
+def build_ingest_sensor(interval_s: int, wait_s: float) -> dg.SensorDefinition:
+    """The ingest sensor; each tick first waits up to ``wait_s`` for a commit to one of the
+    ``CLOSING_TABLES`` (``OrchestrationSettings.sensor_wait_s``)."""
+
     @dg.sensor(
         name="landing_ingest_sensor",
         minimum_interval_seconds=interval_s,
@@ -86,6 +93,7 @@ def build_ingest_sensor(interval_s: int) -> dg.SensorDefinition:
     ) -> dg.SensorResult | dg.SkipReason:
         seen: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
         the_lake = lake.lake()
+        the_lake.wait_for_commit(CLOSING_TABLES, seen, wait_s)
         events = []
         for table in LANDING_TABLES:
             delta_table = the_lake.open(table)

@@ -127,6 +127,30 @@ class Lake:
         and their old files would otherwise pile up."""
         self.vacuum(table, 0, enforce_retention_duration=False, keep_versions=keep_versions)
 
+    def wait_for_commit(
+        self, tables: Iterable[str], seen: dict[str, int], timeout_s: float, poll_s: float = 0.25
+    ) -> bool:
+        """Whether one of ``tables`` gets a version other than its ``seen`` one (a table not in
+        ``seen``: any version) within ``timeout_s``. A long poll: each poll reads only the log
+        entries new since the last (well under a millisecond a table), not the whole log."""
+        deadline = time.monotonic() + timeout_s
+        opened: dict[str, DeltaTable] = {}
+        while True:
+            for table in tables:
+                delta_table = opened.get(table)
+                if delta_table is None:
+                    delta_table = self.open(table)
+                    if delta_table is None:
+                        continue
+                    opened[table] = delta_table
+                else:
+                    delta_table.update_incremental()
+                if delta_table.version() != seen.get(table):
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+
     def version(self, table: str) -> int | None:
         delta_table = self.open(table)
         return None if delta_table is None else delta_table.version()

@@ -25,7 +25,11 @@ class Bound:
 
     @classmethod
     def over(cls, resource: LakeResource) -> Bound:
-        return cls(resource.lake(), resource, build_definitions(lake=resource, sensor_interval_s=1))
+        return cls(
+            resource.lake(),
+            resource,
+            build_definitions(lake=resource, sensor_interval_s=1, sensor_wait_s=0),
+        )
 
     def sensor(self, name: str) -> dg.SensorDefinition:
         return self.defs.resolve_sensor_def(name)

@@ -28,7 +28,11 @@ CHAIN = ["steps", "trajectories", "rewarded_steps", "scored_steps", "curated_ste
 def pipeline(tmp_path: Path) -> Iterator[tuple[LakeResource, dg.Definitions, dg.DagsterInstance]]:
     resource = LakeResource(lake_uri=str(tmp_path / "lake"))
     with dg.instance_for_test() as instance:
-        yield resource, build_definitions(lake=resource, sensor_interval_s=1), instance
+        yield (
+            resource,
+            build_definitions(lake=resource, sensor_interval_s=1, sensor_wait_s=0),
+            instance,
+        )
 
 
 def materialize(defs: dg.Definitions, instance, keys: list[str], partition_key: str | None = None):
