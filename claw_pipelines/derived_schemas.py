@@ -13,7 +13,7 @@ from typing import TypeVar
 import polars as pl
 import pyarrow as pa
 
-from claw_pipelines.lake import keyed
+from claw_pipelines.lake import floor_ms, keyed
 from claw_pipelines.schemas import LANDING_MODELS, Turn
 
 _TOKENS = pa.list_(pa.int32())
@@ -365,12 +365,10 @@ def _within(started: pl.Series) -> pl.Expr:
     file statistics keep timestamps to the millisecond (no bound when any is unknown)."""
     if started.null_count() or started.is_empty():
         return pl.lit(True)
-    first, last = started.min(), started.max() + timedelta(milliseconds=1)
-    first = first.replace(microsecond=first.microsecond // 1000 * 1000)
-    within = pl.col("started_at").is_between(
+    first, last = floor_ms(started.min()), started.max() + timedelta(milliseconds=1)
+    return pl.col("started_at").is_between(
         pl.lit(first, started.dtype), pl.lit(last, started.dtype)
     )
-    return within
 
 
 def polars_schema(schema: pa.Schema) -> pl.Schema:
