@@ -169,9 +169,6 @@ TRAJECTORIES = pa.schema(
 """One row per trajectory (side trajectories included: ``parent_trajectory_id`` names the
 trajectory whose session they ran in)."""
 
-LENGTH_COLUMNS = ["prompt_len", "response_len"]
-"""The token lists' lengths, kept on every step table so filters and sizing skip the lists."""
-
 REWARDED_STEPS = pa.schema(
     [
         *STEPS,
