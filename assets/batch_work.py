@@ -26,6 +26,21 @@ def partitions(recipe: str) -> dg.DynamicPartitionsDefinition:
     return dg.DynamicPartitionsDefinition(name=f"batches_{recipe}")
 
 
+def batch_key(recipe: str) -> dg.AssetKey:
+    """The partitioned batch asset of ``recipe``, which the release asset also records."""
+    return dg.AssetKey(f"batch_{recipe}")
+
+
+def export_key(recipe: str) -> dg.AssetKey:
+    return dg.AssetKey(f"export_{recipe}")
+
+
+def batch_pool(recipe: str) -> str:
+    """The pool of ``recipe``'s batch and release steps: they share it, so a release never
+    races a UI launch of the same recipe (dagster.yaml: one slot per pool)."""
+    return f"claw_batch_{recipe}"
+
+
 def _group_check(recipe: Recipe, rows: pl.DataFrame) -> dg.AssetCheckResult:
     if recipe.algorithm not in GROUPED:
         return dg.AssetCheckResult(
@@ -73,7 +88,7 @@ def batch_checks(recipe: str, parts: dg.PartitionsDefinition) -> list[dg.AssetCh
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)
         return [
-            dg.AssetCheckSpec(check, asset=f"batch_{recipe}", blocking=True, partitions_def=parts)
+            dg.AssetCheckSpec(check, asset=batch_key(recipe), blocking=True, partitions_def=parts)
             for check in ("groups_complete", "no_step_consumed_twice")
         ]
 

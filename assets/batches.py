@@ -17,7 +17,15 @@ import dagster as dg
 import polars as pl
 
 from assets.automation import after_its_batch
-from assets.batch_work import batch_checks, build_batch, export_written, partitions
+from assets.batch_work import (
+    batch_checks,
+    batch_key,
+    batch_pool,
+    build_batch,
+    export_key,
+    export_written,
+    partitions,
+)
 from assets.landing import OWNERS
 from assets.quality import curated_steps
 from assets.races import retried_when_raced
@@ -67,13 +75,13 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
     parts = partitions(name)
 
     @dg.asset(
-        name=f"batch_{name}",
+        key=batch_key(name),
         group_name="batches",
         kinds={"deltalake", "polars"},
         owners=OWNERS,
         deps=[curated_steps],
         partitions_def=parts,
-        pool=f"claw_batch_{name}",
+        pool=batch_pool(name),
         description=(
             f"Training batches of the `{name}` recipe ({recipe.algorithm}, groups of "
             f"{recipe.group_size}, {recipe.groups_per_batch} per batch): framework-neutral rows "
@@ -95,7 +103,7 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
     name = recipe.name
 
     @dg.asset(
-        name=f"export_{name}",
+        key=export_key(name),
         group_name="exports",
         kinds={"parquet", "json"},
         owners=OWNERS,

@@ -1,4 +1,4 @@
-"""A step that lost a commit race (``incremental.ConcurrentRun``) is retried by Dagster.
+"""A step that lost a commit race (``incremental.increment.ConcurrentRun``) is retried by Dagster.
 
 The losing run wrote nothing that counts, and its retry reads on from the winner's watermark,
 so an instance without the pool limits of dagster.yaml (which queue such runs instead) still

@@ -12,7 +12,15 @@ relauncher's way (a straggler timeout, a run that died after its reservation).
 import dagster as dg
 
 from assets.automation import on_new_data
-from assets.batch_work import Built, build_batch, export_written, partitions
+from assets.batch_work import (
+    Built,
+    batch_key,
+    batch_pool,
+    build_batch,
+    export_key,
+    export_written,
+    partitions,
+)
 from assets.landing import OWNERS
 from assets.quality import curated_steps
 from claw_pipelines.batching import ledger
@@ -32,7 +40,7 @@ def release_key(recipe: str) -> str:
 
 def _record(context: dg.AssetExecutionContext, recipe: Recipe, batch_id: str, built: Built) -> None:
     """The batch's partition materialization and checks, as its own asset would record them."""
-    key = dg.AssetKey(f"batch_{recipe.name}")
+    key = batch_key(recipe.name)
     context.log_event(dg.AssetMaterialization(key, partition=batch_id, metadata=built.metadata))
     for check in built.checks:
         context.log_event(
@@ -63,9 +71,10 @@ def release(context: dg.AssetExecutionContext, lake: Lake, recipe: Recipe) -> li
         _record(context, recipe, batch_id, built)
         if built.passed:  # the blocking checks gate the export, as in a batch's own run
             metadata = export_written(lake, recipe, batch_id, built)
-            export = dg.AssetKey(f"export_{recipe.name}")
             context.log_event(
-                dg.AssetMaterialization(export, partition=batch_id, metadata=metadata)
+                dg.AssetMaterialization(
+                    export_key(recipe.name), partition=batch_id, metadata=metadata
+                )
             )
         released.append(batch_id)
     return released
@@ -82,7 +91,7 @@ def build_release_asset(recipe: Recipe, priority: int) -> dg.AssetsDefinition:
         kinds={"deltalake", "parquet"},
         owners=OWNERS,
         deps=[curated_steps],
-        pool=f"claw_batch_{recipe.name}",
+        pool=batch_pool(recipe.name),
         op_tags={"dagster/priority": str(priority)},
         automation_condition=on_new_data(),
         description=(

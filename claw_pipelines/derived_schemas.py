@@ -13,7 +13,7 @@ from typing import TypeVar
 import polars as pl
 import pyarrow as pa
 
-from claw_pipelines.lake import keyed
+from claw_pipelines.lake import floor_ms, keyed
 from claw_pipelines.schemas import LANDING_MODELS, Turn
 
 _TOKENS = pa.list_(pa.int32())
@@ -168,9 +168,6 @@ TRAJECTORIES = pa.schema(
 )
 """One row per trajectory (side trajectories included: ``parent_trajectory_id`` names the
 trajectory whose session they ran in)."""
-
-LENGTH_COLUMNS = ["prompt_len", "response_len"]
-"""The token lists' lengths, kept on every step table so filters and sizing skip the lists."""
 
 REWARDED_STEPS = pa.schema(
     [
@@ -365,12 +362,10 @@ def _within(started: pl.Series) -> pl.Expr:
     file statistics keep timestamps to the millisecond (no bound when any is unknown)."""
     if started.null_count() or started.is_empty():
         return pl.lit(True)
-    first, last = started.min(), started.max() + timedelta(milliseconds=1)
-    first = first.replace(microsecond=first.microsecond // 1000 * 1000)
-    within = pl.col("started_at").is_between(
+    first, last = floor_ms(started.min()), started.max() + timedelta(milliseconds=1)
+    return pl.col("started_at").is_between(
         pl.lit(first, started.dtype), pl.lit(last, started.dtype)
     )
-    return within
 
 
 def polars_schema(schema: pa.Schema) -> pl.Schema:

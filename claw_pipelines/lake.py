@@ -10,6 +10,7 @@ import contextlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -251,6 +252,13 @@ def keyed(frame: pl.LazyFrame, column: str, keys: pl.Series) -> pl.LazyFrame:
     return frame.filter((value >= pl.lit(ordered[0])) & (value <= pl.lit(ordered[-1]))).join(
         ordered.to_frame(column).lazy(), on=column, how="semi"
     )
+
+
+def floor_ms(moment: datetime) -> datetime:
+    """``moment`` down to the millisecond: Delta's file statistics keep timestamps to the
+    millisecond, so a scan's lower bound in the same millisecond as a file's latest row would
+    skip that file (seen: ``planned_at >= x`` found nothing for a row at exactly ``x``)."""
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
 def column_bound(delta_table: DeltaTable, column: str, bound: Literal["min", "max"]):

@@ -26,7 +26,7 @@ from claw_pipelines.batching.recipe import PINNED, Recipe
 from claw_pipelines.batching.retirements import Retirements, retired_table
 from claw_pipelines.derived_schemas import LEDGER, conform
 from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, ConcurrentRun
-from claw_pipelines.lake import Lake, compact, keyed
+from claw_pipelines.lake import Lake, compact, floor_ms, keyed
 from claw_pipelines.policy_versions import highest_announced_version, lag_reference
 
 PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
@@ -110,13 +110,6 @@ def exported_batches(lake: Lake, recipe: str, batch_ids: list[str]) -> set[str]:
     return {b for b, found in zip(batch_ids, lake.files_exist(manifests), strict=True) if found}
 
 
-def _floor_ms(moment: datetime) -> datetime:
-    """``moment`` down to the millisecond: Delta's file statistics keep timestamps to the
-    millisecond, so a scan's lower bound in the same millisecond as a file's latest row would
-    skip that file (seen: ``planned_at >= x`` found nothing for a row at exactly ``x``)."""
-    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
-
-
 def unfinished_batches(
     lake: Lake, recipe: str, reserved_before: datetime, reserved_since: datetime | None = None
 ) -> pl.DataFrame:
@@ -132,7 +125,7 @@ def unfinished_batches(
         return pl.DataFrame(schema=columns)
     window = pl.col("planned_at") < reserved_before
     if reserved_since is not None:
-        window &= pl.col("planned_at") >= _floor_ms(reserved_since)
+        window &= pl.col("planned_at") >= floor_ms(reserved_since)
     candidates = (
         reserved.filter(window).group_by("batch_id").agg(pl.col("planned_at").min()).collect()
     )

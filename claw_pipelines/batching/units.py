@@ -130,23 +130,20 @@ def _ready_groups(
 def _select_units(
     recipe: Recipe, units: pl.DataFrame, now: datetime
 ) -> tuple[pl.DataFrame, pl.DataFrame, bool]:
-    """Trajectories of the batch (with group order), per-trajectory reasons for the rest, ready."""
-    wanted = recipe.units_per_batch
+    """Trajectories of the batch (with group order), per-trajectory reasons for the rest, ready.
+    A unit (``_unit``, its rank in batch order) is a ready group or a trajectory."""
+    reasons: list[pl.DataFrame] = []
     if recipe.algorithm in GROUPED:
         ready, others = _ready_groups(recipe, units, now)
         order = ready.select("group_id").unique(maintain_order=True).with_row_index("_unit")
-        ready = ready.join(order, on="group_id")
-        chosen = ready.filter(pl.col("_unit") < wanted)
-        later = ready.filter(pl.col("_unit") >= wanted).select(
-            "trajectory_id", pl.lit("next_batch").alias("reason")
-        )
-        return chosen, pl.concat([others, later]), order.height >= wanted
-    ranked = units.with_row_index("_unit")
-    chosen = ranked.filter(pl.col("_unit") < wanted)
-    later = ranked.filter(pl.col("_unit") >= wanted).select(
-        "trajectory_id", pl.lit("next_batch").alias("reason")
-    )
-    return chosen, later, ranked.height >= wanted
+        ranked, available = ready.join(order, on="group_id"), order.height
+        reasons.append(others)
+    else:
+        ranked, available = units.with_row_index("_unit"), units.height
+    wanted = recipe.units_per_batch
+    later = pl.col("_unit") >= wanted
+    reasons.append(ranked.filter(later).select("trajectory_id", reason=pl.lit("next_batch")))
+    return ranked.filter(~later), pl.concat(reasons), available >= wanted
 
 
 def trajectory_batch(

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-import numpy as np
 import polars as pl
 
 from claw_pipelines.derived_schemas import STEP_SOURCE_COLUMNS
@@ -87,14 +86,14 @@ def turn_chunks(increment: Increment) -> TurnChunks:
     bounds = [*ends[:-1], upto]
     chunks = [TurnChunk(v) for v in zip([after, *bounds[:-1]], bounds, strict=True)]
     last = _last_versions(light)
-    index = np.searchsorted(np.array(bounds[:-1], dtype=np.int64), last["_commit_version"], "left")
-    return TurnChunks(chunks, last.with_columns(pl.Series("_range", index, pl.Int64)))
+    ranges = pl.Series(ends[:-1], dtype=pl.UInt64).search_sorted(last["_commit_version"], "left")
+    return TurnChunks(chunks, last.with_columns(ranges.cast(pl.Int64).alias("_range")))
 
 
 def _last_versions(light: pl.DataFrame | None) -> pl.DataFrame:
     """Per trajectory, the version of its last new turn."""
     if light is None:
-        return pl.DataFrame(schema={"trajectory_id": pl.String, "_commit_version": pl.Int64})
+        return pl.DataFrame(schema={"trajectory_id": pl.String, "_commit_version": pl.UInt64})
     return (
         light.drop_nulls("trajectory_id")
         .group_by("trajectory_id")
