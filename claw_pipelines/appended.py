@@ -47,16 +47,18 @@ def _added_files(
 
 
 def appended_rows(
-    delta_table: DeltaTable,
-    start: int,
-    end: int,
-    columns: list[str] | None,
-    storage_options: dict[str, str] | None = None,
+    delta_table: DeltaTable, start: int, end: int, columns: list[str] | None
 ) -> pl.DataFrame | None:
     """The rows versions ``start..end`` of an open table appended, shaped like the change data
     feed's inserts (``_change_type``, ``_commit_version``); None when a commit of the range did
     more than append, when it added no file, or when a file it added is gone (vacuumed); and
-    on an object store whose ``storage_options`` the caller did not pass."""
+    for a table on an object store opened without storage options.
+
+    The files are read with the options the table was opened with (``Lake.open`` passes the
+    lake's), so no caller has to pass them again. deltalake 1.6 keeps them only as
+    ``DeltaTable._storage_options``, which its own ``write_deltalake`` and polars'
+    ``scan_delta`` read the same way."""
+    storage_options = delta_table._storage_options
     if storage_options is None and is_remote(delta_table.table_uri):
         return None
     try:

@@ -306,16 +306,15 @@ def changes(
     after_version: int | None,
     up_to_version: int,
     columns: list[str] | None = None,
-    storage_options: dict[str, str] | None = None,
     *,
     with_version: bool = False,
 ) -> pl.DataFrame | None:
     """Rows inserted into an open table in versions ``(after_version, up_to_version]``, read
     from its change data feed (None when the range is empty): the ``columns`` asked for (default
     all), and with ``with_version`` the ``_commit_version`` each row landed in. Commits that
-    only appended are read by polars from the files they added (``appended.appended_rows``;
-    ``storage_options``: the lake's, for a table on an object store). Every reader of what is
-    new goes through here (an ``Increment`` for its run's range).
+    only appended are read by polars from the files they added (``appended.appended_rows``,
+    with the storage options the table was opened with). Every reader of what is new goes
+    through here (an ``Increment`` for its run's range).
 
     The feed reads the files each version added. Once compaction merged them and a vacuum
     deleted them (the landing tables, ``assets.maintenance``), a read from the start of an
@@ -327,7 +326,7 @@ def changes(
         return None
     start = 0 if after_version is None else after_version + 1
     try:
-        inserted = appended_rows(delta_table, start, up_to_version, columns, storage_options)
+        inserted = appended_rows(delta_table, start, up_to_version, columns)
         if inserted is None:
             inserted = _inserted(delta_table, start, up_to_version, columns)
     except Exception as error:  # delta-rs tells a missing file only by a bare Exception's text

@@ -196,10 +196,7 @@ class Increment:
         after, upto = versions or (self.after[source], self.upto[source])
         if upto is None:
             return None
-        options = self.lake.storage_options or None
-        frame = changes(
-            self.inputs[source], after, upto, columns, options, with_version=with_version
-        )
+        frame = changes(self.inputs[source], after, upto, columns, with_version=with_version)
         if frame is not None and versions is None:
             self.rows_read[source] = frame.height
         return frame
