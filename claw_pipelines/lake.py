@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -200,6 +200,19 @@ class Lake:
         writer = self.writer(table)
         writer.append(data, app_id=app_id, app_version=app_version, metadata=metadata)
         return self.version(table)
+
+    def commit_properties(
+        self, apps: Mapping[str, int] | None = None, metadata: Mapping[str, str] | None = None
+    ) -> CommitProperties:
+        """The properties of the lake's commits: the lake's ``max_commit_retries``, an
+        app transaction per ``apps`` entry (app id: version; what ``committed_app_version``
+        and ``DeltaTable.transaction_version`` read back), and ``metadata`` in the commit info."""
+        transactions = [Transaction(app_id=app, version=v) for app, v in (apps or {}).items()]
+        return CommitProperties(
+            max_commit_retries=self.max_commit_retries,
+            app_transactions=transactions or None,
+            custom_metadata=None if metadata is None else dict(metadata),
+        )
 
     def writer(self, table: str) -> TableWriter:
         return TableWriter(self, table)
@@ -404,14 +417,8 @@ class TableWriter:
         app_version: int | None = None,
         metadata: dict[str, str] | None = None,
     ) -> None:
-        transactions = None
-        if app_id is not None and app_version is not None:
-            transactions = [Transaction(app_id=app_id, version=app_version)]
-        properties = CommitProperties(
-            max_commit_retries=self.lake.max_commit_retries,
-            app_transactions=transactions,
-            custom_metadata=metadata,
-        )
+        apps = None if app_id is None or app_version is None else {app_id: app_version}
+        properties = self.lake.commit_properties(apps, metadata)
         try:
             self._write(data, properties)
         except CommitFailedError:

@@ -17,7 +17,7 @@ from datetime import datetime
 
 import polars as pl
 import pyarrow as pa
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.batch_tables import batches_table, ledger_table, manifest_path
@@ -190,10 +190,8 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
             target,
             rows,
             mode="append",
-            commit_properties=CommitProperties(
-                max_commit_retries=lake.max_commit_retries,
-                app_transactions=[Transaction(app_id=_plan_app(recipe.name), version=done + 1)],
-                custom_metadata={"claw.batch_id": batch_id},
+            commit_properties=lake.commit_properties(
+                {_plan_app(recipe.name): done + 1}, {"claw.batch_id": batch_id}
             ),
         )
     except CommitFailedError as error:

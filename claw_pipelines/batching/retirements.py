@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import polars as pl
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.batching.planner import BatchPlan
@@ -172,17 +172,10 @@ class Retirements:
     def _commit(
         self, through: int | None, metadata: dict[str, str] | None = None
     ) -> CommitProperties:
-        transactions = None
+        apps = None
         if through is not None:
-            transactions = [
-                Transaction(app_id=through_app(self.recipe.name), version=through),
-                Transaction(app_id=RECIPE_APP, version=fingerprint(self.recipe)),
-            ]
-        return CommitProperties(
-            max_commit_retries=self.lake.max_commit_retries,
-            app_transactions=transactions,
-            custom_metadata=metadata,
-        )
+            apps = {through_app(self.recipe.name): through, RECIPE_APP: fingerprint(self.recipe)}
+        return self.lake.commit_properties(apps, metadata)
 
     def _give_up(self, action: str, error: CommitFailedError) -> None:
         self.usable = False

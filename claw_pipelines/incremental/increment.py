@@ -39,7 +39,6 @@ from deltalake import (
     ColumnProperties,
     CommitProperties,
     DeltaTable,
-    Transaction,
     WriterProperties,
     write_deltalake,
 )
@@ -218,26 +217,22 @@ class Increment:
             frame = frame.select(columns)
         return keyed(frame, column, pl.Series(keys, dtype=pl.String)).collect()
 
-    def _transactions(self, watermark: bool = True) -> list[Transaction]:
+    def _apps(self, watermark: bool = True) -> dict[str, int]:
         """The writer; with ``watermark`` also the input versions, run number and attempt."""
-        writer = Transaction(app_id=watermark_app(self.asset, "writer"), version=self.attempt)
+        writer = {watermark_app(self.asset, "writer"): self.attempt}
         if not watermark:
-            return [writer]
+            return writer
         committed = {**self.upto, "run": self.run, "attempt": self.attempt}
-        return [
-            writer,
-            *(
-                Transaction(app_id=watermark_app(self.asset, name), version=version)
-                for name, version in committed.items()
-                if version is not None
-            ),
-        ]
+        return writer | {
+            watermark_app(self.asset, name): version
+            for name, version in committed.items()
+            if version is not None
+        }
 
     def _properties(self, watermark: bool = True) -> CommitProperties:
-        return CommitProperties(
-            max_commit_retries=self.lake.max_commit_retries,
-            app_transactions=self._transactions(watermark),
-            custom_metadata={
+        return self.lake.commit_properties(
+            self._apps(watermark),
+            {
                 "claw.asset": self.asset,
                 "claw.attempt": str(self.attempt),
                 "claw.read": json.dumps(self.ranges()),
