@@ -3,8 +3,9 @@
 Work grows with what is new, not with the table: each run reads the turns and trajectory events
 landed since its watermark plus its own small state (turns of still-open trajectories and the
 tails of recently closed ones it touches) and emits the steps of every trajectory that closed in
-this run. The result separates what changed (open turns, new tails) from the tails kept as they
-were, so a caller stores only the changes (``assets.steps``: ``steps_open``, ``steps_tails``).
+this run. The result holds only what changed, the open turns and the new tails, and the caller
+stores just that (``assets.steps``: it replaces ``steps_open`` and appends to the
+``steps_tails`` log, which keeps the tails a run left as they were).
 
 Rules:
 - A trajectory closes on a completed/aborted event, or when idle (no turn ended within
@@ -58,8 +59,9 @@ from claw_pipelines.transforms.threads import regroup, side_threads
 
 @dataclass(frozen=True)
 class StepExtraction:
-    """One run's result: steps to append, and the next state in three parts (rows in
-    ``derived_schemas.OPEN_STATE``), so a caller can store what changed and no more."""
+    """One run's result: steps to append, and what changed in the state (rows in
+    ``derived_schemas.OPEN_STATE``). The next run's state is the open turns plus every tail
+    stored so far (several per reopened trajectory: the highest ``step_index`` is current)."""
 
     steps: pl.DataFrame
     """Rows in ``derived_schemas.EXTRACTED_STEPS`` (with their turns' token lists)."""
@@ -67,13 +69,6 @@ class StepExtraction:
     """The turns of trajectories still open (``state = open``)."""
     new_tails: pl.DataFrame
     """The tails of the trajectories this run closed or extended (``state = closed``)."""
-    kept_tails: pl.LazyFrame
-    """The closed tails of the reopen window this run did not change (a scan, not collected)."""
-
-    @property
-    def open_state(self) -> pl.LazyFrame:
-        """The whole next state."""
-        return pl.concat([self.open_turns.lazy(), self.new_tails.lazy(), self.kept_tails])
 
 
 _PENDING = [*STEP_SOURCE_COLUMNS, "source_version", "trajectory_inferred"]
@@ -103,7 +98,7 @@ def _touching(
 ) -> pl.Expr:
     """The closed tails a run may read or change: those of the trajectories with new turns, new
     events or open turns, and every inferred one when a new turn has no identity (it may
-    continue any of them). The others pass through to the next state without being collected."""
+    continue any of them). The others are not collected."""
     frames = [f for f in (new_turns, new_events, open_rows) if f is not None and f.height]
     touched = pl.concat([f.get_column("trajectory_id") for f in frames]) if frames else None
     wanted = pl.lit(False)
@@ -325,7 +320,6 @@ def extract_steps(
         .sort("step_index", "closed_at", nulls_last=False)
         .unique("trajectory_id", keep="last", maintain_order=True)
     )
-    untouched = state.filter(in_window & ~touching)
     seen = pl.concat(
         [
             open_rows.select("turn_id"),
@@ -393,7 +387,6 @@ def extract_steps(
     closed = pl.concat([new_tails, event_only], how="diagonal_relaxed").with_columns(
         pl.lit("closed").alias("state"), pl.lit(now).alias("closed_at")
     )
-    unchanged = tails.join(emitted, on="trajectory_id", how="anti")
     return StepExtraction(
         steps=steps,
         open_turns=fit(
@@ -401,7 +394,6 @@ def extract_steps(
             OPEN_STATE,
         ).with_columns(pl.lit("open").alias("state")),
         new_tails=fit(closed, OPEN_STATE),
-        kept_tails=pl.concat([fit(unchanged.drop(TOKEN_COLUMNS), OPEN_STATE).lazy(), untouched]),
     )
 
 

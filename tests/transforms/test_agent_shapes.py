@@ -209,7 +209,8 @@ def test_late_turns_are_not_split_and_stay_in_the_main_trajectory():
     session = claude_code_session("late", "late-1", start=at(0))
     first = extract_steps(turns(*session["main"][:1]), None, events(event("late-1")),
                           now=at(100))  # fmt: skip
-    late = extract_steps(turns(session["main"][1]), first.open_state, None, now=at(200),
+    state = pl.concat([first.open_turns, first.new_tails])  # steps_open and steps_tails
+    late = extract_steps(turns(session["main"][1]), state, None, now=at(200),
                          landed=first.steps)  # fmt: skip
     assert late.steps.select("trajectory_id", "step_index", "reopened").row(0) == (
         "late-1", 1, True)  # fmt: skip

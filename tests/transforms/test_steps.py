@@ -12,17 +12,29 @@ from claw_pipelines.derived_schemas import EXTRACTED_STEPS, OPEN_STATE, conform
 from claw_pipelines.transforms import extract_steps
 
 
-def _run(new, state=None, evts=None, now=30.0, **kwargs) -> Extracted:
+def _run(new, before: Extracted | None = None, evts=None, now=30.0, **kwargs) -> Extracted:
+    """A run on the state a run ``before`` left, stored as ``assets.steps`` stores it."""
+    state = None if before is None else before.state
     result = extract_steps(new, state, evts, now=at(now), idle_timeout_s=600, **kwargs)
-    return Extracted(result.steps, result.open_state.collect())
+    tails = [result.new_tails] if before is None else [before.tails, result.new_tails]
+    return Extracted(result.steps, result.open_turns, result.new_tails, pl.concat(tails))
 
 
 @dataclass(frozen=True)
 class Extracted:
-    """An extraction with its next state collected, to look at."""
+    """An extraction, and the state the steps asset keeps after it: its open turns replace
+    ``steps_open``, its new tails are appended to the ``steps_tails`` log."""
 
     steps: pl.DataFrame
-    open_state: pl.DataFrame
+    open_turns: pl.DataFrame
+    new_tails: pl.DataFrame
+    tails: pl.DataFrame
+    """The log: every run's new tails so far."""
+
+    @property
+    def state(self) -> pl.DataFrame:
+        """What the next run reads: the open turns and the tails log."""
+        return pl.concat([self.open_turns, self.tails])
 
 
 def test_out_of_order_and_duplicate_turns_become_ordered_unique_steps():
@@ -39,23 +51,26 @@ def test_out_of_order_and_duplicate_turns_become_ordered_unique_steps():
     assert steps["source_version"].unique().to_list() == [7]
     assert steps["shared_prefix_tokens"].to_list() == [0, 23, 27]
     conform(steps, EXTRACTED_STEPS)
-    conform(result.open_state, OPEN_STATE)
+    conform(result.open_turns, OPEN_STATE)
+    conform(result.new_tails, OPEN_STATE)
+    assert result.open_turns.height == 0 and result.new_tails["trajectory_id"].to_list() == ["A"]
 
 
 def test_open_trajectory_is_carried_until_its_event_then_emitted_once():
     rows = chain("A", 3)
     first = _run(turns(rows[0], rows[2]))
     assert first.steps.height == 0
-    assert first.open_state["turn_id"].sort().to_list() == ["A-0", "A-2"]
-    second = _run(turns(rows[1], rows[0]), first.open_state, events(event("A", "aborted")))
+    assert first.open_turns["turn_id"].sort().to_list() == ["A-0", "A-2"]
+    second = _run(turns(rows[1], rows[0]), first, events(event("A", "aborted")))
     assert second.steps["step_id"].to_list() == ["A-0", "A-1", "A-2"]
     assert second.steps["close_reason"].unique().to_list() == ["aborted"]
-    third = _run(None, second.open_state, events(event("A")))
+    assert second.open_turns.height == 0
+    third = _run(None, second, events(event("A")))
     assert third.steps.height == 0
 
 
 def test_idle_trajectory_closes_by_timeout():
-    state = _run(turns(*chain("A", 2))).open_state
+    state = _run(turns(*chain("A", 2)))
     assert _run(None, state, now=300).steps.height == 0
     closed = _run(None, state, now=1000).steps
     assert closed["close_reason"].unique().to_list() == ["timeout"]
@@ -66,10 +81,10 @@ def test_a_log_of_tails_continues_from_the_latest_emission():
     so a second late turn follows the first one, not the original end."""
     rows = chain("A", 4)
     first = _run(turns(*rows[:2]), evts=events(event("A")))
-    second = _run(turns(rows[2]), first.open_state, now=60, landed=first.steps)
-    log = pl.concat([first.open_state, second.open_state])
+    second = _run(turns(rows[2]), first, now=60, landed=first.steps)
+    assert second.tails["step_index"].to_list() == [1, 2]
     emitted = pl.concat([first.steps, second.steps])
-    third = _run(turns(rows[3], rows[1]), log, now=90, landed=emitted)
+    third = _run(turns(rows[3], rows[1]), second, now=90, landed=emitted)
     assert third.steps["step_id"].to_list() == ["A-3"]
     assert third.steps["step_index"].to_list() == [3]
     assert third.steps["prefix_consistent"].all()
@@ -79,26 +94,25 @@ def test_reopened_trajectory_appends_without_duplicating():
     rows = chain("A", 4)
     first = _run(turns(*rows[:2]), evts=events(event("A")))
     assert first.steps["step_index"].to_list() == [0, 1]
-    assert first.open_state["prompt_token_ids"].is_null().all()
-    late = _run(turns(rows[2], rows[1], rows[3]), first.open_state, now=60, landed=first.steps)
+    assert first.state.height == 1 and first.state["prompt_token_ids"].is_null().all()
+    late = _run(turns(rows[2], rows[1], rows[3]), first, now=60, landed=first.steps)
     assert late.steps["step_id"].to_list() == ["A-2", "A-3"]
     assert late.steps["step_index"].to_list() == [2, 3]
     assert late.steps["reopened"].all()
     assert late.steps["prefix_consistent"].all()
     assert late.steps["shared_prefix_tokens"][0] == first.steps["shared_prefix_tokens"][1] + 4
-    tail = late.open_state.filter(pl.col("trajectory_id") == "A")
-    assert tail["emitted_turn_ids"].to_list() == [["A-0", "A-1", "A-2", "A-3"]]
-    again = _run(turns(rows[0]), late.open_state, now=90)
+    assert late.new_tails["emitted_turn_ids"].to_list() == [["A-0", "A-1", "A-2", "A-3"]]
+    again = _run(turns(rows[0]), late, now=90)
     assert again.steps.height == 0
 
 
 def test_a_closed_tail_survives_runs_that_do_not_touch_it():
     rows = chain("A", 3)
     first = _run(turns(*rows[:2]), evts=events(event("A")))
-    other = _run(turns(*chain("B", 1)), first.open_state, events(event("B")), now=40)
-    conform(other.open_state, OPEN_STATE)
+    other = _run(turns(*chain("B", 1)), first, events(event("B")), now=40)
+    assert other.new_tails["trajectory_id"].to_list() == ["B"]  # A's is not rewritten
     emitted = pl.concat([first.steps, other.steps])
-    late = _run(turns(rows[2]), other.open_state, now=60, landed=emitted)
+    late = _run(turns(rows[2]), other, now=60, landed=emitted)
     assert late.steps["step_index"].to_list() == [2]
     assert late.steps["reopened"].all() and late.steps["prefix_consistent"].all()
 
@@ -107,7 +121,7 @@ def test_a_late_turn_is_checked_against_the_late_turn_before_it_not_the_tail():
     rows = chain("A", 4)
     first = _run(turns(*rows[:2]), evts=events(event("A")))
     blind = {**rows[2], "prompt_token_ids": None}
-    late = _run(turns(blind, rows[3]), first.open_state, now=60, landed=first.steps)
+    late = _run(turns(blind, rows[3]), first, now=60, landed=first.steps)
     assert late.steps["step_index"].to_list() == [2, 3]
     assert late.steps["prefix_break_reason"].to_list() == ["missing_tokens", None]
     assert late.steps["prefix_consistent"].to_list() == [False, True]
@@ -115,8 +129,8 @@ def test_a_late_turn_is_checked_against_the_late_turn_before_it_not_the_tail():
 
 def test_event_before_turns_emits_turns_on_arrival():
     first = _run(None, evts=events(event("A")))
-    assert first.open_state.filter(pl.col("state") == "closed")["step_index"].to_list() == [-1]
-    second = _run(turns(*chain("A", 2)), first.open_state)
+    assert first.new_tails["step_index"].to_list() == [-1]
+    second = _run(turns(*chain("A", 2)), first)
     assert second.steps["step_index"].to_list() == [0, 1]
     assert not second.steps["reopened"].any()
 
@@ -156,12 +170,12 @@ def test_identity_less_turns_are_inferred_by_prefix_across_runs():
     b = chain(None, 2, prefix="b", base=20, start=1)
     retry = turn("a-1-retry", a[1]["prompt_token_ids"], [77], start=12)
     first = _run(turns(a[0], b[1], a[1], b[0], retry))
-    state = first.open_state
+    state = first.open_turns
     inferred = dict(zip(state["turn_id"], state["trajectory_id"], strict=True))
     assert inferred["a-0"] == inferred["a-1"] == "inferred-a-0"
     assert inferred["b-0"] == inferred["b-1"] == "inferred-b-0"
     assert inferred["a-1-retry"] == "inferred-a-1-retry"
-    second = _run(turns(a[2]), state, now=5000)
+    second = _run(turns(a[2]), first, now=5000)
     by_trajectory = second.steps.group_by("trajectory_id").agg(pl.col("step_id").sort())
     got = dict(by_trajectory.iter_rows())
     assert got["inferred-a-0"] == ["a-0", "a-1", "a-2"]
@@ -174,7 +188,7 @@ def test_late_identity_less_turn_continues_a_closed_inferred_trajectory():
     a = chain(None, 3, prefix="a", base=10)
     closed = _run(turns(*a[:2]), now=5000)
     assert closed.steps.height == 2
-    late = _run(turns(a[2]), closed.open_state, now=5010, landed=closed.steps)
+    late = _run(turns(a[2]), closed, now=5010, landed=closed.steps)
     assert late.steps.select("trajectory_id", "step_index", "reopened").row(0) == (
         "inferred-a-0",
         2,
@@ -212,7 +226,7 @@ def test_identical_turns_of_several_agents_are_continued_once_each():
 def test_a_known_tail_and_an_identical_new_turn_are_continued_once_each(tail):
     r0, r1 = _rollout("r0", [[5, 6], [30]], start=0), _rollout("r1", [[5, 6], [31]], start=1)
     first = _run(turns(r0[0]), now=30 if tail == "open" else 5000)
-    second = _run(turns(r1[0], r0[1], r1[1]), first.open_state, now=5010, landed=first.steps)
+    second = _run(turns(r1[0], r0[1], r1[1]), first, now=5010, landed=first.steps)
     assert _trajectories(first.steps, second.steps) == {
         "inferred-r0-0": ["r0-0", "r0-1"],
         "inferred-r1-0": ["r1-0", "r1-1"],
@@ -221,7 +235,7 @@ def test_a_known_tail_and_an_identical_new_turn_are_continued_once_each(tail):
 
 def test_empty_inputs_give_empty_outputs():
     result = _run(None)
-    assert result.steps.height == 0 and result.open_state.height == 0
+    assert result.steps.height == 0 and result.state.height == 0
     assert result.steps.columns == EXTRACTED_STEPS.names
 
 
