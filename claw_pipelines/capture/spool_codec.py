@@ -56,19 +56,28 @@ def scalar_schema(table: str) -> pa.Schema:
     return pa.schema([f for f in schema if f.name not in packed_fields(table)])
 
 
+@cache
+def _packing(table: str) -> tuple[frozenset[str], tuple[tuple[str, str], ...]]:
+    """What ``encode`` needs of ``table``'s packed fields, per row: their names (left out of the
+    JSON) and each one's ``array`` typecode. Looked up per row, hashing an Arrow type cost more
+    than the row's JSON."""
+    packed = packed_fields(table)
+    return frozenset(packed), tuple((name, PACKED_TYPES[kind]) for name, kind in packed.items())
+
+
 def encode(row: LandingRow) -> bytes:
     """One spool frame for ``row``."""
-    packed = packed_fields(row.table_name)
-    scalars = row.model_dump_json(exclude=set(packed)).encode()
+    excluded, packing = _packing(row.table_name)
+    scalars = row.model_dump_json(exclude=excluded).encode()
     if len(scalars) > MAX_SCALAR_BYTES:
         raise RowTooLarge(f"a {row.table_name} row of {len(scalars)} bytes is over the limit")
     buffers = []
-    for name, kind in packed.items():
+    for name, typecode in packing:
         values = getattr(row, name)
         if values is None:
             buffers.append(LENGTH.pack(-1))
         else:
-            buffers += [LENGTH.pack(len(values)), array(PACKED_TYPES[kind], values).tobytes()]
+            buffers += [LENGTH.pack(len(values)), array(typecode, values).tobytes()]
     lists = b"".join(buffers)
     checksum = zlib.crc32(lists, zlib.crc32(scalars))
     return HEADER.pack(MAGIC, len(scalars), len(lists), checksum) + scalars + lists
