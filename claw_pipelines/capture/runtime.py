@@ -34,7 +34,7 @@ MAX_PENDING_CALLS = 100_000
 class ModelCapture(BaseModel):
     """Per-model capture options (``model_info.claw`` in litellm.yaml)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     return_token_ids: bool = False
     logprobs: bool = False
@@ -43,6 +43,10 @@ class ModelCapture(BaseModel):
     api_mode: Literal["bridge", "native"] = "native"
     """How Responses and Messages calls are served: ``bridge`` through the engine's chat
     completions call (exact token IDs), ``native`` by LiteLLM's own route for them."""
+
+
+NO_OPTIONS = ModelCapture()
+"""A model the config does not name (looked up twice per call: not built anew each time)."""
 
 
 def model_capture_options(config_path: str | None) -> dict[str, ModelCapture]:
@@ -127,7 +131,7 @@ class CaptureRuntime:
                 cls._instance = None
 
     def options_for(self, model_name: str) -> ModelCapture:
-        return self.models.get(model_name, ModelCapture())
+        return self.models.get(model_name, NO_OPTIONS)
 
     def remember(self, pending: PendingCall) -> None:
         self.pending[pending.call_id] = pending

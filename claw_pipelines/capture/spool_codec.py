@@ -39,7 +39,8 @@ class RowTooLarge(ValueError):
     """A row the spool cannot frame (its JSON is over ``MAX_SCALAR_BYTES``)."""
 
 
-PACKED_TYPES = {pa.list_(pa.int32()): ("i", np.int32), pa.list_(pa.float32()): ("f", np.float32)}
+PACKED_TYPES = {pa.list_(pa.int32()): "i", pa.list_(pa.float32()): "f"}
+"""The packed list types and their ``array`` typecodes (both 4 bytes an item)."""
 
 
 @cache
@@ -55,19 +56,28 @@ def scalar_schema(table: str) -> pa.Schema:
     return pa.schema([f for f in schema if f.name not in packed_fields(table)])
 
 
+@cache
+def _packing(table: str) -> tuple[frozenset[str], tuple[tuple[str, str], ...]]:
+    """What ``encode`` needs of ``table``'s packed fields, per row: their names (left out of the
+    JSON) and each one's ``array`` typecode. Looked up per row, hashing an Arrow type cost more
+    than the row's JSON."""
+    packed = packed_fields(table)
+    return frozenset(packed), tuple((name, PACKED_TYPES[kind]) for name, kind in packed.items())
+
+
 def encode(row: LandingRow) -> bytes:
     """One spool frame for ``row``."""
-    packed = packed_fields(row.table_name)
-    scalars = row.model_dump_json(exclude=set(packed)).encode()
+    excluded, packing = _packing(row.table_name)
+    scalars = row.model_dump_json(exclude=excluded).encode()
     if len(scalars) > MAX_SCALAR_BYTES:
         raise RowTooLarge(f"a {row.table_name} row of {len(scalars)} bytes is over the limit")
     buffers = []
-    for name, kind in packed.items():
+    for name, typecode in packing:
         values = getattr(row, name)
         if values is None:
             buffers.append(LENGTH.pack(-1))
         else:
-            buffers += [LENGTH.pack(len(values)), array(PACKED_TYPES[kind][0], values).tobytes()]
+            buffers += [LENGTH.pack(len(values)), array(typecode, values).tobytes()]
     lists = b"".join(buffers)
     checksum = zlib.crc32(lists, zlib.crc32(scalars))
     return HEADER.pack(MAGIC, len(scalars), len(lists), checksum) + scalars + lists
@@ -139,7 +149,10 @@ def _list_columns(lists: list[memoryview], packed: dict[str, pa.DataType]) -> di
     """Rebuild each packed field as an Arrow list column from the frames' raw buffers.
 
     Per frame only the buffer boundaries are read; each column's values are then joined into
-    one buffer and viewed as a numpy array in a single call.
+    one buffer that becomes the column's child array as it is. The arrays are made from their
+    buffers, not with ``pa.array``: handed a numpy array (or a list), pyarrow imports pandas to
+    see whether it is one of its types, which cost the proxy about a second of CPU at its first
+    commit and a heavier garbage collection for the rest of its life.
     """
     slices: dict[str, list[memoryview]] = {name: [] for name in packed}
     lengths: dict[str, list[int]] = {name: [] for name in packed}
@@ -157,11 +170,18 @@ def _list_columns(lists: list[memoryview], packed: dict[str, pa.DataType]) -> di
         sizes = np.array(lengths[name], dtype=np.int64)
         missing = sizes < 0
         offsets = np.concatenate([[0], np.cumsum(np.where(missing, 0, sizes))]).astype(np.int32)
-        values = np.frombuffer(b"".join(slices[name]), dtype=PACKED_TYPES[kind][1])
-        column = pa.ListArray.from_arrays(
-            pa.array(offsets), pa.array(values), mask=pa.array(missing, type=pa.bool_())
+        values = b"".join(slices[name])
+        items = pa.Array.from_buffers(
+            kind.value_type, len(values) // 4, [None, pa.py_buffer(values)]
         )
-        columns[name] = column.cast(kind)
+        valid = pa.py_buffer(np.packbits(~missing, bitorder="little"))
+        columns[name] = pa.Array.from_buffers(
+            kind,
+            len(sizes),
+            [valid, pa.py_buffer(offsets)],
+            null_count=int(missing.sum()),
+            children=[items],
+        )
     return columns
 
 

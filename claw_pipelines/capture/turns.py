@@ -178,31 +178,34 @@ def _backend(hidden_params: dict[str, Any] | None) -> str | None:
 
 def logprob_values(logprobs: object) -> list[float] | None:
     """Per-token logprobs, from the chat format (``content[].logprob``) or the text-completion
-    one (``token_logprobs``); None when any is missing, as a partial list would misalign."""
+    one (``token_logprobs``); None when any is missing, as a partial list would misalign.
+
+    The alternatives' logprobs (``top_logprobs``) go to the agent with the answer, which a
+    non-finite one would fail to serialize after the row landed, so they are checked here; the
+    chosen ones are checked with the row. One pass: a chat answer has an entry per token.
+    """
     if logprobs is None:
         return None
     content = field_of(logprobs, "content")
-    if content is not None:
-        values = [field_of(entry, "logprob") for entry in content]
-    else:
+    if content is None:
         values = field_of(logprobs, "token_logprobs")
-    if values is None or any(value is None for value in values):
+        return None if values is None or None in values else values
+    values, alternatives = [], []
+    for entry in content:
+        if isinstance(entry, dict):
+            value, tops = entry.get("logprob"), entry.get("top_logprobs")
+        else:  # inline: one call per token would cost more than the reads
+            value, tops = getattr(entry, "logprob", None), getattr(entry, "top_logprobs", None)
+            value = field_of(entry, "logprob") if value is None else value
+            tops = field_of(entry, "top_logprobs") if tops is None else tops
+        values.append(value)
+        if tops:
+            alternatives += [field_of(top, "logprob") for top in tops]
+    if None in values:
         return None
-    if content is not None:
-        _check_top_logprobs(content)
-    return values
-
-
-def _check_top_logprobs(content: list[Any]) -> None:
-    """The alternatives' logprobs go to the agent with the answer, which a non-finite one would
-    fail to serialize after the row landed; the chosen ones are checked with the row."""
-    tops = [
-        field_of(top, "logprob")
-        for entry in content
-        for top in field_of(entry, "top_logprobs") or ()
-    ]
-    if not all(isinstance(value, int | float) and math.isfinite(value) for value in tops):
+    if not all(isinstance(value, int | float) and math.isfinite(value) for value in alternatives):
         raise UnusableAnswer("a top_logprobs logprob is not a finite number")
+    return values
 
 
 def completion_tokens(response_ids: list[int] | None, usage: object) -> int | None:

@@ -10,6 +10,8 @@ import asyncio
 import errno
 import logging
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -118,6 +120,38 @@ def test_spool_codec_round_trips_null_empty_and_long_lists() -> None:
         assert row["response_token_ids"] == turn.response_token_ids
         assert row["response_logprobs"] == turn.response_logprobs
         assert row["started_at"] == turn.started_at
+
+
+FLUSH_IN_A_FRESH_PROCESS = """
+import sys
+from pathlib import Path
+from claw_pipelines.capture.spool import SpoolWriter
+from claw_pipelines.capture.spool_flusher import SpoolFlusher
+from claw_pipelines.lake import Lake
+from claw_pipelines.schemas import Turn, utc_now
+
+root = Path(sys.argv[1])
+writer = SpoolWriter(root / "spool")
+now = utc_now()
+for index, ids in enumerate([[1, 2], None, []]):
+    writer.append(Turn(turn_id=str(index), model="m", started_at=now, ended_at=now,
+                       prompt_token_ids=ids, response_logprobs=ids and [-0.5] * len(ids)))
+assert SpoolFlusher(writer, Lake(str(root / "lake"))).flush() == 3
+print(sorted(name for name in sys.modules if name.split(".")[0] == "pandas"))
+"""
+
+
+def test_committing_the_spool_never_imports_pandas(tmp_path: Path) -> None:
+    """pyarrow imports pandas when handed numpy arrays or lists to convert: in the proxy, about
+    a second of CPU at the first commit, and a heavier garbage collection from then on."""
+    done = subprocess.run(
+        [sys.executable, "-c", FLUSH_IN_A_FRESH_PROCESS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]"
 
 
 def _nan_reward() -> Reward:
