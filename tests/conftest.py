@@ -4,9 +4,10 @@ one more of each, with Claw-R1's protocol on, for the tests that use it).
 Starting the real LiteLLM proxy takes 10-40 s on two cores, so areas share this one unless a
 test needs its own (several workers, kill -9). See stack_fixtures.py.
 
-``make test`` runs the suite on two pytest-xdist workers (``--dist loadgroup``): a session
-fixture starts once in each worker that uses it, a module fixture once, as each file runs on
-one worker; the few files that share a costly session service run on one worker together.
+``make test`` runs the suite on two pytest-xdist workers, a test file at a time (``--dist
+loadfile``): a module fixture starts once, a session fixture once in each worker that uses it.
+The files that share a costly session service of their area run on one worker together
+(``ONE_WORKER_FILES``), so it starts once.
 """
 
 from __future__ import annotations
@@ -16,27 +17,50 @@ from collections.abc import Iterator
 
 import pytest
 from stack_fixtures import CaptureStack, launch_stack
+from xdist.scheduler import LoadFileScheduling
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-ONE_WORKER_SERVICES = ("fake_backend_stack", "fleet")
-"""Session fixtures whose files run on one worker, so they start once: the fleet is three
-proxies, the fake backend's proxy serves three files of one area. ``capture_stack`` serves every
-area and starts in both workers."""
+ONE_WORKER_FILES = {
+    "fake_backend_stack": (
+        "tests/capture/test_backend_answers.py",
+        "tests/capture/test_capture_limits.py",
+        "tests/capture/test_capture_secrets.py",
+    ),
+    "fleet": ("tests/objectstore/test_lake_on_s3.py", "tests/objectstore/test_many_proxies.py"),
+}
+"""The files using a session fixture that starts LiteLLM proxies (10-40 s each on two cores):
+the fleet's three, the fake backend's one. ``capture_stack`` serves every area: it starts in
+both workers rather than holding most of the suite on one."""
+UNIT_OF_FILE = {file: service for service, files in ONE_WORKER_FILES.items() for file in files}
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put each test in the xdist group of its file, files using a service of
-    ``ONE_WORKER_SERVICES`` in that service's group (before xdist reads the marks)."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    group = {item.path: item.nodeid.split("::")[0] for item in items}
-    for service in ONE_WORKER_SERVICES:
-        users = {group[item.path] for item in items if service in item.fixturenames}
-        group = {path: service if name in users else name for path, name in group.items()}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group[item.path]))
+class SharedServiceScheduling(LoadFileScheduling):
+    """``--dist loadfile``, with the files of a ``ONE_WORKER_FILES`` service as one unit.
+
+    Scheduled by node id: the ``xdist_group`` marks of ``--dist loadgroup`` reach the scheduler
+    as a node id suffix, which pytest 9.2's node ids no longer take (pytest-xdist #1386).
+    """
+
+    def _split_scope(self, nodeid: str) -> str:
+        file = nodeid.split("::")[0]
+        return UNIT_OF_FILE.get(file, file)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadFileScheduling | None:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return SharedServiceScheduling(config, log)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail a test that uses a ``ONE_WORKER_FILES`` service from a file not listed with it: that
+    file would start the service a second time, on the other worker."""
+    file = item.nodeid.split("::")[0]
+    for service, files in ONE_WORKER_FILES.items():
+        if service in item.fixturenames and file not in files:
+            pytest.fail(f"{file} uses {service}: add it to ONE_WORKER_FILES in tests/conftest.py")
 
 
 @pytest.fixture(scope="session")
