@@ -8,11 +8,15 @@ group that does not exit in time is killed).
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +28,45 @@ class ServiceStartError(RuntimeError):
     """A service cannot start, or what answers on its port is not it; the message says why."""
 
 
+PORT_LEASES = Path(tempfile.gettempdir()) / f"claw-pipelines-port-leases-{os.getuid()}.json"
+PORT_LEASE_S = 600.0
+"""How long a port from ``free_port`` is not handed out again: a LiteLLM proxy binds its port
+10-40 s after it was picked (minutes on a busy machine)."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port that is free on ``host`` right now, leased to the caller for ``PORT_LEASE_S``.
+
+    The kernel hands a released port out again to the next ``bind(0)``, so two processes
+    picking ports (test workers, benchmarks, several checkouts) could both get one before either
+    service binds it. Every ``free_port`` of this user on this machine skips the leased ports.
+    """
+    with _port_leases() as leases:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((host, 0))
+                port = sock.getsockname()[1]
+            if port not in leases:
+                leases[port] = time.time() + PORT_LEASE_S
+                return port
+
+
+@contextlib.contextmanager
+def _port_leases() -> Iterator[dict[int, float]]:
+    """The unexpired leases (port: expiry), held under an exclusive lock and written back."""
+    with PORT_LEASES.open("a+") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        file.seek(0)
+        try:
+            stored = json.loads(file.read() or "{}")
+        except json.JSONDecodeError:  # a writer killed mid-write: its leases are lost
+            stored = {}
+        now = time.time()
+        leases = {int(port): expiry for port, expiry in stored.items() if expiry > now}
+        yield leases
+        file.seek(0)
+        file.truncate()
+        json.dump(leases, file)
 
 
 def probe_bind(host: str, port: int) -> None:

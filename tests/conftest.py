@@ -3,6 +3,11 @@ one more of each, with Claw-R1's protocol on, for the tests that use it).
 
 Starting the real LiteLLM proxy takes 10-40 s on two cores, so areas share this one unless a
 test needs its own (several workers, kill -9). See stack_fixtures.py.
+
+``make test`` runs the suite on two pytest-xdist workers, a test file at a time (``--dist
+loadfile``): a module fixture starts once, a session fixture once in each worker that uses it.
+The files that share a costly session service of their area run on one worker together
+(``ONE_WORKER_FILES``), so it starts once.
 """
 
 from __future__ import annotations
@@ -12,8 +17,50 @@ from collections.abc import Iterator
 
 import pytest
 from stack_fixtures import CaptureStack, launch_stack
+from xdist.scheduler import LoadFileScheduling
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+ONE_WORKER_FILES = {
+    "fake_backend_stack": (
+        "tests/capture/test_backend_answers.py",
+        "tests/capture/test_capture_limits.py",
+        "tests/capture/test_capture_secrets.py",
+    ),
+    "fleet": ("tests/objectstore/test_lake_on_s3.py", "tests/objectstore/test_many_proxies.py"),
+}
+"""The files using a session fixture that starts LiteLLM proxies (10-40 s each on two cores):
+the fleet's three, the fake backend's one. ``capture_stack`` serves every area: it starts in
+both workers rather than holding most of the suite on one."""
+UNIT_OF_FILE = {file: service for service, files in ONE_WORKER_FILES.items() for file in files}
+
+
+class SharedServiceScheduling(LoadFileScheduling):
+    """``--dist loadfile``, with the files of a ``ONE_WORKER_FILES`` service as one unit.
+
+    Scheduled by node id: the ``xdist_group`` marks of ``--dist loadgroup`` reach the scheduler
+    as a node id suffix, which pytest 9.2's node ids no longer take (pytest-xdist #1386).
+    """
+
+    def _split_scope(self, nodeid: str) -> str:
+        file = nodeid.split("::")[0]
+        return UNIT_OF_FILE.get(file, file)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadFileScheduling | None:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return SharedServiceScheduling(config, log)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail a test that uses a ``ONE_WORKER_FILES`` service from a file not listed with it: that
+    file would start the service a second time, on the other worker."""
+    file = item.nodeid.split("::")[0]
+    for service, files in ONE_WORKER_FILES.items():
+        if service in item.fixturenames and file not in files:
+            pytest.fail(f"{file} uses {service}: add it to ONE_WORKER_FILES in tests/conftest.py")
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ on purpose and re-check the offline settings with it.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import os
@@ -80,25 +81,28 @@ def _npm_install(package: str, version: str, cache: Path, path: str) -> Path:
     """The ``node_modules/.bin`` of ``package@version`` installed under ``cache``.
 
     npm installs into a temporary prefix that is then renamed into place, so a run that was
-    killed half-way, or two runs at once, never leave a partial install behind. A failed
-    install fails the test with npm's output: the registry is part of the test's set-up.
+    killed half-way never leaves a partial install behind. Runs at once (pytest workers, other
+    checkouts) take turns on a lock file per prefix: the first installs, the others wait for it
+    and use its install. A failed install fails the test with npm's output: the registry is part
+    of the test's set-up.
     """
     prefix = cache / f"{package.replace('/', '+')}@{version}"
-    if not prefix.exists():
-        staging = Path(tempfile.mkdtemp(prefix=f".{prefix.name}.", dir=cache))
-        staging.chmod(0o755)
-        command = ["npm", "install", "--prefix", str(staging), "--no-audit", "--no-fund"]
-        done = _run([*command, f"{package}@{version}"], NPM_INSTALL_TIMEOUT_S, env=_npm_env(path))
-        if done.returncode != 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            pytest.fail(
-                f"npm install {package}@{version} failed (exit {done.returncode}):\n"
-                f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    with (cache / f".{prefix.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not prefix.exists():
+            staging = Path(tempfile.mkdtemp(prefix=f".{prefix.name}.", dir=cache))
+            staging.chmod(0o755)
+            command = ["npm", "install", "--prefix", str(staging), "--no-audit", "--no-fund"]
+            done = _run(
+                [*command, f"{package}@{version}"], NPM_INSTALL_TIMEOUT_S, env=_npm_env(path)
             )
-        try:
+            if done.returncode != 0:
+                shutil.rmtree(staging, ignore_errors=True)
+                pytest.fail(
+                    f"npm install {package}@{version} failed (exit {done.returncode}):\n"
+                    f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+                )
             staging.rename(prefix)
-        except OSError:  # another run installed it first
-            shutil.rmtree(staging, ignore_errors=True)
     return prefix / "node_modules" / ".bin"
 
 

@@ -26,6 +26,7 @@ from test_agent_apis import (
 )
 
 from claw_pipelines.capture.launcher import DEFAULT_CONFIG
+from claw_pipelines.engine.policy import RAMBLE_LIMIT
 
 BACKEND = {"api_base": "os.environ/CLAW_BACKEND_URL", "api_key": "none", "timeout": 120}
 EXTRA_MODELS = [
@@ -138,9 +139,12 @@ def test_a_native_call_the_backend_rejects_lands_an_error_row(modes_stack: Captu
 
 def test_passthrough_streams_are_translated_as_they_come(modes_stack: CaptureStack) -> None:
     """The bridge with ``stream_mode: passthrough``: chat chunks become native events on the
-    fly; the row has the streamed logprobs, but LiteLLM's stream drops the prompt IDs."""
+    fly; the row has the streamed logprobs, but LiteLLM's stream drops the prompt IDs.
+
+    The budget is above the engine's longest answer (a ramble stops by itself after
+    ``RAMBLE_LIMIT`` tokens): which answer the engine draws depends on the calls before."""
     raw = openai_client(modes_stack).responses.with_raw_response.create(
-        model="policy-live", input=QUESTION, max_output_tokens=32, stream=True
+        model="policy-live", input=QUESTION, max_output_tokens=2 * RAMBLE_LIMIT, stream=True
     )
     events = list(raw.parse())
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
