@@ -161,7 +161,7 @@ def launch_stack(
     return CaptureStack(workdir, engine, proxy, key, env)
 
 
-LOAD_APIS = ("chat", "responses", "messages")
+LOAD_APIS = ("chat", "completions", "responses", "messages")
 LOAD_RETRIED_ERRORS = (
     openai.APIConnectionError,
     openai.APIStatusError,
@@ -199,19 +199,25 @@ def _load_client(
         )
         return raw.headers["x-litellm-call-id"]
 
+    async def completion() -> str:
+        raw = await client.completions.with_raw_response.create(
+            model="policy", prompt=LOAD_QUESTION, max_tokens=16
+        )
+        return raw.headers["x-litellm-call-id"]
+
     async def response() -> str:
         raw = await client.responses.with_raw_response.create(
             model="policy", input=LOAD_QUESTION, max_output_tokens=16
         )
         return raw.headers["x-litellm-call-id"]
 
-    return client, chat if api == "chat" else response
+    return client, {"chat": chat, "completions": completion, "responses": response}[api]
 
 
 class Load:
     """Clients that keep calling the proxy (through restarts: a refused call is tried again)
     and record the turn id of every answer. Client ``i`` uses ``base_urls[i]`` (``…/v1``) and
-    speaks ``LOAD_APIS[i % 3]``, so every route the proxy captures is under the same load."""
+    speaks ``LOAD_APIS[i % 4]``, so every route the proxy captures is under the same load."""
 
     def __init__(self, key: str, base_urls: list[str]) -> None:
         self.key = key

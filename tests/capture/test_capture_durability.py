@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import polars as pl
 import pytest
-from stack_fixtures import CaptureStack, Load, launch_stack
+from stack_fixtures import LOAD_APIS, CaptureStack, Load, launch_stack
 
 from claw_pipelines.processes import free_port, stop_group
 from claw_pipelines.stack import start_proxy
@@ -91,7 +91,7 @@ def test_kill_9_under_load_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     missing = answered - set(turns["turn_id"])
     assert not missing, f"{len(missing)} answered turns missing"
     assert turns["turn_id"].n_unique() == turns.height, "duplicate turn ids"
-    assert load.missing_by_api(turns) == {"chat": 0, "responses": 0, "messages": 0}
+    assert load.missing_by_api(turns) == dict.fromkeys(LOAD_APIS, 0)
     assert turns.filter(pl.col("status") == "success").height >= len(answered)
     assert not any(Path(stack.env["CLAW_SPOOL_DIR"]).glob("*/*.spool"))
 

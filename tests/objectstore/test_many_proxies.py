@@ -10,7 +10,7 @@ import time
 import httpx
 import polars as pl
 from conftest import PROXIES, Fleet
-from stack_fixtures import PROXY_START_TIMEOUT_S, Load
+from stack_fixtures import LOAD_APIS, PROXY_START_TIMEOUT_S, Load
 
 CLIENTS = 12
 PREFIX = "fleet-load-"
@@ -64,7 +64,7 @@ def test_three_proxies_on_one_s3_lake_survive_a_kill_9(fleet: Fleet) -> None:
     missing = answered - set(turns["turn_id"])
     assert not missing, f"{len(missing)} answered turns missing"
     assert turns["turn_id"].n_unique() == turns.height, "duplicate turn ids"
-    assert load.missing_by_api(turns) == {"chat": 0, "responses": 0, "messages": 0}
+    assert load.missing_by_api(turns) == dict.fromkeys(LOAD_APIS, 0)
     unanswered = turns.filter(~pl.col("turn_id").is_in(list(answered)))
     assert unanswered.height <= CLIENTS // PROXIES  # in flight on the killed proxy: spooled,
     assert set(unanswered["writer_id"]) <= dead_spools  # and their answers never left it
