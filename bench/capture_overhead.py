@@ -8,7 +8,9 @@ does (translate to the engine's chat call: the engine has no Responses route) mi
 ``/v1/messages`` both translate through chat (LiteLLM's Anthropic adapter, and the bridge).
 Prints one JSON object: per route ``throughput_ratio`` under load, ``cpu_ratio`` (the bare
 proxy's CPU per call over the capture proxy's, the steadier figure on a shared machine) and
-``p50/p99_added_ms`` sequentially, and the worst of each over the routes.
+``p50/p99_added_ms`` over sequential calls that alternate between the two proxies call by call
+(the machine's drift between rounds, several ms per call on two shared cores, falls on both
+alike), and the worst of each over the routes.
 """
 
 from __future__ import annotations
@@ -73,6 +75,39 @@ async def drive(url: str, key: str, route: str, requests: int, concurrency: int)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return latencies
+
+
+async def drive_paired(urls: dict[str, str], key: str, route: str, requests: int) -> dict:
+    """Sequential calls that alternate between the proxies call by call (who goes first
+    alternates too), so the machine's drift between rounds falls on both alike; return each
+    proxy's latencies in ms."""
+    path, body = ROUTES[route]
+    headers = {"authorization": f"Bearer {key}"}
+    latencies: dict[str, list[float]] = {name: [] for name in urls}
+    names = list(urls)
+    clients = {
+        name: httpx.AsyncClient(base_url=url, headers=headers, timeout=60)
+        for name, url in urls.items()
+    }
+    try:
+        for call in range(requests):
+            for name in names if call % 2 else reversed(names):
+                start = time.perf_counter()
+                response = await clients[name].post(path, json=body)
+                response.raise_for_status()
+                latencies[name].append((time.perf_counter() - start) * 1000)
+    finally:
+        for client in clients.values():
+            await client.aclose()
+    return latencies
+
+
+def latency_quantiles(urls: dict[str, str], key: str, route: str, requests: int) -> dict:
+    """p50 and p99 of each proxy over paired sequential calls, after a warm-up."""
+    asyncio.run(drive_paired(urls, key, route, max(20, requests // 10)))
+    latencies = asyncio.run(drive_paired(urls, key, route, requests))
+    quantiles = {name: statistics.quantiles(values, n=100) for name, values in latencies.items()}
+    return {name: {"p50_ms": q[49], "p99_ms": q[98]} for name, q in quantiles.items()}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -141,7 +176,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=600, help="per throughput round")
     parser.add_argument("--concurrency", type=int, default=16, help="for throughput")
-    parser.add_argument("--latency-requests", type=int, default=200, help="sequential, per round")
+    parser.add_argument(
+        "--latency-requests", type=int, default=300, help="sequential, per proxy and round"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per proxy")
     parser.add_argument("--routes", nargs="+", choices=list(ROUTES), default=list(ROUTES))
     args = parser.parse_args()
@@ -181,7 +218,10 @@ def main() -> None:
                 for name in ("without", "with"):
                     proxy = proxies[name]
                     load[name].append(measure(proxy, key, route, args.requests, args.concurrency))
-                    latency[name].append(measure(proxy, key, route, args.latency_requests, 1))
+                urls = {name: proxy.url for name, proxy in proxies.items()}
+                paired = latency_quantiles(urls, key, route, args.latency_requests)
+                for name in latency:
+                    latency[name].append(paired[name])
             results[route] = summary(load, latency)
     finally:
         for service in reversed(services):
