@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import os
 import random
@@ -15,6 +17,7 @@ import yaml
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from claw_pipelines.capture.asgi import CaptureApp
 from claw_pipelines.capture.control import RewardIn, StepIn, build_control_app
 from claw_pipelines.capture.identity import (
     IdentityError,
@@ -453,3 +456,28 @@ def test_request_bodies_that_only_look_suspect_are_accepted() -> None:
         "ids": list(range(100_000)),
     }
     assert parse_json_object(json.dumps(body).encode()) == body
+
+
+def test_the_edge_freezes_the_heap_once_startup_completes_and_not_before() -> None:
+    """Full collections would otherwise walk everything start-up left, on every one of them."""
+    seen: list[int] = []
+
+    async def lifespan_app(scope, receive, send) -> None:
+        await receive()
+        seen.append(gc.get_freeze_count())
+        await send({"type": "lifespan.startup.complete"})
+
+    async def receive() -> dict[str, str]:
+        return {"type": "lifespan.startup"}
+
+    async def send(message: dict[str, str]) -> None:
+        seen.append(gc.get_freeze_count())
+
+    gc.unfreeze()
+    try:
+        app = CaptureApp(lifespan_app, max_body_bytes=1024)
+        asyncio.run(app({"type": "lifespan"}, receive, send))
+        assert seen[0] == 0  # nothing frozen while start-up runs
+        assert seen[1] > 0  # frozen before start-up is reported done
+    finally:
+        gc.unfreeze()
