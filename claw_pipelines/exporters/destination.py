@@ -30,7 +30,9 @@ class Destination:
 
     def arrow_parquet(self, table: pa.Table, name: str) -> None:
         """Write ``table`` with pyarrow through delta-rs's store (local or object store alike):
-        it keeps Arrow extension types, such as JSON tool-call arguments, that polars drops."""
+        it keeps Arrow extension types, such as JSON tool-call arguments, that polars drops.
+        The numeric lists get no statistics: a token ID's min and max filter nothing, and
+        computing them took ~10 % of the write (20k turns of 1,280 tokens)."""
         if "://" not in self.root or self.root.startswith("file://"):  # the store needs it there
             Path(self.root.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
         store = PyFileSystem(DeltaStorageHandler(self.root, self.storage_options or None))
@@ -40,6 +42,7 @@ class Destination:
             filesystem=store,
             compression="zstd",
             use_dictionary=[f.name for f in table.schema if not _numeric_list(f.type)],
+            write_statistics=[f.name for f in table.schema if not _numeric_list(f.type)],
             column_encoding=_list_encodings(table.schema),
         )
 
