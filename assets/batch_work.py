@@ -101,6 +101,9 @@ class Built:
     checks: list[dg.AssetCheckResult]
     planned_under: Recipe
     pins: dict
+    more: bool
+    """Another batch could be ready right after this one: false only when this batch was
+    reserved now and its plan left too few units for another (``BatchPlan.more``)."""
 
     @property
     def passed(self) -> bool:
@@ -151,7 +154,7 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
         _group_check(planned_under, rows),
         _consumed_once_check(lake, name, pl.Series(consumed, dtype=pl.String)),
     ]
-    return Built(metadata, checks, planned_under, pins)
+    return Built(metadata, checks, planned_under, pins, plan.more or not reserved_now)
 
 
 def _recheck(lake: Lake, recipe: Recipe, batch_id: str, rows: pl.DataFrame) -> tuple[Recipe, dict]:

@@ -40,6 +40,10 @@ class BatchPlan:
     (filters, waiting for a group, straggler drop, zero variance, no pair, next batch)."""
     ready: bool
     """A full batch (``Recipe.units_per_batch`` units) is available now."""
+    more: bool
+    """Once this batch is reserved, a plan of the same curated steps could be ready again
+    (``units.Units.more``); when not, the release plans no second batch, which would read
+    every curated step in play again to find too few."""
     consumed: pl.DataFrame
     """(turn_id, trajectory_id, group_id) of every step this batch uses; for dpo both the
     chosen and the rejected step."""
@@ -218,6 +222,7 @@ def plan_batch(
         turns=None if recipe.algorithm == "dpo" else turns,
         dropped=dropped,
         ready=units.ready,
+        more=units.more,
         consumed=units.consumed.sort("turn_id"),
         final=final,
         open_from_next=_open_from_next(

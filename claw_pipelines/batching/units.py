@@ -32,6 +32,9 @@ class Units(NamedTuple):
     """A full batch (``Recipe.units_per_batch`` units) is available."""
     consumed: pl.DataFrame
     """(turn_id, trajectory_id, group_id) of every step the batch uses."""
+    more: bool
+    """Another full batch could follow from the same steps: the ready units after this batch,
+    with the groups still waiting (a straggler timeout may make them ready), make one."""
 
 
 def dropped_as(frame: pl.DataFrame, reason: str | pl.Expr) -> pl.DataFrame:
@@ -129,21 +132,30 @@ def _ready_groups(
 
 def _select_units(
     recipe: Recipe, units: pl.DataFrame, now: datetime
-) -> tuple[pl.DataFrame, pl.DataFrame, bool]:
-    """Trajectories of the batch (with group order), per-trajectory reasons for the rest, ready.
-    A unit (``_unit``, its rank in batch order) is a ready group or a trajectory."""
+) -> tuple[pl.DataFrame, pl.DataFrame, bool, bool]:
+    """Trajectories of the batch (with group order), per-trajectory reasons for the rest, ready,
+    more (``Units.more``). A unit (``_unit``, its rank in batch order) is a ready group or a
+    trajectory."""
     reasons: list[pl.DataFrame] = []
+    waiting = 0
     if recipe.algorithm in GROUPED:
         ready, others = _ready_groups(recipe, units, now)
         order = ready.select("group_id").unique(maintain_order=True).with_row_index("_unit")
         ranked, available = ready.join(order, on="group_id"), order.height
         reasons.append(others)
+        waiting = (
+            units.join(others.filter(pl.col("reason") == "waiting_for_group"), on="trajectory_id")
+            .get_column("group_id")
+            .n_unique()
+        )
     else:
         ranked, available = units.with_row_index("_unit"), units.height
     wanted = recipe.units_per_batch
     later = pl.col("_unit") >= wanted
     reasons.append(ranked.filter(later).select("trajectory_id", reason=pl.lit("next_batch")))
-    return ranked.filter(~later), pl.concat(reasons), available >= wanted
+    ready = available >= wanted
+    more = ready and available - wanted + waiting >= wanted
+    return ranked.filter(~later), pl.concat(reasons), ready, more
 
 
 def trajectory_batch(
@@ -155,7 +167,7 @@ def trajectory_batch(
 ) -> Units:
     """Whole trajectories (in groups for grpo/rloo), each step of them a row."""
     units, drops = _trajectory_units(recipe, steps)
-    chosen, reasons, ready = _select_units(recipe, units, now)
+    chosen, reasons, ready, more = _select_units(recipe, units, now)
     drops.append(dropped_as(steps.join(reasons, on="trajectory_id"), pl.col("reason")))
     group_size = chosen.group_by("group_id").agg(pl.len().alias("group_size"))
     scores = chosen.select("trajectory_id", pl.col("_score").alias("trajectory_score"))
@@ -180,7 +192,7 @@ def trajectory_batch(
         )
     )
     consumed = rows.select("turn_id", "trajectory_id", "group_id")
-    return Units(fit(rows, STORED_BATCH_ROWS), pl.concat(drops), ready, consumed)
+    return Units(fit(rows, STORED_BATCH_ROWS), pl.concat(drops), ready, consumed, more)
 
 
 def dpo_batch(
@@ -209,7 +221,8 @@ def dpo_batch(
                    .then(pl.lit("next_batch")).otherwise(pl.lit("no_pair"))),
     ]  # fmt: skip
     rows = _pair_rows(recipe, chosen, batch_id, versions)
-    return Units(rows, pl.concat(drops), pairs.height >= wanted, consumed)
+    more = pairs.height >= 2 * wanted
+    return Units(rows, pl.concat(drops), pairs.height >= wanted, consumed, more)
 
 
 def _pairs(recipe: Recipe, eligible: pl.DataFrame) -> pl.DataFrame:

@@ -11,6 +11,13 @@ import pyarrow.parquet as pq
 from deltalake.fs import DeltaStorageHandler
 from pyarrow.fs import PyFileSystem
 
+ROW_GROUP_BYTES = 64 << 20
+"""About this much Arrow data per row group of an export file. pyarrow buffers a whole row
+group before writing it, and one row group of a batch of every turn (pyarrow's default holds
+up to 1M rows) grows buffers of hundreds of MB: the rollouts of 100k turns took 2.9-3.0 CPU s
+in one row group, 1.5-1.8 in groups of 4k-32k rows (the kernel time of the growing buffers,
+1.6 s, went to 0.2-0.4), the bytes within 0.02 %."""
+
 
 @dataclass(frozen=True)
 class Destination:
@@ -30,7 +37,10 @@ class Destination:
 
     def arrow_parquet(self, table: pa.Table, name: str) -> None:
         """Write ``table`` with pyarrow through delta-rs's store (local or object store alike):
-        it keeps Arrow extension types, such as JSON tool-call arguments, that polars drops."""
+        it keeps Arrow extension types, such as JSON tool-call arguments, that polars drops.
+        The numeric lists get no statistics: a token ID's min and max filter nothing, and
+        computing them took ~8 % of the write (20k turns of 1,280 tokens). Row groups hold
+        about ``ROW_GROUP_BYTES``."""
         if "://" not in self.root or self.root.startswith("file://"):  # the store needs it there
             Path(self.root.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
         store = PyFileSystem(DeltaStorageHandler(self.root, self.storage_options or None))
@@ -40,7 +50,9 @@ class Destination:
             filesystem=store,
             compression="zstd",
             use_dictionary=[f.name for f in table.schema if not _numeric_list(f.type)],
+            write_statistics=[f.name for f in table.schema if not _numeric_list(f.type)],
             column_encoding=_list_encodings(table.schema),
+            row_group_size=row_group_rows(table),
         )
 
     def ndjson(self, frame: pl.DataFrame, name: str) -> None:
@@ -57,6 +69,11 @@ class Destination:
             storage_options=self.storage_options,
             mkdir=True,
         )
+
+
+def row_group_rows(table: pa.Table) -> int:
+    """Rows per row group so that one holds about ``ROW_GROUP_BYTES`` of ``table``."""
+    return max(1, table.num_rows * ROW_GROUP_BYTES // max(table.nbytes, 1))
 
 
 def _numeric_list(kind: pa.DataType) -> bool:

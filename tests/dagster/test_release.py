@@ -78,3 +78,27 @@ def test_the_planner_leaves_a_ready_batch_to_the_refresh_run_on_its_way(bound, i
     (planned,) = driver.tick("batch_grpo_planner").run_requests
     assert planned.partition_key == "grpo-000001"
     assert pl.Series(instance.get_dynamic_partitions("batches_grpo")).to_list() == ["grpo-000001"]
+
+
+@pytest.mark.parametrize(("groups", "batches"), [(4, 1), (8, 2)])
+def test_the_release_plans_no_batch_its_last_plan_left_too_few_groups_for(
+    bound, instance, monkeypatch, groups, batches
+):
+    """Each plan reads every curated step in play: once a batch leaves fewer ready (or
+    waiting) groups than a batch takes, the release stops instead of planning again."""
+    from claw_pipelines.batching import ledger
+
+    planned: list[str] = []
+    reserve = ledger.reserve
+
+    def counted(lake, recipe, batch_id, now):
+        if recipe.name == "grpo":
+            planned.append(batch_id)
+        return reserve(lake, recipe, batch_id, now)
+
+    monkeypatch.setattr(ledger, "reserve", counted)
+    land_rollouts(bound.lake, groups=groups, group_size=4, steps=1, seed=5)
+    result = Driver(bound, instance).materialize(REFRESH)
+    released = result.asset_materializations_for_node("release_grpo")[-1].metadata["batches"]
+    assert released.value == [f"grpo-{n:06d}" for n in range(1, batches + 1)]
+    assert planned == released.value

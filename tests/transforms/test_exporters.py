@@ -220,3 +220,21 @@ def test_batches_from_steps_written_before_request_tools_have_no_tools():
     older = plan_batch(recipe, curated, steps.drop("request_tools"), None, at(60)).rows
     assert older.height == 2 and older["request_tools"].null_count() == 2
     assert older["prompt_token_ids"].null_count() == 0
+
+
+def test_a_large_export_file_is_written_in_row_groups_of_about_row_group_bytes(
+    tmp_path, monkeypatch
+):
+    """pyarrow buffers a whole row group: one of a batch of every turn would be hundreds of MB."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from claw_pipelines.exporters import destination
+
+    tokens = pa.array([list(range(i, i + 64)) for i in range(1000)], pa.list_(pa.int32()))
+    table = pa.table({"prompt_ids": tokens, "group_id": [f"g{i // 4}" for i in range(1000)]})
+    monkeypatch.setattr(destination, "ROW_GROUP_BYTES", table.nbytes // 10)
+    Destination(str(tmp_path)).arrow_parquet(table, "trl/rollouts.parquet")
+    written = pq.ParquetFile(tmp_path / "trl/rollouts.parquet")
+    assert 9 <= written.metadata.num_row_groups <= 11
+    assert written.read().equals(table)
