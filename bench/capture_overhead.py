@@ -1,7 +1,10 @@
 """Capture overhead: the proxy with the capture callback vs the same proxy without it, per route.
 
 Both are started by ``claw proxy`` with the same uvicorn settings, against the same embedded
-engine, with the same request mix (non-streaming) and concurrency, alternating rounds in one run.
+engine, with the same request mix (non-streaming) and concurrency, in rounds of one run; every
+route is served on both proxies before anything is measured, and who goes first alternates
+round by round, so neither one-off start-up costs nor drift with the processes' age fall on one
+proxy or route.
 ``--no-capture`` drops the callback and the HTTP edge; its model also sets LiteLLM's
 ``use_chat_completions_api``, so on ``/v1/responses`` the bare proxy does what the capture bridge
 does (translate to the engine's chat call: the engine has no Responses route) minus capture. On
@@ -54,6 +57,9 @@ ROUTES: dict[str, tuple[str, dict]] = {
         {"model": "policy", "max_tokens": 32, "messages": [{"role": "user", "content": QUESTION}]},
     ),
 }
+WARM_UP_CALLS = 200
+FIRST_COMMIT_WAIT_S = 3.0
+"""Longer than the spool's pause before a commit, so the warm-up's turns are committed."""
 
 
 async def drive(url: str, key: str, route: str, requests: int, concurrency: int) -> list[float]:
@@ -114,6 +120,22 @@ def cpu_seconds(pid: int) -> float:
     """CPU time (user + system, every thread) of a process and its children so far."""
     leader = psutil.Process(pid)
     return sum(sum(p.cpu_times()[:2]) for p in [leader, *leader.children(recursive=True)])
+
+
+def warm_up(proxies: dict[str, Service], key: str, routes: list[str], concurrency: int) -> None:
+    """Serve every route on every proxy before anything is measured, so one-off costs (first
+    imports, the capture proxy's first Delta commit) fall on no route's figures; the first
+    route measured used to pay them."""
+    for route in routes:
+        for proxy in proxies.values():
+            asyncio.run(drive(proxy.url, key, route, WARM_UP_CALLS, concurrency))
+    time.sleep(FIRST_COMMIT_WAIT_S)
+
+
+def round_order(round_index: int) -> tuple[str, str]:
+    """Which proxy goes first alternates round by round (ABBA): CPU per call drifts as both
+    processes age, and a fixed order would charge that drift to the proxy measured second."""
+    return ("without", "with") if round_index % 2 == 0 else ("with", "without")
 
 
 def measure(
@@ -179,7 +201,9 @@ def main() -> None:
     parser.add_argument(
         "--latency-requests", type=int, default=300, help="sequential, per proxy and round"
     )
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per proxy")
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="rounds per proxy, who goes first alternating"
+    )
     parser.add_argument("--routes", nargs="+", choices=list(ROUTES), default=list(ROUTES))
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="claw-bench-capture-"))
@@ -211,11 +235,12 @@ def main() -> None:
         services += proxies.values()
         for proxy in proxies.values():
             proxy.wait_ready("/health/liveliness", timeout_s=300)
+        warm_up(proxies, key, args.routes, args.concurrency)
         for route in args.routes:
             load: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
             latency: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
-            for _ in range(args.rounds):
-                for name in ("without", "with"):
+            for round_index in range(args.rounds):
+                for name in round_order(round_index):
                     proxy = proxies[name]
                     load[name].append(measure(proxy, key, route, args.requests, args.concurrency))
                 urls = {name: proxy.url for name, proxy in proxies.items()}

@@ -336,8 +336,11 @@ def with_turn_columns(
     ``TURN_COLUMNS``), in ``rows``' order. Turn ids are random, so a read by id alone would
     decode every file: the rows' ``started_at`` range (to the millisecond of Delta's file
     statistics) goes first, and turns land in time order, so a scan decodes only the files and
-    row groups of that window. A turn re-delivered under the same id counts once. Columns
-    ``turns`` lacks are null."""
+    row groups of that window. The window is matched to the ids by the streaming engine, which
+    keeps only the matches of each morsel: the in-memory engine would gather every token list
+    of the window, then copy the matches (at 100k turns 2.5 s and 1.8 GiB against 1.6 s and
+    1.5 GiB, at a tenth of them 900 against 500 MiB). A turn re-delivered under the same id
+    counts once. Columns ``turns`` lacks are null."""
     readable = [] if turns is None or rows.is_empty() else turns.lazy().collect_schema().names()
     found = [name for name in columns if name in readable]
     joined = rows.drop(columns, strict=False)
@@ -346,7 +349,7 @@ def with_turn_columns(
         if "started_at" in rows.columns and "started_at" in readable:
             wanted = wanted.filter(_within(rows.get_column("started_at")))
         wanted = wanted.select("turn_id", *found)
-        tokens = keyed(wanted, "turn_id", rows.get_column("turn_id")).collect()
+        tokens = keyed(wanted, "turn_id", rows.get_column("turn_id")).collect(engine="streaming")
         if tokens.get_column("turn_id").is_duplicated().any():
             tokens = tokens.unique("turn_id", keep="first", maintain_order=True)
         joined = joined.join(tokens, on="turn_id", how="left", maintain_order="left")
