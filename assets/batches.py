@@ -27,12 +27,14 @@ from assets.batch_work import (
     partitions,
 )
 from assets.landing import OWNERS
+from assets.metadata import declared_columns
 from assets.quality import curated_steps
 from assets.races import retried_when_raced
 from assets.release import release_key
 from assets.runs import TO_COME, has_run
 from claw_pipelines.batch_tables import ledger_table
 from claw_pipelines.batching import ledger
+from claw_pipelines.batching.building import batch_schema
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.config_files import recipes
 from claw_pipelines.incremental.increment import ConcurrentRun
@@ -88,6 +90,7 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
             f"in `batches/{name}`, one partition per batch."
         ),
         check_specs=batch_checks(name, parts),
+        metadata=declared_columns(batch_schema(recipe)),
     )
     @retried_when_raced
     def batch_asset(context: dg.AssetExecutionContext, lake: LakeResource):

@@ -6,7 +6,7 @@ import polars as pl
 from assets.automation import on_new_data
 from assets.checks import schema_spec, schema_unchanged
 from assets.landing import OWNERS
-from assets.metadata import counts, histogram, sample, written_metadata
+from assets.metadata import counts, declared_columns, histogram, sample, written_metadata
 from assets.races import retried_when_raced
 from assets.rewards import rewarded_steps
 from claw_pipelines.config_files import quality_config
@@ -26,6 +26,7 @@ from resources.lake import LakeResource
     automation_condition=on_new_data(),
     pool="claw_scored_steps",
     check_specs=[schema_spec("scored_steps")],
+    metadata=declared_columns(SCORED_STEPS),
 )
 @retried_when_raced
 def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
@@ -88,6 +89,7 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     automation_condition=on_new_data(),
     pool="claw_curated_steps",
     check_specs=[schema_spec("curated_steps")],
+    metadata=declared_columns(CURATED_STEPS),
 )
 @retried_when_raced
 def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):

@@ -6,7 +6,7 @@ import polars as pl
 from assets.automation import on_new_data
 from assets.checks import schema_spec, schema_unchanged
 from assets.landing import OWNERS
-from assets.metadata import histogram, sample, written_metadata
+from assets.metadata import declared_columns, histogram, sample, written_metadata
 from assets.races import retried_when_raced
 from assets.steps import steps
 from claw_pipelines.config_files import reward_config
@@ -28,6 +28,7 @@ REWARD_SAMPLE = ["trajectory_id", "step_index", "reward", "reward_sources", "res
     automation_condition=on_new_data(),
     pool="claw_rewarded_steps",
     check_specs=[schema_spec("rewarded_steps")],
+    metadata=declared_columns(REWARDED_STEPS),
 )
 @retried_when_raced
 def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):

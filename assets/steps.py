@@ -17,7 +17,7 @@ from assets.checks import (
     unique_step_ids,
 )
 from assets.landing import OWNERS
-from assets.metadata import counts, histogram, sample, written_metadata
+from assets.metadata import counts, declared_columns, histogram, sample, written_metadata
 from assets.races import retried_when_raced
 from claw_pipelines.config_files import quality_config
 from claw_pipelines.derived_schemas import (
@@ -52,6 +52,7 @@ class StepsConfig(dg.Config):
     automation_condition=on_new_data_or_idle_sweep(),
     pool="claw_steps",
     check_specs=STEP_CHECKS,
+    metadata=declared_columns(STEPS),
 )
 @retried_when_raced
 def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeResource):
@@ -181,6 +182,7 @@ def _extract(
     pool="claw_trajectories",
     op_tags={"dagster/priority": "-1"},  # off the way to a batch: after the releases in a run
     check_specs=[schema_spec("trajectories")],
+    metadata=declared_columns(TRAJECTORIES),
 )
 @retried_when_raced
 def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
