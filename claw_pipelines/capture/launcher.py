@@ -102,7 +102,8 @@ def render_config(
     ``model`` the name it is called by there; ``compat="claw-r1"`` switches Claw-R1's gateway
     protocol on (``claw_r1.config``).
 
-    Without capture the callback is removed, leaving the plain LiteLLM proxy (for comparisons).
+    Without capture the callback is removed, leaving the plain LiteLLM proxy (for comparisons;
+    it runs without the capture edge too, ``frozen_heap.plain_litellm``).
     Router cooldowns are off unless the config says otherwise: with one deployment per model, a
     single failing call would otherwise answer every agent 429 for seconds.
     """
@@ -169,11 +170,14 @@ def run_proxy(
         flush=True,
     )
     uvicorn.run(
-        "claw_pipelines.capture.asgi:app" if capture else "litellm.proxy.proxy_server:app",
+        "claw_pipelines.capture.asgi:app"
+        if capture
+        else "claw_pipelines.capture.frozen_heap:plain_litellm",
         host=host,
         port=port,
         workers=num_workers,
         access_log=False,
         log_level="warning",
         timeout_graceful_shutdown=20,
+        factory=not capture,
     )
