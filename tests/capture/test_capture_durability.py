@@ -9,6 +9,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import polars as pl
 import pytest
@@ -27,7 +28,10 @@ async def _client_loop(stack: CaptureStack, client_index: int, answered: list[st
         api_key=stack.key,
         max_retries=0,
         timeout=120,
-    )
+        http_client=openai.DefaultAsyncHttpxClient(
+            limits=httpx.Limits(max_keepalive_connections=0)
+        ),
+    )  # a connection per call: kept-alive ones all stay on the worker that started first
     async with client:
         for _ in range(TURNS_PER_CLIENT):
             raw = await client.chat.completions.with_raw_response.create(
