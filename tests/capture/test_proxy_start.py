@@ -1,15 +1,20 @@
 """``claw proxy`` refuses to start, with one clear line and a non-zero exit, when it could not
 serve what it promises: its port is taken, its backend does not say which model it serves, or
-its lake cannot be written."""
+its lake cannot be written; and ``--no-capture`` runs the plain proxy."""
 
 from __future__ import annotations
 
+import secrets
 import socket
+import time
 from pathlib import Path
 
-from stack_fixtures import refused_start
+import openai
+from stack_fixtures import PROXY_START_TIMEOUT_S, capture_env, refused_start
 
+from claw_pipelines.lake import Lake
 from claw_pipelines.processes import free_port
+from claw_pipelines.stack import start_engine, start_proxy
 
 
 def test_a_taken_port_is_one_clear_line(tmp_path: Path) -> None:
@@ -58,3 +63,28 @@ def test_a_non_loopback_bind_needs_a_master_key_of_24_characters(tmp_path: Path)
             env={"LITELLM_MASTER_KEY": "k" * 24},
         )  # fmt: skip
     assert strong.startswith(f"claw proxy: cannot bind 0.0.0.0:{port} ")
+
+
+def test_the_plain_proxy_answers_and_lands_nothing(tmp_path: Path) -> None:
+    """``claw proxy --no-capture`` (the capture benchmark's baseline, LiteLLM's app behind the
+    heap freeze only) starts for real, answers a chat call and writes no turn."""
+    key = "sk-test-" + secrets.token_hex(16)
+    env = capture_env(tmp_path, key)
+    engine = start_engine(free_port(), tmp_path, env)
+    proxy = None
+    try:
+        engine.wait_ready("/health", timeout_s=60)
+        proxy = start_proxy(free_port(), tmp_path, f"{engine.url}/v1", env, capture=False)
+        proxy.wait_ready("/health/liveliness", timeout_s=PROXY_START_TIMEOUT_S)
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0)
+        answer = client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "What is 2 + 2?"}]
+        )
+        assert answer.choices[0].message.content
+        time.sleep(1.0)  # longer than the flush interval a capture proxy would commit within
+        assert Lake(env["CLAW_LAKE_URI"]).open("turns") is None
+        assert not any(Path(env["CLAW_SPOOL_DIR"]).rglob("*.spool"))
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        engine.stop()
