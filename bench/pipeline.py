@@ -19,6 +19,12 @@ so its peak RSS is its own:
 * ``empty``: the same run of assets that do nothing (five chained, then one), Dagster's own
   share of that floor.
 
+Scan, write and build run in ``--rounds`` rounds (default 3), each build on a fresh copy of the
+landed lake, so each round's bare phases and build meet the machine in the same state: on the
+2-core VMs this runs on, one run's phases swing by up to 2x (page cache, first-touch page faults
+on fresh memory), and one round's ratio moved between 0.18 and 0.39 on unchanged code. The
+ratios are the medians of the rounds' own ratios; ``rounds`` lists each round.
+
 Prints one JSON object. Goals (issue 19): ``bare_read_write_ratio`` = (scan + write) / build
 >= 0.5, the build against the bare I/O any turns -> batch build must do; ``token_copies`` =
 bytes of token-list columns in every table and export of the lake / those in ``turns`` <= 2;
@@ -30,7 +36,7 @@ refresh's and floor's flat (they must not grow with the table). Also reported:
 they bound each other), ``empty_run_seconds`` (Dagster's own share of the floor),
 ``*_step_seconds`` (each asset's time in the run) and ``load_average`` (the machine is shared).
 
-    .venv/bin/python bench/pipeline.py [--turns 100000]
+    .venv/bin/python bench/pipeline.py [--turns 100000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import argparse
 import json
 import os
 import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -179,15 +187,17 @@ def _encodings() -> dict[str, WriterProperties | None]:
     }
 
 
-def phase_write(lake: Lake, target: str) -> dict:
-    """The bare write of the token lists with the derived tables' settings (timed), then the
-    same rows with each of ``_encodings`` and as the TRL export writes them (pyarrow's
-    defaults): seconds and token-list bytes of each."""
+def phase_write(lake: Lake, target: str, compare: bool) -> dict:
+    """The bare write of the token lists with the derived tables' settings (timed); with
+    ``compare`` then the same rows with each of ``_encodings`` and as the TRL export writes them
+    (pyarrow's defaults): seconds and token-list bytes of each."""
     tokens = pl.scan_delta(lake.uri("turns")).select("turn_id", *TOKEN_COLUMNS).collect()
     table = tokens.to_arrow()
     started = time.perf_counter()
     write_deltalake(target, table, writer_properties=WRITER)
     seconds = time.perf_counter() - started
+    if not compare:
+        return {"seconds": seconds, "rows": table.num_rows}
     encodings = {}
     for index, (name, properties) in enumerate(_encodings().items()):
         folder = f"{target}-{index}"
@@ -323,21 +333,49 @@ def run_phase(args: list[str], script: str = __file__) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def measure_rounds(lake: Lake, root: Path, turns: int, rounds: int) -> tuple[list[dict], Lake]:
+    """``rounds`` rounds of scan, write and build (each build on a fresh copy of ``lake``, as
+    landed); the lake the last build left, for the refresh and floor."""
+    measured, built = [], lake
+    for index in range(rounds):
+        scan = run_phase(["--phase", "scan", "--lake", lake.root])
+        target = root / f"bare-{index}"
+        write_args = ["--phase", "write", "--lake", lake.root, "--target", str(target)]
+        write = run_phase(write_args + (["--compare"] if index == 0 else []))
+        shutil.rmtree(target)
+        copy = root / f"built-{index}"
+        shutil.copytree(lake.root, copy)
+        built = Lake(str(copy))
+        build = run_phase(
+            ["--phase", "pipeline", "--lake", built.root, "--groups", str(turns // GROUP_SIZE)]
+        )  # fmt: skip
+        if index < rounds - 1:
+            shutil.rmtree(copy)
+        measured.append({"scan": scan, "write": write, "build": build})
+    return measured, built
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--phase", choices=["scan", "write", "pipeline", "empty"], help=argparse.SUPPRESS
     )
     parser.add_argument("--lake", help=argparse.SUPPRESS)
     parser.add_argument("--groups", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
+    parser.add_argument("--compare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
         lake = Lake(args.lake)
         phases = {
             "scan": lambda: phase_scan(lake),
-            "write": lambda: phase_write(lake, args.target),
+            "write": lambda: phase_write(lake, args.target, args.compare),
             "pipeline": lambda: phase_pipeline(lake, args.groups),
             "empty": phase_empty,
         }
@@ -348,17 +386,11 @@ def main() -> None:
     turns = args.turns - args.turns % GROUP_SIZE
     extra = max(GROUP_SIZE, (turns // 100) - (turns // 100) % GROUP_SIZE)
     with tempfile.TemporaryDirectory(prefix="claw-bench-") as root:
-        lake = Lake(str(Path(root) / "lake"))
+        landed = Lake(str(Path(root) / "lake"))
         started = time.perf_counter()
-        land(lake, 0, turns, seed=0)
+        land(landed, 0, turns, seed=0)
         land_s = time.perf_counter() - started
-        scan = run_phase(["--phase", "scan", "--lake", lake.root])
-        write = run_phase(
-            ["--phase", "write", "--lake", lake.root, "--target", str(Path(root) / "bare")]
-        )
-        build = run_phase(
-            ["--phase", "pipeline", "--lake", lake.root, "--groups", str(turns // GROUP_SIZE)]
-        )  # fmt: skip
+        rounds, lake = measure_rounds(landed, Path(root), turns, max(1, args.rounds))
         land(lake, turns, extra, seed=1)
         refresh = run_phase(
             ["--phase", "pipeline", "--lake", lake.root, "--groups", str(extra // GROUP_SIZE)]
@@ -370,6 +402,11 @@ def main() -> None:
         floor = sorted(floors, key=lambda run: run["seconds"])[FLOOR_RUNS // 2]
         empty = run_phase(["--phase", "empty", "--lake", lake.root])
         stored = token_bytes(Path(lake.root))
+    scans = [r["scan"]["seconds"] for r in rounds]
+    writes = [r["write"]["seconds"] for r in rounds]
+    builds = [r["build"]["seconds"] for r in rounds]
+    build_s = _median(builds)
+    middle = sorted(rounds, key=lambda r: r["build"]["seconds"])[len(rounds) // 2]["build"]
     tokens = turns * (PROMPT_TOKENS + RESPONSE_TOKENS)
     print(
         json.dumps(
@@ -377,30 +414,43 @@ def main() -> None:
                 "turns": turns,
                 "tokens_per_turn": PROMPT_TOKENS + RESPONSE_TOKENS,
                 "land_seconds": round(land_s, 2),
-                "scan_seconds": round(scan["seconds"], 3),
-                "build_seconds": round(build["seconds"], 3),
-                "build_step_seconds": build["steps"],
-                "build_batch_rows": build["batch_rows"],
-                "steps_per_s": round(turns / build["seconds"], 1),
-                "tokens_per_s": round(tokens / build["seconds"]),
-                "scan_steps_per_s": round(turns / scan["seconds"], 1),
-                "throughput_ratio": round(scan["seconds"] / build["seconds"], 4),
-                "write_seconds": round(write["seconds"], 3),
-                "bare_read_write_ratio": round(
-                    (scan["seconds"] + write["seconds"]) / build["seconds"], 4
+                "scan_seconds": round(_median(scans), 3),
+                "build_seconds": round(build_s, 3),
+                "build_step_seconds": {
+                    step: round(_median([r["build"]["steps"][step] for r in rounds]), 3)
+                    for step in middle["steps"]
+                },
+                "build_batch_rows": middle["batch_rows"],
+                "steps_per_s": round(turns / build_s, 1),
+                "tokens_per_s": round(tokens / build_s),
+                "scan_steps_per_s": round(turns / _median(scans), 1),
+                "throughput_ratio": round(
+                    _median([s / b for s, b in zip(scans, builds, strict=True)]), 4
                 ),
+                "write_seconds": round(_median(writes), 3),
+                "bare_read_write_ratio": round(
+                    _median([(s + w) / b for s, w, b in zip(scans, writes, builds, strict=True)]), 4
+                ),
+                "rounds": [
+                    {
+                        "scan_seconds": round(s, 3),
+                        "write_seconds": round(w, 3),
+                        "build_seconds": round(b, 3),
+                        "bare_read_write_ratio": round((s + w) / b, 4),
+                    }
+                    for s, w, b in zip(scans, writes, builds, strict=True)
+                ],
                 "refresh_turns": extra,
                 "refresh_seconds": round(refresh["seconds"], 3),
                 "refresh_batch_rows": refresh["batch_rows"],
-                "refresh_ratio": round(refresh["seconds"] / build["seconds"], 4),
+                "refresh_ratio": round(refresh["seconds"] / build_s, 4),
                 "floor_seconds": round(floor["seconds"], 3),
                 "floor_runs_seconds": [round(run["seconds"], 3) for run in floors],
                 "floor_step_seconds": floor["steps"],
                 "empty_run_seconds": round(empty["seconds"], 3),
-                "joint_refresh_budget_seconds": round(scan["seconds"] / 10, 3),
+                "joint_refresh_budget_seconds": round(_median(scans) / 10, 3),
                 "refresh_work_ratio": round(
-                    (refresh["seconds"] - floor["seconds"]) / (build["seconds"] - floor["seconds"]),
-                    4,
+                    (refresh["seconds"] - floor["seconds"]) / (build_s - floor["seconds"]), 4
                 ),
                 "token_copies": round(sum(stored.values()) / stored["turns"], 3),
                 "token_copies_in_tables": round(
@@ -409,13 +459,16 @@ def main() -> None:
                     3,
                 ),
                 "token_bytes": stored,
-                "encodings": write["encodings"],
-                "peak_rss_mib": build["peak_rss_mib"],
+                "encodings": rounds[0]["write"]["encodings"],
+                "peak_rss_mib": max(r["build"]["peak_rss_mib"] for r in rounds),
                 "refresh_peak_rss_mib": refresh["peak_rss_mib"],
                 "floor_peak_rss_mib": floor["peak_rss_mib"],
-                "scan_peak_rss_mib": scan["peak_rss_mib"],
+                "scan_peak_rss_mib": max(r["scan"]["peak_rss_mib"] for r in rounds),
                 "load_average": [round(x, 2) for x in os.getloadavg()],
-                "ok": build["ok"] and refresh["ok"] and floor["ok"] and empty["ok"],
+                "ok": all(r["build"]["ok"] for r in rounds)
+                and refresh["ok"]
+                and floor["ok"]
+                and empty["ok"],
             }
         )
     )
