@@ -41,8 +41,9 @@ def consumption_table(recipe: str) -> str:
 def batch_rows(lake: Lake, recipe: str, algorithm: str, batch_id: str) -> pl.DataFrame:
     """The rows of ``batch_id`` as exporters and trainers take them, in export order (empty
     when it has none): grpo-style rows point at their turns in ``batches/<recipe>`` and get
-    their token lists and messages from ``turns`` here (put in order first, so the token
-    lists are gathered once); dpo pairs are stored complete."""
+    their token lists and messages from ``turns`` here (put in order first, and read from
+    ``turns`` in landing order, so token lists landed in that order are taken as read, not
+    gathered); dpo pairs are stored complete."""
     from claw_pipelines.batching.planner import complete_rows
     from claw_pipelines.derived_schemas import TURN_COLUMNS
     from claw_pipelines.exporters.manifest import in_export_order
@@ -53,4 +54,4 @@ def batch_rows(lake: Lake, recipe: str, algorithm: str, batch_id: str) -> pl.Dat
     stored = in_export_order(algorithm, scan.filter(pl.col("batch_id") == batch_id).collect())
     if algorithm == "dpo" or stored.is_empty():
         return stored
-    return complete_rows(stored.drop(TURN_COLUMNS, strict=False), lake.scan("turns"))
+    return complete_rows(stored.drop(TURN_COLUMNS, strict=False), lake.scan_landed("turns"))
