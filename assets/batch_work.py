@@ -14,11 +14,17 @@ import polars as pl
 
 from assets.checks import repeated_ids
 from assets.metadata import counts, histogram, markdown_table, table_metadata
-from claw_pipelines.batch_tables import batch_rows, batches_table, exports_folder, ledger_table
+from claw_pipelines.batch_tables import (
+    batches_table,
+    completed_chunks,
+    exports_folder,
+    ledger_table,
+    stored_rows,
+)
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.building import planned, retired_before, write_batch
 from claw_pipelines.batching.recipe import GROUPED, Recipe
-from claw_pipelines.exporters import Destination, export_batch
+from claw_pipelines.exporters import Destination, export_chunks
 from claw_pipelines.lake import Lake
 
 
@@ -176,7 +182,7 @@ def export_written(lake: Lake, recipe: Recipe, batch_id: str, built: Built | Non
     """Export the written ``batch_id`` and return its materialization metadata; ``built``: the
     batch was just built and checked in this step, so it is not checked again."""
     name = recipe.name
-    rows = batch_rows(lake, name, recipe.algorithm, batch_id)
+    rows = stored_rows(lake, name, recipe.algorithm, batch_id)
     if rows.is_empty():
         raise dg.Failure(f"batch {batch_id} has no rows in batches/{name}")
     if built is None:
@@ -184,9 +190,9 @@ def export_written(lake: Lake, recipe: Recipe, batch_id: str, built: Built | Non
     else:
         planned_under, pins = built.planned_under, built.pins
     out = Destination(lake.uri(f"{exports_folder(name)}/{batch_id}"), lake.storage_options)
-    manifest = export_batch(
+    manifest = export_chunks(
         planned_under,  # its widths and pad id, with today's export formats
-        rows,
+        completed_chunks(lake, recipe.algorithm, rows),
         out,
         source_versions=json.loads(rows["source_versions"][0]),
         planned_with=pins or None,

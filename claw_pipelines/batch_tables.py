@@ -4,8 +4,10 @@ reading a batch's rows back."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import numpy as np
 import polars as pl
 
 if TYPE_CHECKING:
@@ -38,20 +40,54 @@ def consumption_table(recipe: str) -> str:
     return f"batch_consumption/{recipe}"
 
 
-def batch_rows(lake: Lake, recipe: str, algorithm: str, batch_id: str) -> pl.DataFrame:
-    """The rows of ``batch_id`` as exporters and trainers take them, in export order (empty
-    when it has none): grpo-style rows point at their turns in ``batches/<recipe>`` and get
-    their token lists and messages from ``turns`` here (put in order first, and read from
-    ``turns`` in landing order, so token lists landed in that order are taken as read, not
-    gathered); dpo pairs are stored complete."""
-    from claw_pipelines.batching.planner import complete_rows
-    from claw_pipelines.derived_schemas import TURN_COLUMNS
+CHUNK_ROWS = 16_384
+"""Batch rows per export chunk (``completed_chunks``): an export holds about two chunks of
+token lists in memory, the one it writes and the one being read."""
+
+
+def stored_rows(lake: Lake, recipe: str, algorithm: str, batch_id: str) -> pl.DataFrame:
+    """The rows of ``batch_id`` as ``batches/<recipe>`` stores them, in export order (empty
+    when it has none): grpo-style rows point at their turns, dpo pairs are complete."""
     from claw_pipelines.exporters.manifest import in_export_order
 
     scan = lake.scan(batches_table(recipe))
     if scan is None:
         return pl.DataFrame()
-    stored = in_export_order(algorithm, scan.filter(pl.col("batch_id") == batch_id).collect())
+    return in_export_order(algorithm, scan.filter(pl.col("batch_id") == batch_id).collect())
+
+
+def batch_rows(lake: Lake, recipe: str, algorithm: str, batch_id: str) -> pl.DataFrame:
+    """The rows of ``batch_id`` as exporters and trainers take them, in export order (empty
+    when it has none): grpo-style rows get their token lists and messages from ``turns`` here
+    (read in landing order, so token lists landed in that order are taken as read, not
+    gathered); dpo pairs are stored complete."""
+    from claw_pipelines.batching.planner import complete_rows
+    from claw_pipelines.derived_schemas import TURN_COLUMNS
+
+    stored = stored_rows(lake, recipe, algorithm, batch_id)
     if algorithm == "dpo" or stored.is_empty():
         return stored
     return complete_rows(stored.drop(TURN_COLUMNS, strict=False), lake.scan_landed("turns"))
+
+
+def completed_chunks(lake: Lake, algorithm: str, stored: pl.DataFrame) -> Iterator[pl.DataFrame]:
+    """``stored`` rows of one batch (``stored_rows``) as ``batch_rows`` completes them, in
+    chunks of about ``CHUNK_ROWS`` rows that hold whole groups (whole trajectories where rows
+    have no group), reading ``turns`` once (``landed_turns``)."""
+    from claw_pipelines.derived_schemas import BATCH_ROWS, TURN_COLUMNS, fit
+    from claw_pipelines.landed_turns import chunks_with_turn_columns
+
+    if algorithm == "dpo" or stored.is_empty():
+        if not stored.is_empty():
+            yield stored
+        return
+    unit = pl.coalesce("group_id", "trajectory_id")
+    begins = stored.select((unit != unit.shift()).fill_null(True)).to_series().to_numpy()
+    for chunk in chunks_with_turn_columns(
+        stored.drop(TURN_COLUMNS, strict=False),
+        lake.open("turns"),
+        TURN_COLUMNS,
+        chunk_starts=np.flatnonzero(begins),
+        chunk_rows=CHUNK_ROWS,
+    ):
+        yield fit(chunk, BATCH_ROWS)

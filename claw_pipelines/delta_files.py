@@ -14,8 +14,12 @@ mapping). Every table this project writes is such a table; any other is left to
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 import polars as pl
 from deltalake import DeltaTable
+
+from claw_pipelines.lake import floor_ms
 
 
 def plain_files(delta_table: DeltaTable) -> bool:
@@ -43,13 +47,29 @@ def scan_files(delta_table: DeltaTable, paths: list[str], **scan_options) -> pl.
     )
 
 
+def ordered_files(
+    delta_table: DeltaTable, column: str, within: pl.Series | None = None
+) -> pl.DataFrame:
+    """``path`` and ``num_records`` of the table's files in the order of their smallest
+    ``column`` (files without statistics last); with ``within``, only the files whose range of
+    ``column`` can hold one of its values (all of them when one is null). Delta keeps
+    timestamps to the millisecond in file statistics, so a range is widened to whole ones."""
+    files = pl.DataFrame(delta_table.get_add_actions(flatten=True))
+    if files.is_empty() or f"min.{column}" not in files.columns:
+        return pl.DataFrame(schema={"path": pl.String, "num_records": pl.Int64})
+    low, high = pl.col(f"min.{column}"), pl.col(f"max.{column}")
+    if within is not None and not within.is_empty() and not within.null_count():
+        first, last = within.min(), within.max()
+        if isinstance(first, datetime):
+            first, last = floor_ms(first), last + timedelta(milliseconds=1)
+        files = files.filter((low.is_null() | (low <= last)) & (high.is_null() | (high >= first)))
+    return files.sort(low, "path", nulls_last=True).select("path", "num_records")
+
+
 def scan_in_order(delta_table: DeltaTable, column: str) -> pl.LazyFrame:
     """The whole table, its files in the order of their smallest ``column`` (files without
     statistics last); ``pl.scan_delta``'s order when its files cannot be read directly."""
-    if not plain_files(delta_table):
+    files = ordered_files(delta_table, column) if plain_files(delta_table) else None
+    if files is None or files.is_empty():
         return pl.scan_delta(delta_table)
-    files = pl.DataFrame(delta_table.get_add_actions(flatten=True))
-    if files.is_empty() or f"min.{column}" not in files.columns:
-        return pl.scan_delta(delta_table)
-    ordered = files.sort(f"min.{column}", "path", nulls_last=True).get_column("path")
-    return scan_files(delta_table, ordered.to_list())
+    return scan_files(delta_table, files.get_column("path").to_list())

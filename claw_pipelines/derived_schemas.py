@@ -344,7 +344,7 @@ def with_turn_columns(
     if found:
         window = turns.lazy()
         if "started_at" in rows.columns and "started_at" in readable:
-            window = window.filter(_within(rows.get_column("started_at")))
+            window = window.filter(started_within(rows.get_column("started_at")))
         joined = joined.hstack(_by_turn(window, rows.get_column("turn_id"), found).get_columns())
     return joined.with_columns(
         pl.lit(None, dtype).alias(name)
@@ -391,7 +391,7 @@ def _by_turn(window: pl.LazyFrame, turn_ids: pl.Series, columns: list[str]) -> p
     )
 
 
-def _within(started: pl.Series) -> pl.Expr:
+def started_within(started: pl.Series) -> pl.Expr:
     """``started_at`` within the range of ``started``, widened to whole milliseconds: Delta's
     file statistics keep timestamps to the millisecond (no bound when any is unknown)."""
     if started.null_count() or started.is_empty():

@@ -28,7 +28,6 @@ from deltalake.fs import DeltaStorageHandler
 from pyarrow.fs import FileType
 
 from claw_pipelines.appended import appended_rows
-from claw_pipelines.delta_files import scan_in_order
 from claw_pipelines.lake_store import check_store, is_remote, store_options
 from claw_pipelines.settings import ClawSettings, get_settings
 
@@ -234,6 +233,8 @@ class Lake:
         """The latest landing ``table`` with its rows in about the order they landed: its files
         by their earliest ``started_at`` (``delta_files.scan_in_order``); None if it does not
         exist."""
+        from claw_pipelines.delta_files import scan_in_order
+
         delta_table = self.open(table)
         return None if delta_table is None else scan_in_order(delta_table, "started_at")
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
+from contextlib import ExitStack
 from typing import Any
 
 import polars as pl
@@ -10,9 +13,9 @@ from pydantic import BaseModel
 from claw_pipelines.batch_tables import MANIFEST
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.exporters.destination import Destination
-from claw_pipelines.exporters.jsonl import write_jsonl
-from claw_pipelines.exporters.trl import write_trl
-from claw_pipelines.exporters.verl import VerlLayout, write_verl
+from claw_pipelines.exporters.jsonl import JsonlFiles
+from claw_pipelines.exporters.trl import TrlFiles
+from claw_pipelines.exporters.verl import VerlFiles, VerlLayout
 
 
 class ExportedFile(BaseModel):
@@ -80,42 +83,66 @@ def export_batch(
     source_versions: dict[str, int] | None = None,
     planned_with: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Write ``rows`` (one batch) for each of ``recipe.exports`` under ``out``; return and write
-    ``manifest.json``.
+    """Write ``rows`` (one batch, put ``in_export_order`` here) for each of ``recipe.exports``
+    under ``out``; return and write ``manifest.json`` (``export_chunks``)."""
+    return export_chunks(
+        recipe,
+        [in_export_order(recipe.algorithm, rows)],
+        out,
+        source_versions=source_versions,
+        planned_with=planned_with,
+    )
 
-    Rows are put in ``in_export_order`` first. verl needs per-step token rows and is skipped
-    for dpo pairs.
-    """
-    batch_ids = rows["batch_id"].unique().to_list()
-    if len(batch_ids) != 1:
-        raise ValueError(f"export_batch takes the rows of exactly one batch, got {batch_ids}")
+
+def export_chunks(
+    recipe: Recipe,
+    chunks: Iterable[pl.DataFrame],
+    out: Destination,
+    *,
+    source_versions: dict[str, int] | None = None,
+    planned_with: dict[str, Any] | None = None,
+) -> Manifest:
+    """Write one batch, given as ``chunks`` of its rows in export order (each holding whole
+    groups and trajectories), for each of ``recipe.exports`` under ``out``, a chunk at a
+    time; return and write ``manifest.json``, last. verl needs per-step token rows and is
+    skipped for dpo pairs."""
     dpo = recipe.algorithm == "dpo"
-    rows = in_export_order(recipe.algorithm, rows)
-    files: list[ExportedFile] = []
     layout = verl_layout(recipe) if not dpo else None
-    if "verl" in recipe.exports and not dpo:
-        for path, description in write_verl(rows, out, layout):
-            files.append(
-                ExportedFile(path=path, format="verl", rows=rows.height, description=description)
-            )
-    if "trl" in recipe.exports:
-        for path, description, count in write_trl(recipe.algorithm, rows, out):
-            files.append(ExportedFile(path=path, format="trl", rows=count, description=description))
-    if "jsonl" in recipe.exports:
-        for path, description, count in write_jsonl(recipe.algorithm, rows, out):
-            files.append(
-                ExportedFile(path=path, format="jsonl", rows=count, description=description)
-            )
+    formats = {
+        "verl": lambda: VerlFiles(out, layout),
+        "trl": lambda: TrlFiles(recipe.algorithm, out),
+        "jsonl": lambda: JsonlFiles(recipe.algorithm, out),
+    }
+    wanted = [f for f in formats if f in recipe.exports and not (f == "verl" and dpo)]
+    batch_ids: set[str] = set()
+    rows, models = 0, Counter()
+    with ExitStack() as stack:
+        writers = {name: stack.enter_context(formats[name]()) for name in wanted}
+        for chunk in chunks:
+            batch_ids.update(chunk.get_column("batch_id").unique().to_list())
+            if len(batch_ids) > 1:
+                raise ValueError(f"an export takes the rows of exactly one batch, got {batch_ids}")
+            rows += chunk.height
+            models.update(dict(chunk.group_by("model").len().iter_rows()))
+            for writer in writers.values():
+                writer.write(chunk)
+        if not batch_ids:
+            raise ValueError("an export takes the rows of exactly one batch, got none")
+        files = [
+            ExportedFile(path=path, format=name, rows=count, description=description)
+            for name, writer in writers.items()
+            for path, description, count in writer.finish()
+        ]
     manifest = Manifest(
         recipe=recipe.name,
         algorithm=recipe.algorithm,
-        batch_id=batch_ids[0],
-        rows=rows.height,
+        batch_id=batch_ids.pop(),
+        rows=rows,
         source_versions=source_versions or {},
         planned_with=planned_with,
         models=[
             ModelRows(model=m, rows=n)
-            for m, n in rows.group_by("model").len().sort("model").iter_rows()
+            for m, n in sorted(models.items(), key=lambda item: (item[0] is not None, item[0]))
         ],
         verl_layout=layout,
         files=files,

@@ -182,13 +182,42 @@ def verl_arrays(
 
 def write_verl(
     rows: pl.DataFrame, out: Destination, layout: VerlLayout | None = None
-) -> list[tuple[str, str]]:
-    """Write ``verl/batch.parquet`` and ``verl/non_tensor.parquet``; return (path, description)."""
+) -> list[tuple[str, str, int]]:
+    """Write ``verl/batch.parquet`` and ``verl/non_tensor.parquet``; (path, description, rows)
+    of each."""
     tensors = verl_tensors(rows, layout)
     columns = [pl.Series(name, array) for name, array in tensors.items()]
     out.parquet(pl.DataFrame(columns), "verl/batch.parquet")
     out.parquet(verl_non_tensors(rows), "verl/non_tensor.parquet")
     return [
-        ("verl/batch.parquet", f"DataProto tensors: {', '.join(sorted(tensors))}"),
-        ("verl/non_tensor.parquet", "DataProto non_tensor_batch (uid = group_id), row-aligned"),
+        ("verl/batch.parquet", f"DataProto tensors: {', '.join(sorted(tensors))}", rows.height),
+        (
+            "verl/non_tensor.parquet",
+            "DataProto non_tensor_batch (uid = group_id), row-aligned",
+            rows.height,
+        ),
     ]
+
+
+class VerlFiles:
+    """A batch's verl files. Its tensors are as wide as the batch's longest row (unless the
+    recipe sets widths) and are built whole, so the chunks of rows are kept and written
+    together when the batch is complete."""
+
+    def __init__(self, out: Destination, layout: VerlLayout | None) -> None:
+        self.out, self.layout = out, layout
+        self._chunks: list[pl.DataFrame] = []
+
+    def write(self, rows: pl.DataFrame) -> None:
+        self._chunks.append(rows)
+
+    def finish(self) -> list[tuple[str, str, int]]:
+        rows = pl.concat(self._chunks, how="vertical_relaxed")
+        self._chunks = []
+        return write_verl(rows, self.out, self.layout)
+
+    def __enter__(self) -> VerlFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._chunks = []

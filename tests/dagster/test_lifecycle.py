@@ -196,15 +196,15 @@ def test_an_export_whose_write_failed_is_retried_in_its_run(
     """Nothing else would export a batch its own run built, so a failed write is retried."""
     import assets.batch_work
 
-    export_batch, failures = assets.batch_work.export_batch, []
+    export_chunks, failures = assets.batch_work.export_chunks, []
 
     def fails_once(*args, **kwargs):
         if not failures:
             failures.append(OSError("connection reset by the object store"))
             raise failures[0]
-        return export_batch(*args, **kwargs)
+        return export_chunks(*args, **kwargs)
 
-    monkeypatch.setattr(assets.batch_work, "export_batch", fails_once)
+    monkeypatch.setattr(assets.batch_work, "export_chunks", fails_once)
     land_rollouts(bound.lake, groups=4, group_size=4, steps=1)
     driver.refresh()
     (request,) = driver.tick("batch_grpo_planner").run_requests

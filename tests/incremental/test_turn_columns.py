@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -14,6 +15,7 @@ from deltalake import write_deltalake
 from claw_pipelines.delta_files import scan_in_order
 from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.lake import Lake
+from claw_pipelines.landed_turns import chunks_with_turn_columns
 
 START = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -91,3 +93,39 @@ def test_a_redelivered_turn_counts_once(lake: Lake) -> None:
     rows = pl.DataFrame({"turn_id": ["turn-0010", "turn-0011"]})
     completed = with_turn_columns(rows, lake.scan_landed("turns"), ["prompt_token_ids"])
     assert completed.get_column("prompt_token_ids").to_list() == [[10, 11, 12], [11, 12, 13]]
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 25, 1000])
+@pytest.mark.parametrize(
+    "picked",
+    [
+        list(range(60)),
+        [*range(30, 60), *range(30)],  # the later half first: held back until read
+        [5, 70, 6, *range(7, 50)],  # one turn missing
+        [3, 41, 58],
+    ],
+)
+def test_chunks_hold_what_the_whole_read_holds(
+    lake: Lake, picked: list[int], chunk_rows: int
+) -> None:
+    """In any order and chunk size, the chunks put together equal ``with_turn_columns`` of
+    all rows, and each begins where a chunk may (here: every fifth row)."""
+    lake.append("turns", _turns(10, 1))  # a re-delivered turn: its first read counts
+    rows = pl.DataFrame(
+        {
+            "turn_id": [f"turn-{i:04d}" for i in picked],
+            "started_at": [START + timedelta(seconds=i) for i in picked],
+        },
+        schema_overrides={"started_at": pl.Datetime("us", "UTC")},
+    )
+    columns = ["prompt_token_ids", "request_messages"]
+    starts = np.arange(0, rows.height, 5)
+    chunks = list(
+        chunks_with_turn_columns(
+            rows, lake.open("turns"), columns, chunk_starts=starts, chunk_rows=chunk_rows
+        )
+    )
+    assert pl.concat(chunks).equals(with_turn_columns(rows, lake.scan_landed("turns"), columns))
+    begins = np.cumsum([0] + [c.height for c in chunks[:-1]])
+    assert set(begins) <= set(starts)
+    assert all(c.height >= min(chunk_rows, rows.height) for c in chunks[:-1])
