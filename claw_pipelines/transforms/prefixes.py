@@ -132,7 +132,9 @@ def check_prefixes(frame: pl.DataFrame) -> pl.DataFrame:
         )
         .select("turn_id", "_shared", "_tail")
     )
-    frame = frame.join(shared, on="turn_id", how="left")
+    # joined on the ids alone, so the token lists stay in place
+    joined = frame.select("turn_id").join(shared, on="turn_id", how="left", maintain_order="left")
+    frame = frame.with_columns(joined.get_column("_shared"), joined.get_column("_tail"))
     prev_prompt_len = pl.col(PREV_PROMPT).list.len()
     reason = (
         pl.when(pl.col("prefix_consistent"))
