@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
@@ -67,32 +69,88 @@ class QualityConfig(BaseModel):
         return cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
 
 
+_MARK = np.uint64(1 << 63)
+"""Set in the keys of the windows that cross a sequence's end, never in an n-gram's."""
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
 def repeated_ngram_ratio(tokens: pl.Series, n: int) -> pl.Series:
     """Per sequence, the share of its n-grams that repeat an earlier one (0 when shorter than n).
 
-    Computed on the exploded tokens (one row per token, n shifted columns, one group-by) rather
-    than per list with ``list.eval``, which is ~3.5x slower on 256-token responses.
+    Each n-gram becomes one 64-bit key and each sequence a list of its keys, whose distinct
+    values ``list.n_unique`` counts: the token ids stay in one flat array, with no exploded
+    frame, shifted columns or struct hashing (the six chunks of the 100k-turn bench build,
+    256-token responses, n = 4: 1.0-1.3 -> 0.5 CPU s; peak memory per 20k 300 -> 136 MiB).
+    A key packs the n ids exactly when n of them fit in 63 bits (the batch's id range
+    decides: 3-grams of a 150k vocabulary, 4-grams of a 32k one); else it is a multiply-xor
+    mix of them, and two different n-grams of one sequence share a key with probability
+    ~2^-63 (all pairs of a 256-token response's 4-grams together ~4e-15), which would count
+    one repeat too many.
     """
-    row, token = pl.col("_row"), pl.col("_token")
-    grams = [f"_t{i}" for i in range(n)]
-    counted = (
-        pl.DataFrame({"_token": tokens})
-        .with_row_index("_row")
-        .explode("_token", empty_as_null=True)
-        .lazy()
-        .with_columns(token.shift(-i).alias(gram) for i, gram in enumerate(grams))
-        .filter(row.shift(-(n - 1)) == row)
-        .group_by("_row")
-        .agg(pl.struct(grams).n_unique().alias("_distinct"), pl.len().alias("_total"))
+    lengths = tokens.list.len().fill_null(0).cast(pl.Int64)
+    ids = tokens.drop_nulls().list.explode(empty_as_null=False)
+    if len(ids) < n:
+        return pl.Series(tokens.name, [0.0] * len(tokens), dtype=pl.Float64)
+    low, high = ids.min() or 0, ids.max() or 0  # (None: every id is null)
+    bits = (high - low + 1).bit_length()
+    if ids.null_count():
+        ids = ids.cast(pl.Int64).fill_null(low - 1)
+    buffer, keys = _keys(_codes(ids, low - 1), n, bits if n * bits <= 63 else None)
+    ends = lengths.cum_sum().to_numpy()
+    for back in range(1, n):  # the last n - 1 windows of a sequence cross its end
+        crossing = ends[lengths.to_numpy() >= back] - back
+        keys[crossing] = _MARK | np.uint64(back)
+    offsets = np.concatenate([[0], ends])  # (pa.array of an ndarray would import pandas)
+    grams = pa.LargeListArray.from_arrays(
+        pa.Array.from_buffers(pa.int64(), len(offsets), [None, pa.py_buffer(offsets)]),
+        pa.Array.from_buffers(pa.uint64(), len(keys), [None, buffer]),
     )
+    width = lengths - (n - 1)
+    distinct = pl.Series(grams).list.n_unique() - lengths.clip(upper_bound=n - 1)
     return (
-        pl.LazyFrame({"_row": pl.int_range(len(tokens), dtype=pl.UInt32, eager=True)})
-        .join(counted, on="_row", how="left")
-        .select((1 - pl.col("_distinct") / pl.col("_total")).fill_null(0.0))
-        .collect()
+        pl.select(pl.when(width > 0).then(1 - distinct / width).otherwise(0.0))
         .to_series()
         .alias(tokens.name)
     )
+
+
+def _scratch(length: int) -> tuple[pa.Buffer, np.ndarray]:
+    """A writable uint64 array from Arrow's memory pool, which keeps freed memory for the next
+    call: numpy's own large arrays are fresh pages each time, and first-touch page faults cost
+    more than the arithmetic on them (~0.03 s per 40 MB here)."""
+    buffer = pa.allocate_buffer(length * 8)
+    return buffer, np.frombuffer(buffer, np.uint64)
+
+
+def _codes(ids: pl.Series, base: int) -> np.ndarray:
+    """``ids - base`` as uint64, chunk by chunk (a multi-chunk ``to_numpy`` copies)."""
+    _, codes = _scratch(len(ids))
+    start = 0
+    for chunk in ids.get_chunks():
+        np.subtract(
+            chunk.to_numpy(), np.int64(base), out=codes[start : start + len(chunk)].view(np.int64)
+        )
+        start += len(chunk)
+    return codes
+
+
+def _keys(codes: np.ndarray, n: int, bits: int | None) -> tuple[pa.Buffer, np.ndarray]:
+    """Per position, the key of the n codes from it (``bits`` each, packed; None: mixed), in
+    one array; the last n - 1 positions hold anything, for the caller to mark."""
+    buffer, keys = _scratch(len(codes))
+    keys[:] = codes
+    windows = keys[: len(codes) - (n - 1)]
+    for i in range(1, n):
+        if bits is None:
+            windows *= _MIX
+            windows ^= codes[i : i + len(windows)]
+        else:
+            windows <<= np.uint64(bits)
+            windows |= codes[i : i + len(windows)]
+    if bits is None:
+        windows *= _MIX
+        windows >>= np.uint64(1)
+    return buffer, keys
 
 
 def token_signals(steps: pl.DataFrame, ngram: int) -> pl.DataFrame:
