@@ -108,6 +108,12 @@ def check_prefixes(frame: pl.DataFrame) -> pl.DataFrame:
     ``frame`` holds each step with its predecessor's ``_prev_prompt``, ``_prev_response`` and
     ``_prev_token_source`` (all null for a first step, which is consistent by definition).
     """
+    if frame.get_column(PREV_PROMPT).null_count() == frame.height:  # first steps only
+        return frame.with_columns(
+            pl.lit(True).alias("prefix_consistent"),
+            pl.lit(None, pl.String).alias("prefix_break_reason"),
+            pl.lit(0, pl.Int32).alias("shared_prefix_tokens"),
+        )
     prev_full = full_sequence(PREV_PROMPT, PREV_RESPONSE)
     frame = frame.with_columns(
         prev_full.alias("_prev_full"),
