@@ -47,16 +47,17 @@ def test_repeated_ngram_ratio_equals_a_plain_count(seed: int) -> None:
 
 
 def test_degenerate_sequences() -> None:
-    extremes = [-(2**31), 2**31 - 1] * 3
-    cases = {
-        "empty": [],
-        "nulls only": [None, [], None],
-        "shorter than n": [[1, 2, 3], [7]],
-        "all equal": [[5] * 300, [5] * 4],
-        "null ids": [[None] * 6, [None, 1, None, 1, None]],
-        "Int32 extremes": [extremes],
-    }
-    for sequences in cases.values():
-        tokens = pl.Series("t", sequences, dtype=pl.List(pl.Int32))
-        for n in (1, 2, 4):
+    cases = [
+        ([], pl.Int32),
+        ([None, [], None], pl.Int32),  # no ids
+        ([[1, 2, 3], [7]], pl.Int32),  # shorter than n
+        ([[5] * 300, [5] * 4], pl.Int32),  # all equal
+        ([[None] * 6, [None, 1, None, 1, None]], pl.Int32),  # null ids
+        ([[-(2**31), 2**31 - 1] * 3], pl.Int32),
+        ([[-(2**63), 2**63 - 1, -(2**63)] * 3, [None, 0, None, 0]], pl.Int64),
+        ([[2**64 - 1, 1, 2**64 - 1, 1, 2**63]], pl.UInt64),  # (a, b) and (b, a) near 2^63
+    ]
+    for sequences, dtype in cases:
+        tokens = pl.Series("t", sequences, dtype=pl.List(dtype))
+        for n in (1, 2, 3, 4):
             assert repeated_ngram_ratio(tokens, n).to_list() == _reference(sequences, n)
