@@ -130,6 +130,7 @@ def _extract(
     chunks = turn_chunks(increment)
     run = Extracted(increment.snapshot)
     ngram = quality_config().repetition_ngram
+    chunk_events = chunks.events_by_chunk(events)
     for index, chunk in enumerate(chunks.chunks):
         final = index == len(chunks.chunks) - 1
         known_tails = tails.scan()
@@ -138,7 +139,7 @@ def _extract(
             open_turns
             if known_tails is None
             else pl.concat([open_turns, known_tails], how="diagonal_relaxed"),
-            chunks.events_of(events, index),
+            chunk_events[index],
             now=now,
             idle_timeout_s=config.idle_timeout_s,
             reopen_window_s=config.reopen_window_s,

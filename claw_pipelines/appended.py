@@ -66,27 +66,25 @@ def appended_rows(
         if added is None or added.is_empty():
             return None
         root = delta_table.table_uri.rstrip("/")
+        files = [f"{root}/{path}" for path in added.get_column("path")]
         schema = pl.scan_delta(delta_table).collect_schema()
         frame = pl.scan_parquet(
-            [f"{root}/{path}" for path in added.get_column("path")],
+            files,
             schema=schema,
             missing_columns="insert",
             extra_columns="ignore",
             include_file_paths="_file",
             storage_options=storage_options,
         )
-        versions = added.select(
-            pl.concat_str(pl.lit(f"{root}/"), "path").alias("_file"), "_commit_version"
+        # each row's version looked up by its file: a join would gather every column (the
+        # token lists) into the joined order, ~0.15 CPU s per 20k turns of 1,280 tokens
+        version = pl.col("_file").replace_strict(
+            files, added.get_column("_commit_version"), return_dtype=pl.UInt64
         )
-        return (
-            frame.select(*(columns or schema.names()), "_file")
-            .join(versions.lazy(), on="_file", how="left", maintain_order="left")
-            .select(
-                pl.exclude("_file", "_commit_version"),
-                pl.lit("insert").alias("_change_type"),
-                "_commit_version",
-            )
-            .collect()
-        )
+        return frame.select(
+            *(columns or schema.names()),
+            pl.lit("insert").alias("_change_type"),
+            version.alias("_commit_version"),
+        ).collect()
     except (OSError, pl.exceptions.ComputeError):
         return None

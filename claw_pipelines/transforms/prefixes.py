@@ -108,6 +108,12 @@ def check_prefixes(frame: pl.DataFrame) -> pl.DataFrame:
     ``frame`` holds each step with its predecessor's ``_prev_prompt``, ``_prev_response`` and
     ``_prev_token_source`` (all null for a first step, which is consistent by definition).
     """
+    if frame.get_column(PREV_PROMPT).null_count() == frame.height:  # first steps only
+        return frame.with_columns(
+            pl.lit(True).alias("prefix_consistent"),
+            pl.lit(None, pl.String).alias("prefix_break_reason"),
+            pl.lit(0, pl.Int32).alias("shared_prefix_tokens"),
+        )
     prev_full = full_sequence(PREV_PROMPT, PREV_RESPONSE)
     frame = frame.with_columns(
         prev_full.alias("_prev_full"),
@@ -132,7 +138,9 @@ def check_prefixes(frame: pl.DataFrame) -> pl.DataFrame:
         )
         .select("turn_id", "_shared", "_tail")
     )
-    frame = frame.join(shared, on="turn_id", how="left")
+    # joined on the ids alone, so the token lists stay in place
+    joined = frame.select("turn_id").join(shared, on="turn_id", how="left", maintain_order="left")
+    frame = frame.with_columns(joined.get_column("_shared"), joined.get_column("_tail"))
     prev_prompt_len = pl.col(PREV_PROMPT).list.len()
     reason = (
         pl.when(pl.col("prefix_consistent"))

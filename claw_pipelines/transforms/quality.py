@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
@@ -67,32 +69,118 @@ class QualityConfig(BaseModel):
         return cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
 
 
+_MARK = np.uint64(1 << 63)
+"""Set in the keys of the windows that cross a sequence's end, never in an n-gram's."""
+_ALL = (1 << 64) - 1
+
+
 def repeated_ngram_ratio(tokens: pl.Series, n: int) -> pl.Series:
     """Per sequence, the share of its n-grams that repeat an earlier one (0 when shorter than n).
 
-    Computed on the exploded tokens (one row per token, n shifted columns, one group-by) rather
-    than per list with ``list.eval``, which is ~3.5x slower on 256-token responses.
+    Each n-gram becomes one 64-bit key and each sequence a list of its keys, whose distinct
+    values ``list.n_unique`` counts: the token ids stay in one flat array, with no exploded
+    frame, shifted columns or struct hashing (the six chunks of the 100k-turn bench build,
+    256-token responses, n = 4: 1.0-1.2 -> 0.6-0.65 CPU s; a 20k call's peak memory 302 ->
+    175 MiB).
+
+    A key packs the n ids exactly when n of them fit in 63 bits (the batch's id range
+    decides: 3-grams of a 150k vocabulary, 4-grams of a 32k one); else (``_keys``) two
+    different n-grams of one sequence share a key with probability ~2^-63 (all pairs of a
+    256-token response's 4-grams together ~4e-15), which would count one repeat too many.
     """
-    row, token = pl.col("_row"), pl.col("_token")
-    grams = [f"_t{i}" for i in range(n)]
-    counted = (
-        pl.DataFrame({"_token": tokens})
-        .with_row_index("_row")
-        .explode("_token", empty_as_null=True)
-        .lazy()
-        .with_columns(token.shift(-i).alias(gram) for i, gram in enumerate(grams))
-        .filter(row.shift(-(n - 1)) == row)
-        .group_by("_row")
-        .agg(pl.struct(grams).n_unique().alias("_distinct"), pl.len().alias("_total"))
+    lengths = tokens.list.len().fill_null(0).cast(pl.Int64)
+    ids = tokens.drop_nulls().list.explode(empty_as_null=False)
+    if len(ids) < n:
+        return pl.Series(tokens.name, [0.0] * len(tokens), dtype=pl.Float64)
+    if ids.dtype == pl.UInt64:  # wrapped into Int64: still one code per id
+        ids = ids.cast(pl.Int64, wrap_numerical=True)
+    low, high = ids.min() or 0, ids.max() or 0  # (None: every id is null)
+    bits = (high - low + 1).bit_length()
+    codes = _codes(ids, low, null=high - low + 1)
+    buffer, keys = _keys(codes, n, bits)
+    ends = lengths.cum_sum().to_numpy()
+    for back in range(1, n):  # the last n - 1 windows of a sequence cross its end
+        crossing = ends[lengths.to_numpy() >= back] - back
+        keys[crossing] = _MARK | np.uint64(back)
+    offsets = np.concatenate([[0], ends])  # (pa.array of an ndarray would import pandas)
+    grams = pa.LargeListArray.from_arrays(
+        pa.Array.from_buffers(pa.int64(), len(offsets), [None, pa.py_buffer(offsets)]),
+        pa.Array.from_buffers(pa.uint64(), len(keys), [None, buffer]),
     )
+    width = lengths - (n - 1)
+    distinct = pl.Series(grams).list.n_unique() - lengths.clip(upper_bound=n - 1)
     return (
-        pl.LazyFrame({"_row": pl.int_range(len(tokens), dtype=pl.UInt32, eager=True)})
-        .join(counted, on="_row", how="left")
-        .select((1 - pl.col("_distinct") / pl.col("_total")).fill_null(0.0))
-        .collect()
+        pl.select(pl.when(width > 0).then(1 - distinct / width).otherwise(0.0))
         .to_series()
         .alias(tokens.name)
     )
+
+
+def _scratch(length: int) -> tuple[pa.Buffer, np.ndarray]:
+    """A writable uint64 array from Arrow's memory pool, which keeps freed memory for the next
+    call: numpy's own large arrays are fresh pages each time, and first-touch page faults cost
+    more than the arithmetic on them (~0.03 s per 40 MB here)."""
+    buffer = pa.allocate_buffer(length * 8)
+    return buffer, np.frombuffer(buffer, np.uint64)
+
+
+def _codes(ids: pl.Series, low: int, *, null: int) -> np.ndarray:
+    """``ids - low`` (``null`` for a null id) as uint64, chunk by chunk (a multi-chunk
+    ``to_numpy`` copies). Ids spanning all 64 bits wrap: then a null shares ``low``'s code."""
+    _, codes = _scratch(len(ids))
+    start = 0
+    for chunk in ids.fill_null(low).get_chunks():
+        window = codes[start : start + len(chunk)].view(np.int64)
+        np.subtract(chunk.to_numpy(), np.int64(low), out=window)
+        start += len(chunk)
+    if ids.null_count():
+        codes[ids.is_null().to_numpy()] = np.uint64(null & _ALL)
+    return codes
+
+
+def _keys(codes: np.ndarray, n: int, bits: int) -> tuple[pa.Buffer, np.ndarray]:
+    """Per position, the key of the n codes from it (``bits`` each), in one array; the last
+    n - 1 positions hold anything, for the caller to mark.
+
+    The codes are packed exactly in groups that fit in 63 bits (all n when they do; the first
+    group takes the remainder): a group is xor-ed onto a mix of the ones before it (murmur3's
+    64-bit finalizer, a bijection), and the top bit is cleared. N-grams that differ only in the
+    last group keep different keys; others collide only where the mixes happen to differ by
+    the two groups' exact xor."""
+    per_group = max(63 // bits, 1)
+    sizes = [n % per_group or per_group] + [per_group] * ((n - 1) // per_group)
+    buffer, keys = _scratch(len(codes))
+    windows = keys[: len(codes) - (n - 1)]
+    _pack(windows, codes, 0, sizes[0], bits)
+    if len(sizes) > 1 or bits > 63:
+        _, spare = _scratch(len(windows))
+        first = sizes[0]
+        for size in sizes[1:]:
+            _mix(windows, spare)
+            windows ^= _pack(spare, codes, first, size, bits)
+            first += size
+        if bits > 63:  # one id per group, the first one unmixed
+            _mix(windows, spare)
+        windows &= ~_MARK
+    return buffer, keys
+
+
+def _pack(into: np.ndarray, codes: np.ndarray, first: int, size: int, bits: int) -> np.ndarray:
+    """``into``, per position, the ``size`` codes from ``first`` on, ``bits`` each."""
+    into[:] = codes[first : first + len(into)]
+    for i in range(first + 1, first + size):
+        into <<= np.uint64(bits)
+        into |= codes[i : i + len(into)]
+    return into
+
+
+def _mix(values: np.ndarray, spare: np.ndarray) -> None:
+    """murmur3's 64-bit finalizer, in place (``spare``: an array of the same length)."""
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, None):
+        np.right_shift(values, np.uint64(33), out=spare)
+        values ^= spare
+        if multiplier is not None:
+            values *= np.uint64(multiplier)
 
 
 def token_signals(steps: pl.DataFrame, ngram: int) -> pl.DataFrame:

@@ -109,6 +109,14 @@ def _touching(
     return wanted.fill_null(False)
 
 
+def _without(frame: pl.DataFrame, column: str, keys: pl.DataFrame) -> pl.DataFrame:
+    """The rows of ``frame`` whose ``column`` is not in that of ``keys`` (an anti join, nulls
+    kept): a filter keeps the token lists in place where a join gathers them (0.03 CPU s per
+    20k turns)."""
+    known = keys.get_column(column).implode()
+    return frame.filter(~pl.col(column).is_in(known).fill_null(False))
+
+
 def _new_turns(turns: pl.DataFrame | None, source_version: int | None) -> pl.DataFrame:
     if turns is None or turns.height == 0:
         return empty(OPEN_STATE).select(_PENDING)
@@ -185,10 +193,9 @@ def _resolve_identity(
         ]
     )
     inferred = infer_trajectories(anonymous, known, min_tokens=min_tokens)
-    return (
-        turns.join(inferred.rename({"trajectory_id": "_inferred"}), on="turn_id", how="left")
-        .with_columns(pl.coalesce("trajectory_id", "_inferred").alias("trajectory_id"))
-        .drop("_inferred")
+    ids = turns.select("turn_id").join(inferred, on="turn_id", how="left", maintain_order="left")
+    return turns.with_columns(
+        pl.coalesce(pl.col("trajectory_id"), ids.get_column("trajectory_id")).alias("trajectory_id")
     )
 
 
@@ -216,7 +223,9 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame, min_tokens: int) -> pl.D
         )
         .join(closing, on="trajectory_id")
         .sort("trajectory_id", "started_at", "turn_id")
-        .with_columns(
+    )
+    if frame.get_column("group_id").null_count():  # else a window over the ids for nothing
+        frame = frame.with_columns(
             pl.coalesce(
                 "group_id",
                 pl.col("group_id").drop_nulls().first().over("trajectory_id"),
@@ -224,13 +233,12 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame, min_tokens: int) -> pl.D
                 "_event_group_id",
             ).alias("group_id"),
         )
-    )
     steps = check_prefixes(_link(frame, tokens, sources))
     moved = side_threads(steps, tokens, min_tokens=min_tokens)
     if moved.height:
         split, regrouped = regroup(frame, moved)
         steps = pl.concat([
-            steps.join(split, on="trajectory_id", how="anti"),
+            _without(steps, "trajectory_id", split),
             check_prefixes(_link(regrouped, tokens, sources)),
         ])  # fmt: skip
     return fit(steps.with_columns(token_lengths()), EXTRACTED_STEPS)
@@ -238,20 +246,32 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame, min_tokens: int) -> pl.D
 
 def _link(frame: pl.DataFrame, tokens: pl.DataFrame, sources: pl.Series) -> pl.DataFrame:
     """Number the steps and attach each one's predecessor tokens and ``sources`` (the pending
-    turns' token_source, indexed like ``tokens`` by ``_row``); see ``_emit``."""
-    position = pl.int_range(pl.len()).over("trajectory_id")
-    tail_index = pl.col("_tail_step_index").fill_null(-1)
-    with_tokens = pl.when(pl.col("_tokens")).then(pl.col("_row"))
-    frame = frame.with_columns(
-        (tail_index + 1 + position).cast(pl.Int32).alias("step_index"),
-        (position == pl.len().over("trajectory_id") - 1).alias("is_last"),
-        (tail_index >= 0).alias("reopened"),
-        with_tokens.shift(1).forward_fill().over("trajectory_id").alias("_latest"),
-        pl.col("_row").shift(1).over("trajectory_id").alias("_before"),
-        pl.col("turn_id").alias("step_id"),
-    ).with_columns(
-        (pl.col("_latest").is_null() & (tail_index >= 0)).alias("_from_tail"),
-        pl.coalesce("_latest", pl.when(tail_index < 0).then("_before")).alias("_prev"),
+    turns' token_source, indexed like ``tokens`` by ``_row``); see ``_emit``.
+
+    ``frame`` is sorted by trajectory, so each trajectory is a run of rows: positions and
+    predecessors are shifts and forward fills bounded by the run's first row, not windows
+    over the trajectory ids (five group-bys of the id strings, 0.09 CPU s per 20k steps)."""
+    trajectory, index = pl.col("trajectory_id"), pl.int_range(pl.len())
+    first = trajectory.ne_missing(trajectory.shift(1)) | (index == 0)
+    last = trajectory.ne_missing(trajectory.shift(-1)) | (index == pl.len() - 1)
+    start, tail_index = pl.col("_start"), pl.col("_tail_step_index").fill_null(-1)
+    latest = pl.when(pl.col("_tokens")).then(index).shift(1).forward_fill()
+    frame = (
+        frame.with_columns(
+            pl.when(first).then(index).forward_fill().alias("_start"), last.alias("is_last")
+        )
+        .with_columns(
+            (tail_index + 1 + index - start).cast(pl.Int32).alias("step_index"),
+            (tail_index >= 0).alias("reopened"),
+            pl.when(latest >= start).then(pl.col("_row").gather(latest)).alias("_latest"),
+            pl.when(index > start).then(pl.col("_row").shift(1)).alias("_before"),
+            pl.col("turn_id").alias("step_id"),
+        )
+        .with_columns(
+            (pl.col("_latest").is_null() & (tail_index >= 0)).alias("_from_tail"),
+            pl.coalesce("_latest", pl.when(tail_index < 0).then("_before")).alias("_prev"),
+        )
+        .drop("_start")
     )
     rows, previous = frame.get_column("_row"), frame.get_column("_prev")
     return frame.with_columns(
@@ -328,7 +348,7 @@ def extract_steps(
             ),
         ]
     )
-    turns = _new_turns(new_turns, source_version).join(seen, on="turn_id", how="anti")
+    turns = _without(_new_turns(new_turns, source_version), "turn_id", seen)
     tails = _hydrate(tails, turns, landed)
     turns = _resolve_identity(turns, open_rows, tails, min_prefix_tokens)
     pending = pl.concat([open_rows.select(_PENDING), turns]).filter(~FAILED)
@@ -336,7 +356,8 @@ def extract_steps(
 
     idle_since = pl.lit(now) - timedelta(seconds=idle_timeout_s)
     closing = (
-        pending.group_by("trajectory_id")
+        pending.select("trajectory_id", "ended_at")  # a group-by of the wide frame rechunks it
+        .group_by("trajectory_id")
         .agg(pl.col("ended_at").max().alias("_last_end"))
         .join(tails.select("trajectory_id", *[pl.col(c).alias(f"_tail_{c}") for c in _TAIL]),
               on="trajectory_id", how="left")
@@ -360,10 +381,16 @@ def extract_steps(
     steps = _emit(pending, closing, min_prefix_tokens)
 
     source = pl.coalesce("parent_trajectory_id", "trajectory_id").alias("trajectory_id")
-    emitted = steps.group_by(source).agg(pl.col("turn_id").alias("_new_ids"))
+    emitted = (
+        steps.select(source, "turn_id")
+        .group_by("trajectory_id")
+        .agg(pl.col("turn_id").alias("_new_ids"))
+    )
     new_tails = (
-        steps.filter(pl.col("is_last") & pl.col("parent_trajectory_id").is_null())
+        steps.lazy()
+        .filter(pl.col("is_last") & pl.col("parent_trajectory_id").is_null())
         .select(*_TAIL_KEPT)
+        .collect()
         .join(emitted, on="trajectory_id")
         .join(tails.select("trajectory_id", "emitted_turn_ids"), on="trajectory_id", how="left")
         .with_columns(
@@ -390,7 +417,7 @@ def extract_steps(
     return StepExtraction(
         steps=steps,
         open_turns=fit(
-            pending.join(closing.select("trajectory_id"), on="trajectory_id", how="anti"),
+            _without(pending, "trajectory_id", closing),
             OPEN_STATE,
         ).with_columns(pl.lit("open").alias("state")),
         new_tails=fit(closed, OPEN_STATE),

@@ -55,11 +55,11 @@ def side_threads(checked: pl.DataFrame, tokens: pl.DataFrame, *, min_tokens: int
     splittable = (
         ~pl.col("trajectory_inferred").fill_null(False) & ~pl.col("reopened") & pl.col("_tokens")
     )
-    steps = checked.filter(splittable).select(
+    steps = checked.lazy().filter(splittable).select(
         "turn_id", "trajectory_id", "started_at", "_row", "_prev", "request_messages",
         "prefix_break_reason", "shared_prefix_tokens",
         pl.col("prompt_token_ids").list.len().alias("_prompt_len"),
-    )  # fmt: skip
+    ).collect()  # fmt: skip
     broken = steps.filter(pl.col("prefix_break_reason") == "context_edit")
     if broken.is_empty():
         return pl.DataFrame(schema=dict.fromkeys(_MOVED, pl.String))
