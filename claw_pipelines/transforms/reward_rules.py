@@ -131,28 +131,41 @@ def _registered(registrations: pl.LazyFrame | None) -> pl.LazyFrame:
     )
 
 
-def _final_steps(steps: pl.LazyFrame, registrations: pl.LazyFrame | None) -> pl.LazyFrame:
-    """The final step of each trajectory plus what trajectory-level rules need; a turn's own
-    ground truth and data source win over the trajectory's registration."""
-    names = tool_calls().list.eval(pl.element().struct.field("function").struct.field("name"))
-    per_trajectory = steps.group_by("trajectory_id").agg(
-        ((pl.col("status") == "error").cast(pl.Int64) + malformed_tool_calls())
-        .sum()
-        .alias("_failures"),
-        names.list.explode(keep_nulls=False, empty_as_null=False).alias("_tool_names"),
-    )
+def _final_steps(steps: pl.LazyFrame, registrations: pl.LazyFrame | None) -> pl.DataFrame:
+    """The final step of each trajectory with its ground truth and data source (a turn's own win
+    over the trajectory's registration). Collected once: every rule and the judge read it, and
+    as a plan each of them would sort, group and parse the steps again."""
     return (
-        steps.sort("trajectory_id", "step_index")
+        steps.filter(pl.col("trajectory_id").is_not_null())
+        .sort("trajectory_id", "step_index")
         .group_by("trajectory_id")
         .last()
-        .join(per_trajectory, on="trajectory_id")
         .join(_registered(registrations), on="trajectory_id", how="left")
         .with_columns(
             pl.coalesce(claw_field("ground_truth"), "_truth").alias("ground_truth"),
             pl.coalesce(claw_field("data_source"), "_source").alias("data_source"),
         )
         .drop("_truth", "_source")
+        .collect()
     )
+
+
+def _with_tool_use(final: pl.DataFrame, steps: pl.LazyFrame) -> pl.LazyFrame:
+    """``final`` plus what ``tool_call_success`` reads over all of a trajectory's steps: failed
+    steps and malformed tool calls, and the names of the tools called. Decoding the messages'
+    JSON is the costly part, so only the steps of ``final``'s trajectories are decoded."""
+    names = tool_calls().list.eval(pl.element().struct.field("function").struct.field("name"))
+    used = (
+        steps.join(final.lazy().select("trajectory_id"), on="trajectory_id", how="semi")
+        .group_by("trajectory_id")
+        .agg(
+            ((pl.col("status") == "error").cast(pl.Int64) + malformed_tool_calls())
+            .sum()
+            .alias("_failures"),
+            names.list.explode(keep_nulls=False, empty_as_null=False).alias("_tool_names"),
+        )
+    )
+    return final.lazy().join(used, on="trajectory_id")
 
 
 def _reward_rows(frame: pl.LazyFrame, name: str, source: str, value: pl.Expr) -> pl.LazyFrame:
@@ -185,20 +198,22 @@ def rule_rewards(
     ``openai_judge(config.judge)`` (tests pass a local callable). ``registrations``: rows of
     ``trajectory_registrations`` for these trajectories (their ground truth and data source).
     """
-    final = _final_steps(steps.lazy(), None if registrations is None else registrations.lazy())
-    parts = [
-        _reward_rows(final.filter(_matches(r.data_source, r.agent)), r.name, "rule", _rule_value(r))
-        for r in config.rules
-    ]
+    if not config.rules and not config.judge.enabled:
+        return pl.LazyFrame(schema=polars_schema(Reward.arrow_schema()))
+    steps = steps.lazy()
+    final = _final_steps(steps, None if registrations is None else registrations.lazy())
+    parts = []
+    for r in config.rules:
+        matched = final.filter(_matches(r.data_source, r.agent))
+        rows = _with_tool_use(matched, steps) if r.rule == "tool_call_success" else matched.lazy()
+        parts.append(_reward_rows(rows, r.name, "rule", _rule_value(r)))
     if config.judge.enabled:
-        scored = final.filter(_matches(config.judge.data_source, config.judge.agent)).collect()
+        scored = final.filter(_matches(config.judge.data_source, config.judge.agent))
         score = (judge or openai_judge(config.judge))(scored)
         parts.append(
             _reward_rows(scored.lazy().with_columns(score.alias("_score")), "judge", "model",
                          pl.col("_score").cast(pl.Float64))
         )  # fmt: skip
-    if not parts:
-        return pl.LazyFrame(schema=polars_schema(Reward.arrow_schema()))
     return pl.concat(parts)
 
 
