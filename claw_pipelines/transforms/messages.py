@@ -20,8 +20,17 @@ def claw_field(name: str, column: str = "metadata") -> pl.Expr:
 
 
 def tool_calls(column: str = "response_message") -> pl.Expr:
-    """The message's tool calls as list<struct<function: struct<name, arguments>>>."""
-    return pl.col(column).str.json_path_match("$.tool_calls").str.json_decode(_TOOL_CALLS)
+    """The message's tool calls as list<struct<function: struct<name, arguments>>>.
+
+    Only a message whose text can hold a ``tool_calls`` key (spelled out, or escaped with
+    ``\\u``) is decoded; the others are null unparsed: decoding every message's JSON took
+    ~45 ms per 100k steps, whether it called a tool or not."""
+    text = pl.col(column)
+    may_call = text.str.contains("tool_calls", literal=True) | text.str.contains(
+        r"\u", literal=True
+    )
+    calls = pl.when(may_call).then(text).str.json_path_match("$.tool_calls")
+    return calls.str.json_decode(_TOOL_CALLS)
 
 
 def malformed_tool_calls(column: str = "response_message") -> pl.Expr:

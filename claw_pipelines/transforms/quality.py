@@ -286,13 +286,29 @@ def score_steps(
             pl.lit([], pl.List(pl.String)).alias("quality_reasons"),
         )
     else:
-        penalty = pl.sum_horizontal(
-            [expr.cast(pl.Float64) * weights[name] for name, expr in signals.items()]
-        )
-        reasons = pl.concat_list(
-            [pl.when(expr).then(pl.lit(name)).otherwise(None) for name, expr in signals.items()]
-        ).list.drop_nulls()
-        scored = frame.with_columns(
-            (1.0 - penalty).clip(0.0, 1.0).alias("quality_score"), reasons.alias("quality_reasons")
-        )
+        scored = _scored(frame, signals, weights)
     return fit(scored, SCORED_STEPS)
+
+
+def _scored(
+    frame: pl.LazyFrame, signals: dict[str, pl.Expr], weights: dict[str, float]
+) -> pl.LazyFrame:
+    """``frame`` plus ``quality_score`` and ``quality_reasons`` from the ``signals`` it trips.
+    Both are computed once per distinct combination of tripped signals (a bit each) and joined
+    back: built on every row, the list of reasons took ~0.2 s per 100k steps."""
+    bits = {name: 1 << i for i, name in enumerate(signals)}
+    tripped = {name: (pl.col("_tripped") & bit) != 0 for name, bit in bits.items()}
+    penalty = pl.sum_horizontal(
+        [flag.cast(pl.Float64) * weights[name] for name, flag in tripped.items()]
+    )
+    reasons = pl.concat_list(
+        [pl.when(flag).then(pl.lit(name)).otherwise(None) for name, flag in tripped.items()]
+    ).list.drop_nulls()
+    combination = pl.sum_horizontal(
+        expr.cast(pl.Int64) * bits[name] for name, expr in signals.items()
+    )
+    keyed = frame.with_columns(combination.alias("_tripped"))
+    scores = keyed.select(pl.col("_tripped").unique()).with_columns(
+        (1.0 - penalty).clip(0.0, 1.0).alias("quality_score"), reasons.alias("quality_reasons")
+    )
+    return keyed.join(scores, on="_tripped", how="left", maintain_order="left").drop("_tripped")
