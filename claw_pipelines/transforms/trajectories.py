@@ -6,6 +6,14 @@ import polars as pl
 
 from claw_pipelines.derived_schemas import TRAJECTORIES, polars_schema
 
+_SUMMARIZED = [
+    "trajectory_id", "step_index", "group_id", "channel", "agent", "prompt_len", "response_len",
+    "started_at", "ended_at", "close_reason", "policy_version", "shared_prefix_tokens",
+    "trajectory_inferred", "prefix_consistent", "parent_trajectory_id",
+]  # fmt: skip
+"""The step columns a summary reads, selected before the sort: polars does not push the
+projection below a sort of an in-memory frame, and sorting every column took twice as long."""
+
 
 def latest_events(events: pl.LazyFrame | pl.DataFrame | None) -> pl.LazyFrame:
     """Per trajectory: the latest lifecycle event and the latest reward an event carried."""
@@ -14,6 +22,7 @@ def latest_events(events: pl.LazyFrame | pl.DataFrame | None) -> pl.LazyFrame:
         return pl.LazyFrame(schema=schema)
     return (
         events.lazy()
+        .select("trajectory_id", "event", "reward", "created_at", "event_id")
         .sort("created_at", "event_id")
         .group_by("trajectory_id")
         .agg(
@@ -35,7 +44,7 @@ def summarize_trajectories(
     sequence (what a prefix-tree merge of the trajectory saves). A side trajectory has no events
     of its own (its parent's events name the parent), so its outcome is its close_reason.
     """
-    ordered = steps.lazy().sort("trajectory_id", "step_index")
+    ordered = steps.lazy().select(_SUMMARIZED).sort("trajectory_id", "step_index")
     summary = ordered.group_by("trajectory_id").agg(
         pl.col("group_id").drop_nulls().first(),
         pl.col("channel").drop_nulls().first(),
@@ -46,7 +55,8 @@ def summarize_trajectories(
         pl.col("started_at").min(),
         pl.col("ended_at").max(),
         pl.col("close_reason").last(),
-        pl.col("policy_version").drop_nulls().unique().sort().alias("policy_versions"),
+        pl.col("policy_version").min().alias("_lowest"),
+        pl.col("policy_version").max().alias("_highest"),
         pl.col("shared_prefix_tokens").sum().alias("shared_prefix_tokens_saved"),
         pl.col("trajectory_inferred").all(),
         pl.col("prefix_consistent").all(),
@@ -54,7 +64,8 @@ def summarize_trajectories(
     )
     outcome = pl.coalesce("event", "close_reason")
     return (
-        summary.join(latest_events(events), on="trajectory_id", how="left")
+        _with_policy_versions(summary, ordered)
+        .join(latest_events(events), on="trajectory_id", how="left")
         .with_columns(
             ((pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6).alias(
                 "duration_s"
@@ -65,4 +76,28 @@ def summarize_trajectories(
         )
         .select(pl.col(name).cast(dtype) for name, dtype in polars_schema(TRAJECTORIES).items())
         .sort("trajectory_id")
+    )
+
+
+def _with_policy_versions(summary: pl.LazyFrame, steps: pl.LazyFrame) -> pl.LazyFrame:
+    """``summary`` (with each trajectory's ``_lowest`` and ``_highest`` policy_version) plus
+    ``policy_versions``, its distinct versions in order. A trajectory that ran on one version
+    gets a list made from its bounds; only those with several are grouped into lists (for every
+    trajectory that took ~50 ms per 100k steps)."""
+    lowest, highest = pl.col("_lowest"), pl.col("_highest")
+    several = (
+        steps.join(summary.filter(lowest != highest), on="trajectory_id", how="semi")
+        .group_by("trajectory_id")
+        .agg(pl.col("policy_version").drop_nulls().unique().sort().alias("_several"))
+    )
+    one = lowest.reshape((-1, 1)).arr.to_list()
+    versions = (
+        pl.when(lowest == highest)
+        .then(one)
+        .otherwise(pl.coalesce("_several", pl.lit([], pl.List(pl.Int64))))
+    )
+    return (
+        summary.join(several, on="trajectory_id", how="left")
+        .with_columns(versions.alias("policy_versions"))
+        .drop("_lowest", "_highest", "_several")
     )
