@@ -39,13 +39,13 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     increment = Increment.begin(lake.lake(), "scored_steps", "scored_steps", ["rewarded_steps"])
     affected = trajectory_ids(increment.new_rows("rewarded_steps", ["trajectory_id"]))
     latest_policy = None
-    if affected:
+    if affected.len():
         announced = highest_announced_version(increment.lake)
         latest_policy = lag_reference(announced, increment.inputs["rewarded_steps"])
 
     turns = increment.lake.scan("turns")
 
-    def build(keys: list[str]) -> pl.DataFrame:
+    def build(keys: pl.Series) -> pl.DataFrame:
         return score_steps(
             increment.rows_where("rewarded_steps", "trajectory_id", keys),
             turns,
@@ -104,9 +104,9 @@ def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     labelled = _labelled_trajectories(increment, increment.new_rows("labels"))
     affected = trajectory_ids(rescored, labelled)
 
-    def build(keys: list[str]) -> pl.DataFrame:
+    def build(keys: pl.Series) -> pl.DataFrame:
         scored = increment.rows_where("scored_steps", "trajectory_id", keys)
-        targets = [*keys, *scored.get_column("turn_id").to_list()]
+        targets = pl.concat([keys, scored.get_column("turn_id")])
         return curate_steps(scored, increment.rows_where("labels", "target_id", targets)).collect()
 
     written = increment.recompute(affected, build, CURATED_STEPS, ["trainable", "quality_label"])

@@ -199,9 +199,9 @@ def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
         increment.new_rows("trajectory_events", ["trajectory_id"]),
     )
     if increment.upto["steps"] is None:
-        affected = []
+        affected = trajectory_ids()
 
-    def build(keys: list[str]) -> pl.DataFrame:
+    def build(keys: pl.Series) -> pl.DataFrame:
         return summarize_trajectories(
             increment.rows_where("steps", "trajectory_id", keys, STEPS.names),
             increment.rows_where("trajectory_events", "trajectory_id", keys),
