@@ -212,9 +212,10 @@ class Increment:
         (only ``columns`` when given: a projection skips the other column chunks unread).
 
         The keys' bounds go into the scan, so a Delta scan skips the files and row groups they
-        cannot be in (ids are time-ordered); the rows read are then kept by a mask of the keys.
-        ``lake.keyed``'s semi join gathers every column of the rows it keeps instead, which for
-        a chunk of a first build (100k keys, every row kept) took about twice as long."""
+        cannot be in (ids are time-ordered); the rows read are then kept by a mask of the keys,
+        or taken as read when the keys are all of them (a first build, a refresh of the newest
+        trajectories). ``lake.keyed``'s semi join gathers every column of the rows it keeps
+        instead, which for a chunk of a first build (100k keys) took about twice as long."""
         frame = self.scan(source)
         if frame is None:
             return None
@@ -222,7 +223,9 @@ class Increment:
             frame = frame.select(columns)
         value = pl.col(column)
         bounds = value.is_between(pl.lit(keys.min(), keys.dtype), pl.lit(keys.max(), keys.dtype))
-        return frame.filter(bounds).collect().filter(value.is_in(keys.implode()))
+        rows = frame.filter(bounds).collect()
+        kept = rows.get_column(column).is_in(keys.implode())
+        return rows if kept.all() else rows.filter(kept)
 
     def _apps(self, watermark: bool = True) -> dict[str, int]:
         """The writer; with ``watermark`` also the input versions, run number and attempt."""
@@ -392,8 +395,9 @@ class Increment:
 
 def trajectory_ids(*frames: pl.DataFrame | None) -> pl.Series:
     """The distinct trajectories present in any of ``frames``, in order: the keys a run
-    recomputes."""
+    recomputes. Sorted before deduplicated: new rows mostly come in order already, and a
+    sorted column is checked, not sorted (100k ids: 6 ms against 20)."""
     ids = [f.get_column("trajectory_id") for f in frames if f is not None]
     if not ids:
         return pl.Series("trajectory_id", [], pl.String)
-    return pl.concat(ids).drop_nulls().unique().sort()
+    return pl.concat(ids).drop_nulls().sort().unique(maintain_order=True)
