@@ -31,7 +31,11 @@ from claw_pipelines.incremental.increment import Increment, trajectory_ids
 from claw_pipelines.incremental.turn_chunks import turn_chunks
 from claw_pipelines.schemas import utc_now
 from claw_pipelines.transforms.steps import extract_steps, stored_steps
-from claw_pipelines.transforms.trajectories import summarize_trajectories
+from claw_pipelines.transforms.trajectories import (
+    EVENT_COLUMNS,
+    SUMMARIZED_COLUMNS,
+    summarize_trajectories,
+)
 from resources.lake import LakeResource
 
 STEP_SAMPLE = ["trajectory_id", "step_index", "is_last", "token_source", "response_text"]
@@ -203,8 +207,8 @@ def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
 
     def build(keys: pl.Series) -> pl.DataFrame:
         return summarize_trajectories(
-            increment.rows_where("steps", "trajectory_id", keys, STEPS.names),
-            increment.rows_where("trajectory_events", "trajectory_id", keys),
+            increment.rows_where("steps", "trajectory_id", keys, SUMMARIZED_COLUMNS),
+            increment.rows_where("trajectory_events", "trajectory_id", keys, EVENT_COLUMNS),
         ).collect()
 
     written = increment.recompute(
