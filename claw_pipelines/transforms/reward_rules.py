@@ -132,6 +132,10 @@ def _registered(registrations: pl.LazyFrame | None) -> pl.LazyFrame:
     )
 
 
+_RULE_COLUMNS = ["trajectory_id", "step_index", "agent", "response_text", "metadata", "ended_at"]
+"""What the rules read of a final step; the judge is handed whole steps."""
+
+
 def _final_steps(steps: pl.LazyFrame, registrations: pl.LazyFrame | None) -> pl.DataFrame:
     """The final step of each trajectory with its ground truth and data source (a turn's own win
     over the trajectory's registration). Collected once: every rule and the judge read it, and
@@ -202,7 +206,8 @@ def rule_rewards(
     if not config.rules and not config.judge.enabled:
         return pl.LazyFrame(schema=polars_schema(Reward.arrow_schema()))
     steps = steps.lazy()
-    final = _final_steps(steps, None if registrations is None else registrations.lazy())
+    read = steps if config.judge.enabled else steps.select(_RULE_COLUMNS)
+    final = _final_steps(read, None if registrations is None else registrations.lazy())
     parts = []
     for r in config.rules:
         matched = final.filter(_matches(r.data_source, r.agent))
