@@ -13,7 +13,7 @@ SUMMARIZED_COLUMNS = [
 ]  # fmt: skip
 """The step columns a summary reads: a reader of ``steps`` reads only these (the messages and
 ids are most of a step's bytes), and they are selected before the sort, as polars does not push
-the projection below a sort of an in-memory frame (sorting every column took twice as long)."""
+the projection below a sort of an in-memory frame (100k steps: 18 CPU ms against 27)."""
 
 EVENT_COLUMNS = ["trajectory_id", "event", "reward", "created_at", "event_id"]
 """The trajectory_events columns ``latest_events`` reads."""
