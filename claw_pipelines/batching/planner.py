@@ -17,8 +17,10 @@ from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.batching.units import dpo_batch, trajectory_batch
 from claw_pipelines.derived_schemas import (
     BATCH_ROWS,
+    DPO_PAIRS,
     DROPPED,
     LEDGER,
+    STORED_BATCH_ROWS,
     fit,
     with_turn_columns,
 )
@@ -71,6 +73,20 @@ class BatchPlan:
             LEDGER,
         )
 
+
+PLANNED_COLUMNS = frozenset(
+    {
+        *(set(STORED_BATCH_ROWS.names) | set(DPO_PAIRS.names)),
+        "ended_at",
+        "step_reward",
+        "trainable",
+        "quality_score",
+        "prompt_len",
+        "response_len",
+    }
+)
+"""The curated columns a plan reads (its filters, credit, units and rows): the rest (e.g. the
+response text) would only widen every sort and join of the open steps."""
 
 TRUNCATED = "length"
 """The finish reason of a reply cut off at max_tokens: it has no end-of-turn token."""
@@ -256,6 +272,9 @@ def _candidates(
 ) -> pl.DataFrame:
     """The credited curated steps in play that no frame of ``excluding`` (ledger, retired
     steps) holds, each with the first filter it fails (``_reason``), in batch order."""
+    curated = curated.select(
+        name for name in curated.collect_schema().names() if name in PLANNED_COLUMNS
+    )
     excluded = [
         frame.lazy().filter(in_play).select("turn_id", "trajectory_id")
         for frame in excluding
