@@ -170,14 +170,8 @@ def trajectory_batch(
     chosen, reasons, ready, more = _select_units(recipe, units, now)
     drops.append(dropped_as(steps.join(reasons, on="trajectory_id"), pl.col("reason")))
     group_size = chosen.group_by("group_id").agg(pl.len().alias("group_size"))
-    scores = chosen.select("trajectory_id", pl.col("_score").alias("trajectory_score"))
-    if recipe.group_statistics == "per_trajectory":
-        advantages = trajectory_advantages(recipe.algorithm, chosen)
-        scores = scores.join(advantages, on="trajectory_id", maintain_order="left")
     rows = (
-        steps.join(chosen.select("trajectory_id", "_unit"), on="trajectory_id")
-        .join(scores, on="trajectory_id")
-        .join(units.select("trajectory_id", "_started"), on="trajectory_id")
+        steps.join(_chosen_trajectories(recipe, chosen), on="trajectory_id")
         .join(group_size, on="group_id", how="left")
         .sort("_unit", "_started", "trajectory_id", "step_index")
         .with_columns(
@@ -193,6 +187,18 @@ def trajectory_batch(
     )
     consumed = rows.select("turn_id", "trajectory_id", "group_id")
     return Units(fit(rows, STORED_BATCH_ROWS), pl.concat(drops), ready, consumed, more)
+
+
+def _chosen_trajectories(recipe: Recipe, chosen: pl.DataFrame) -> pl.DataFrame:
+    """What the rows of each chosen trajectory repeat, to join them once: unit, start, score
+    and (per-trajectory group statistics) advantage."""
+    trajectories = chosen.select(
+        "trajectory_id", "_unit", "_started", pl.col("_score").alias("trajectory_score")
+    )
+    if recipe.group_statistics == "per_trajectory":
+        advantages = trajectory_advantages(recipe.algorithm, chosen).get_column("advantage")
+        trajectories = trajectories.hstack([advantages])
+    return trajectories
 
 
 def dpo_batch(
