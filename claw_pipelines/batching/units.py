@@ -111,11 +111,13 @@ def _ready_groups(
     members = members.with_columns(status.alias("_status"))
     ready = members.filter(pl.col("_status") == "ready")
     if recipe.filters.drop_zero_variance:
-        flat = ready.group_by("group_id").agg((pl.col("_score").n_unique() == 1).alias("_flat"))
-        ready = ready.join(flat, on="group_id").with_columns(
-            pl.when(pl.col("_flat")).then(pl.lit("zero_variance")).otherwise(pl.col("_status"))
+        flat = pl.col("_score").n_unique().over("group_id") == 1
+        ready = ready.with_columns(
+            pl.when(flat)
+            .then(pl.lit("zero_variance"))
+            .otherwise(pl.col("_status"))
             .alias("_status")
-        ).drop("_flat")  # fmt: skip
+        )
     others = pl.concat(
         [
             members.filter(pl.col("_status") != "ready"),
@@ -135,13 +137,13 @@ def _select_units(
 ) -> tuple[pl.DataFrame, pl.DataFrame, bool, bool]:
     """Trajectories of the batch (with group order), per-trajectory reasons for the rest, ready,
     more (``Units.more``). A unit (``_unit``, its rank in batch order) is a ready group or a
-    trajectory."""
+    trajectory; ready groups come whole in batch order, so a group's rank is its run's."""
     reasons: list[pl.DataFrame] = []
     waiting = 0
     if recipe.algorithm in GROUPED:
         ready, others = _ready_groups(recipe, units, now)
-        order = ready.select("group_id").unique(maintain_order=True).with_row_index("_unit")
-        ranked, available = ready.join(order, on="group_id"), order.height
+        ranked = ready.with_columns(pl.col("group_id").rle_id().alias("_unit"))
+        available = ranked.get_column("_unit").n_unique()
         reasons.append(others)
         waiting = (
             units.join(others.filter(pl.col("reason") == "waiting_for_group"), on="trajectory_id")
