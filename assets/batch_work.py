@@ -138,10 +138,10 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
     write_batch(lake, planned_under, plan)
     table = lake.open(batches_table(name))
     message = "chosen_message" if recipe.algorithm == "dpo" else "response_message"
-    sample = _decoded(rows, message).select(
+    sample = _decoded(rows.head(8), message).select(
         [c for c in ("group_id", "trajectory_id", "step_index", "reward", "chosen_reward")
          if c in rows.columns] + ["response_text"]
-    ).head(8)  # fmt: skip
+    )  # fmt: skip
     reward = "chosen_reward" if recipe.algorithm == "dpo" else "reward"
     metadata = {
         **table_metadata(table, lake.uri(batches_table(name))),
