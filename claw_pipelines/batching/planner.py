@@ -136,9 +136,14 @@ def _unconsumed(recipe: Recipe, curated: pl.LazyFrame, excluded: pl.LazyFrame) -
     algorithms skip any trajectory with an excluded step, dpo skips excluded steps (credit is
     still assigned over the whole trajectory). The excluded keys and then the open trajectory
     ids are collected first (one plan joining the whole id columns took ~3x the memory), so
-    planning holds the open trajectories' rows, not the table's."""
+    planning holds the open trajectories' rows, not the table's. With none excluded in play (a
+    recipe's first plan) every trajectory is open: nothing to match."""
     key = "turn_id" if recipe.algorithm == "dpo" else "trajectory_id"
-    excluded = excluded.select(key).unique().collect(engine="streaming").lazy()
+    keys = excluded.select(key).unique().collect(engine="streaming")
+    if keys.is_empty():
+        open_rows = curated.filter(pl.col("trajectory_id").is_not_null())
+        return assign_credit(open_rows, recipe.credit_assignment)
+    excluded = keys.lazy()
     open_trajectories = (
         curated.join(excluded, on=key, how="anti").select("trajectory_id").unique().collect()
     )
