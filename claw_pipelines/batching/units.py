@@ -48,7 +48,8 @@ def _trajectory_units(
     """Trajectories whose steps all pass the filters (one row each), and the drops.
 
     A trajectory's ``_score`` is its return independent of credit assignment (outcome plus step
-    rewards): the quantity zero-variance and min_reward filters are about.
+    rewards): the quantity zero-variance and min_reward filters are about. Its step count and
+    last step index come along for its rows (``num_steps``, ``is_last``).
     """
     failing = steps.filter(pl.col("_reason").is_not_null())
     bad = failing.select("trajectory_id").unique()
@@ -70,6 +71,8 @@ def _trajectory_units(
                 pl.col("outcome_reward").drop_nulls().first().fill_null(0.0)
                 + pl.col("step_reward").fill_null(0.0).sum()
             ).alias("_score"),
+            pl.len().alias("num_steps"),
+            pl.col("step_index").max().alias("_last_step"),
         )
         .sort("_started", "trajectory_id")
     )
@@ -179,10 +182,7 @@ def trajectory_batch(
         .with_columns(
             pl.lit(batch_id).alias("batch_id"),
             pl.lit(recipe.name).alias("recipe"),
-            (pl.col("step_index") == pl.col("step_index").max().over("trajectory_id")).alias(
-                "is_last"
-            ),
-            pl.len().over("trajectory_id").alias("num_steps"),
+            (pl.col("step_index") == pl.col("_last_step")).alias("is_last"),
             pl.col("group_size").fill_null(1),
             pl.lit(versions).alias("source_versions"),
         )
@@ -192,10 +192,15 @@ def trajectory_batch(
 
 
 def _chosen_trajectories(recipe: Recipe, chosen: pl.DataFrame) -> pl.DataFrame:
-    """What the rows of each chosen trajectory repeat, to join them once: unit, start, score
-    and (per-trajectory group statistics) advantage."""
+    """What the rows of each chosen trajectory repeat, to join them once: unit, start, score,
+    step count, last step and (per-trajectory group statistics) advantage."""
     trajectories = chosen.select(
-        "trajectory_id", "_unit", "_started", pl.col("_score").alias("trajectory_score")
+        "trajectory_id",
+        "_unit",
+        "_started",
+        pl.col("_score").alias("trajectory_score"),
+        "num_steps",
+        "_last_step",
     )
     if recipe.group_statistics == "per_trajectory":
         advantages = trajectory_advantages(recipe.algorithm, chosen).get_column("advantage")
