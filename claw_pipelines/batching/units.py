@@ -61,8 +61,7 @@ def _trajectory_units(
         ),
     ]
     units = (
-        steps.join(bad, on="trajectory_id", how="anti")
-        .group_by("trajectory_id")
+        steps.group_by("trajectory_id")
         .agg(
             pl.col("group_id").first(),
             pl.col("started_at").min().alias("_started"),
@@ -73,7 +72,10 @@ def _trajectory_units(
             ).alias("_score"),
             pl.len().alias("num_steps"),
             pl.col("step_index").max().alias("_last_step"),
+            pl.col("_reason").is_null().all().alias("_passes"),
         )
+        .filter("_passes")
+        .drop("_passes")
         .sort("_started", "trajectory_id")
     )
     if recipe.filters.min_reward is not None:
