@@ -7,7 +7,6 @@ the batch's partition."""
 import json
 import warnings
 from dataclasses import dataclass
-from datetime import datetime
 
 import dagster as dg
 import polars as pl
@@ -130,9 +129,8 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
             "assets/batches.yaml apply to new batches",
             batch_id,
         )
-    planned_at = datetime.fromisoformat(pins["planned_at"])
-    consumed = plan.ledger_rows(name, planned_at).get_column("turn_id").sort().to_list()
-    if not reserved_now and consumed != ledger.consumed_turns(lake, name, batch_id):
+    consumed = plan.consumed.get_column("turn_id").sort()
+    if not reserved_now and consumed.to_list() != ledger.consumed_turns(lake, name, batch_id):
         raise dg.Failure(f"re-planning {batch_id} from its pins did not reproduce its ledger")
     rows = plan.planned
     write_batch(lake, planned_under, plan)
@@ -158,7 +156,7 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
     }
     checks = [
         _group_check(planned_under, rows),
-        _consumed_once_check(lake, name, pl.Series(consumed, dtype=pl.String)),
+        _consumed_once_check(lake, name, consumed),
     ]
     return Built(metadata, checks, planned_under, pins, plan.more or not reserved_now)
 
