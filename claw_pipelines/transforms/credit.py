@@ -25,7 +25,9 @@ def assign_credit(frame: pl.LazyFrame, credit: CreditAssignment) -> pl.LazyFrame
     count). Trajectories with neither kind of reward get ``reward`` null and
     ``reward_present`` false; otherwise missing parts count as 0. The discounted return is
     computed as a reverse cumulative sum of gamma^k * r_k scaled by gamma^-t, which is exact
-    for the trajectory lengths agents produce (gamma^k stays far from float underflow).
+    for the trajectory lengths agents produce (gamma^k stays far from float underflow). Its
+    terms become columns first: a window nested in another runs once per trajectory (100k
+    one-step trajectories: 1.3 against 0.2 CPU s).
     """
     by = "trajectory_id"
     last = pl.col("step_index") == pl.col("step_index").max().over(by)
@@ -33,18 +35,21 @@ def assign_credit(frame: pl.LazyFrame, credit: CreditAssignment) -> pl.LazyFrame
     outcome = pl.col("outcome_reward").fill_null(0.0)
     immediate = pl.col("step_reward").fill_null(0.0)
     terminal = immediate + pl.when(last).then(outcome).otherwise(0.0)
+    steps = frame.sort(by, "step_index").with_columns(present.over(by).alias("reward_present"))
+    terms: list[str] = []
     if credit.method == "last_step":
         credited = terminal
     elif credit.method == "broadcast":
         credited = immediate + outcome
     else:
         position = pl.col("step_index").rank("ordinal").over(by).cast(pl.Float64) - 1
-        weight = pl.lit(credit.gamma, pl.Float64).pow(position)
-        credited = (terminal * weight).cum_sum(reverse=True).over(by) / weight
-    return (
-        frame.sort(by, "step_index")
-        .with_columns(present.over(by).alias("reward_present"))
-        .with_columns(
-            pl.when(pl.col("reward_present")).then(credited).otherwise(None).alias("reward")
+        terms = ["_weight", "_terminal"]
+        steps = steps.with_columns(
+            pl.lit(credit.gamma, pl.Float64).pow(position).alias("_weight"),
+            terminal.alias("_terminal"),
         )
-    )
+        weight = pl.col("_weight")
+        credited = (pl.col("_terminal") * weight).cum_sum(reverse=True).over(by) / weight
+    return steps.with_columns(
+        pl.when(pl.col("reward_present")).then(credited).otherwise(None).alias("reward")
+    ).drop(terms)
