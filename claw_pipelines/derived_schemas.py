@@ -374,11 +374,7 @@ def _by_turn(window: pl.LazyFrame, turn_ids: pl.Series, columns: list[str]) -> p
         .get_column("_at")
     )
     if 2 * at.drop_nulls().n_unique() >= placed.height:
-        whole = window.select(columns).collect(engine="in-memory")
-        in_place = at.null_count() == 0 and at.equals(
-            pl.int_range(whole.height, dtype=at.dtype, eager=True)
-        )
-        return whole if in_place else whole[at]
+        return rows_at(window.select(columns).collect(engine="in-memory"), at)
     matched = (
         keyed(window.select("turn_id", *columns), "turn_id", turn_ids)
         .collect(engine="streaming")
@@ -389,6 +385,17 @@ def _by_turn(window: pl.LazyFrame, turn_ids: pl.Series, columns: list[str]) -> p
         .join(matched, on="turn_id", how="left", maintain_order="left")
         .drop("turn_id")
     )
+
+
+def rows_at(frame: pl.DataFrame, at: pl.Series) -> pl.DataFrame:
+    """The rows of ``frame`` at positions ``at`` (a null position gives a null row). Positions
+    that count up by one are a slice of ``frame``: taken as they are, no column copied."""
+    first = at[0] if len(at) and at.null_count() == 0 else None
+    if first is not None and at.equals(
+        pl.int_range(first, first + len(at), dtype=at.dtype, eager=True)
+    ):
+        return frame.slice(first, len(at))
+    return frame[at]
 
 
 def started_within(started: pl.Series) -> pl.Expr:

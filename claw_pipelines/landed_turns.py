@@ -20,7 +20,7 @@ import polars as pl
 from deltalake import DeltaTable
 
 from claw_pipelines.delta_files import ordered_files, plain_files, scan_files
-from claw_pipelines.derived_schemas import started_within, with_turn_columns
+from claw_pipelines.derived_schemas import rows_at, started_within, with_turn_columns
 
 MISSING = -1
 """Where a row's turn was not (yet) read."""
@@ -28,9 +28,9 @@ MISSING = -1
 
 @dataclass
 class _Read:
-    """The turns read so far that rows still need: frames of ``columns`` in read order, the
-    first starting at ``start`` (rows before it were dropped), and per wanted row where its
-    turn is among all rows read (``MISSING``: not yet)."""
+    """The turns read so far that rows still need: frames of ``columns`` holding only wanted
+    turns, in read order, the first starting at ``start`` (rows before it were dropped), and
+    per wanted row where its turn is among all rows held (``MISSING``: not yet read)."""
 
     wanted: int
     start: int = 0
@@ -43,18 +43,21 @@ class _Read:
 
     def add(self, frame: pl.DataFrame, turn_ids: pl.DataFrame) -> None:
         """``frame`` (``turn_id`` first) read next; ``turn_ids``: the wanted rows' ids with
-        their ``_row``. A turn re-delivered under the same id counts once, its first read."""
+        their ``_row``. A turn re-delivered under the same id counts once, its first read.
+        Only the frame's wanted turns are kept, in the order of the rows that want them: a
+        frame read whole in that order is kept as read, and a batch of a few turns spread
+        over a long window holds those turns, not the window's token lists."""
         found = (
             frame.select("turn_id")
             .with_row_index("_at")
             .unique("turn_id", keep="first", maintain_order=True)
             .join(turn_ids, on="turn_id")
+            .sort("_row")
         )
-        rows = found.get_column("_row").to_numpy()
-        first = self.source[rows] == MISSING
-        self.source[rows[first]] = self.total + found.get_column("_at").to_numpy()[first]
-        self.frames.append(frame.drop("turn_id"))
-        self.total += frame.height
+        fresh = found.filter(pl.Series(self.source[found.get_column("_row").to_numpy()] == MISSING))
+        self.source[fresh.get_column("_row").to_numpy()] = self.total + np.arange(fresh.height)
+        self.frames.append(rows_at(frame.drop("turn_id"), fresh.get_column("_at")))
+        self.total += fresh.height
 
     def ready(self, since: int) -> int:
         """The end of the run of rows from ``since`` on whose turns were all read."""
@@ -64,13 +67,8 @@ class _Read:
     def take(self, begin: int, end: int) -> pl.DataFrame:
         """The turns of wanted rows ``begin:end`` (null where none was read), then drop the
         frames no later row needs."""
-        held = pl.concat(self.frames, rechunk=False)
-        at = self.source[begin:end] - self.start
-        in_place = (at >= 0).all() and np.array_equal(at, np.arange(at[0], at[0] + at.size))
-        if in_place:
-            taken = held.slice(int(at[0]), at.size)
-        else:
-            taken = held[pl.Series(at).set(pl.Series(at < 0), None)]
+        at = pl.Series(self.source[begin:end] - self.start)
+        taken = rows_at(pl.concat(self.frames, rechunk=False), at.set(at < 0, None))
         later = self.source[end:]
         needed = later[later != MISSING]
         keep_from = int(needed.min()) if needed.size else self.total

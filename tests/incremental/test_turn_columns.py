@@ -15,7 +15,7 @@ from deltalake import write_deltalake
 from claw_pipelines.delta_files import scan_in_order
 from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.lake import Lake
-from claw_pipelines.landed_turns import chunks_with_turn_columns
+from claw_pipelines.landed_turns import _Read, chunks_with_turn_columns
 
 START = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -129,3 +129,14 @@ def test_chunks_hold_what_the_whole_read_holds(
     begins = np.cumsum([0] + [c.height for c in chunks[:-1]])
     assert set(begins) <= set(starts)
     assert all(c.height >= min(chunk_rows, rows.height) for c in chunks[:-1])
+
+
+def test_a_read_holds_only_the_turns_its_rows_want(lake: Lake) -> None:
+    """A batch of a few turns over a long window keeps those turns, not the window's."""
+    window = lake.scan_landed("turns").select("turn_id", "prompt_token_ids").collect()
+    wanted = pl.DataFrame({"turn_id": ["turn-0041", "turn-0003", "turn-0058"]})
+    read = _Read(wanted.height)
+    read.add(window, wanted.with_row_index("_row"))
+    assert [frame.height for frame in read.frames] == [3]
+    taken = read.take(0, 3).get_column("prompt_token_ids").to_list()
+    assert taken == [[41, 42, 43], [3, 4, 5], [58, 59, 60]]
