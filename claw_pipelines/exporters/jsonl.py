@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import polars as pl
-import pyarrow as pa
+from functools import partial
 
+import polars as pl
+
+from claw_pipelines.exporters.chunked_files import ChunkedFiles
 from claw_pipelines.exporters.destination import Destination
 
 _STEP_FIELDS = ["step_index", "turn_id", "prompt_token_ids", "response_token_ids",
@@ -23,14 +25,13 @@ def trajectories(rows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-class JsonlFiles:
+class JsonlFiles(ChunkedFiles):
     """A batch's JSON lines files, appended a chunk of rows at a time (each chunk holds whole
-    trajectories, in export order); a context manager that closes them."""
+    trajectories, in export order)."""
 
     def __init__(self, algorithm: str, out: Destination) -> None:
+        super().__init__()
         self.algorithm, self.out = algorithm, out
-        self._open: dict[str, tuple[pa.NativeFile, str]] = {}
-        self._rows: dict[str, int] = {}
 
     def write(self, rows: pl.DataFrame) -> None:
         if self.algorithm == "dpo":
@@ -43,27 +44,8 @@ class JsonlFiles:
             "one trajectory per line, steps in order",
         )
 
-    def _append(self, name: str, frame: pl.DataFrame, description: str) -> None:
-        if name not in self._open:
-            self._open[name] = (self.out.stream(name), description)
-            self._rows[name] = 0
+    def _append(self, path: str, frame: pl.DataFrame, description: str) -> None:
+        file = self._opened(path, description, partial(self.out.stream, path))
         if frame.height:
-            self._open[name][0].write(frame.write_ndjson().encode())
-        self._rows[name] += frame.height
-
-    def finish(self) -> list[tuple[str, str, int]]:
-        """Close the files; (path, description, rows) of each."""
-        self.close()
-        return [(name, description, self._rows[name])
-                for name, (_, description) in self._open.items()]  # fmt: skip
-
-    def close(self) -> None:
-        for stream, _ in self._open.values():
-            if not stream.closed:
-                stream.close()
-
-    def __enter__(self) -> JsonlFiles:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+            file.handle.write(frame.write_ndjson().encode())
+        file.rows += frame.height

@@ -26,11 +26,13 @@ as the policy saw it; GRPO/RLOO pass it, like every extra column, to reward func
 
 from __future__ import annotations
 
+from functools import partial
+
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from claw_pipelines.exporters.chat import json_arguments, messages, reply
+from claw_pipelines.exporters.chunked_files import ChunkedFiles
 from claw_pipelines.exporters.destination import Destination, row_group_rows
 from claw_pipelines.transforms.messages import claw_field
 
@@ -146,45 +148,20 @@ def trl_tables(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pa.Table, 
     }
 
 
-class TrlFiles:
+class TrlFiles(ChunkedFiles):
     """A batch's TRL files, written a chunk of rows at a time (each chunk holds whole groups
-    and trajectories, in export order); a context manager that closes them."""
+    and trajectories, in export order)."""
 
     def __init__(self, algorithm: str, out: Destination) -> None:
+        super().__init__()
         self.algorithm, self.out = algorithm, out
-        self._open: dict[str, tuple[pq.ParquetWriter, str]] = {}
-        self._rows: dict[str, int] = {}
 
     def write(self, rows: pl.DataFrame) -> None:
         for name, (table, description) in trl_tables(self.algorithm, rows).items():
-            if name not in self._open:
-                self._open[name] = (
-                    self.out.parquet_writer(f"trl/{name}", table.schema),
-                    description,
-                )
-                self._rows[name] = 0
-            writer = self._open[name][0]
+            path = f"trl/{name}"
+            file = self._opened(
+                path, description, partial(self.out.parquet_writer, path, table.schema)
+            )
             if table.num_rows:
-                same = table.schema.equals(writer.schema, check_metadata=False)
-                writer.write_table(
-                    table if same else table.cast(writer.schema),
-                    row_group_size=row_group_rows(table),
-                )
-            self._rows[name] += table.num_rows
-
-    def finish(self) -> list[tuple[str, str, int]]:
-        """Close the files; (path, description, rows) of each."""
-        self.close()
-        return [(f"trl/{name}", description, self._rows[name])
-                for name, (_, description) in self._open.items()]  # fmt: skip
-
-    def close(self) -> None:
-        for writer, _ in self._open.values():
-            if writer.is_open:
-                writer.close()
-
-    def __enter__(self) -> TrlFiles:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+                file.handle.write_table(table, row_group_size=row_group_rows(table))
+            file.rows += table.num_rows

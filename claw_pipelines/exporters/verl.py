@@ -212,7 +212,7 @@ class VerlFiles:
         self._chunks.append(rows)
 
     def finish(self) -> list[tuple[str, str, int]]:
-        rows = pl.concat(self._chunks, how="vertical_relaxed")
+        rows = pl.concat(self._chunks)
         self._chunks = []
         return write_verl(rows, self.out, self.layout)
 

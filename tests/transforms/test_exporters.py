@@ -238,3 +238,42 @@ def test_a_large_export_file_is_written_in_row_groups_of_about_row_group_bytes(
     written = pq.ParquetFile(tmp_path / "trl/rollouts.parquet")
     assert 9 <= written.metadata.num_row_groups <= 11
     assert written.read().equals(table)
+
+
+def test_a_batch_exported_in_chunks_writes_the_files_of_one_export(tmp_path):
+    """A large batch is exported a chunk of whole groups at a time (``export_chunks``): every
+    file and the manifest must be what the batch exported whole gives, so a trainer reads the
+    same batch however it was written."""
+    import pyarrow.parquet as pq
+
+    from claw_pipelines.exporters import export_chunks
+    from claw_pipelines.exporters.manifest import in_export_order
+
+    tools = json.dumps(CALCULATOR)
+    question = json.dumps([{"role": "user", "content": "2+2?"}])
+    rows = [
+        turn("a0", [*SYSTEM, 1], [7, 8], trajectory_id="a", group_id="g", request_tools=tools,
+             request_messages=question, metadata=META),
+        turn("a1", [*SYSTEM, 1, 7, 8, 3], [4], trajectory_id="a", group_id="g", start=2,
+             request_tools=tools),
+        turn("b0", [*SYSTEM, 1], [9], trajectory_id="b", group_id="g", start=1,
+             request_tools=tools),
+        turn("c0", [*SYSTEM, 2], [7], trajectory_id="c", group_id="h", start=3),
+        turn("d0", [*SYSTEM, 2], [8], trajectory_id="d", group_id="h", start=4),
+        turn("e0", [*SYSTEM, 3], [5], trajectory_id="e", group_id="k", start=5),
+        turn("f0", [*SYSTEM, 3], [6], trajectory_id="f", group_id="k", start=6),
+    ]  # fmt: skip
+    recipe = Recipe(name="grpo", group_size=2, groups_per_batch=3, filters={"min_quality": 0})
+    plan = _plan(recipe, rows, {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0, "e": 0.5, "f": 0.0})
+    ordered = in_export_order(recipe.algorithm, plan.rows)
+    assert ordered.get_column("group_id").n_unique() == 3
+    whole = export_batch(recipe, plan.rows, Destination(str(tmp_path / "whole")))
+    chunks = ordered.partition_by("group_id", maintain_order=True)
+    chunked = export_chunks(recipe, chunks, Destination(str(tmp_path / "chunked")))
+    assert chunked == whole
+    for file in whole.files:
+        one, parts = tmp_path / "whole" / file.path, tmp_path / "chunked" / file.path
+        if file.path.endswith(".parquet"):
+            assert pq.read_table(parts).equals(pq.read_table(one), check_metadata=True), file.path
+        else:
+            assert parts.read_text() == one.read_text(), file.path
