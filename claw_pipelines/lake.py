@@ -262,18 +262,22 @@ def watermark_app(asset: str, source: str) -> str:
 def keyed(frame: pl.LazyFrame, column: str, keys: pl.Series) -> pl.LazyFrame:
     """The rows of ``frame`` whose ``column`` is one of ``keys``.
 
-    A min/max bound goes first: ids are time-ordered, so a Delta scan skips the files and row
-    groups the keys cannot be in by their statistics. The keys themselves are matched by a semi
+    The keys' bounds go first (``within_keys``). The keys themselves are matched by a semi
     join, not ``is_in``: a long ``is_in`` list inside a scan costs far more than the join (400k
     keys: 1.2 s against 0.04 s), and for a few keys the two are even (2k keys: 8 ms, 6 ms).
     """
     ordered = keys.drop_nulls().unique().sort()
     if ordered.is_empty():
         return frame.head(0)
-    value = pl.col(column)
-    return frame.filter((value >= pl.lit(ordered[0])) & (value <= pl.lit(ordered[-1]))).join(
+    return frame.filter(within_keys(column, ordered)).join(
         ordered.to_frame(column).lazy(), on=column, how="semi"
     )
+
+
+def within_keys(column: str, keys: pl.Series) -> pl.Expr:
+    """``column`` between the smallest and the largest of ``keys``: ids are time-ordered, so in
+    a Delta scan this skips the files and row groups the keys cannot be in."""
+    return pl.col(column).is_between(pl.lit(keys.min(), keys.dtype), pl.lit(keys.max(), keys.dtype))
 
 
 def floor_ms(moment: datetime) -> datetime:

@@ -45,7 +45,7 @@ from deltalake import (
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.derived_schemas import SKIPPING_COLUMNS, conform, empty
-from claw_pipelines.lake import Lake, changes, compact, sql_in, watermark_app
+from claw_pipelines.lake import Lake, changes, compact, sql_in, watermark_app, within_keys
 
 CHUNK_TRAJECTORIES = 32_768
 """Trajectories recomputed per commit by ``Increment.recompute``. The step tables hold no token
@@ -211,19 +211,17 @@ class Increment:
         """Every row of ``source`` (as of the pinned version) whose ``column`` is in ``keys``
         (only ``columns`` when given: a projection skips the other column chunks unread).
 
-        The keys' bounds go into the scan, so a Delta scan skips the files and row groups they
-        cannot be in (ids are time-ordered); the rows read are then kept by a mask of the keys,
-        or taken as read when the keys are all of them (a first build, a refresh of the newest
-        trajectories). ``lake.keyed``'s semi join gathers every column of the rows it keeps
-        instead, which for a chunk of a first build (100k keys) took about twice as long."""
+        The keys' bounds go into the scan (``lake.within_keys``); the rows read are then kept by
+        a mask of the keys, or taken as read when the keys are all of them (a first build, a
+        refresh of the newest trajectories). ``lake.keyed``'s semi join gathers every column of
+        the rows it keeps instead, which for a chunk of a first build (100k keys) took about
+        twice as long."""
         frame = self.scan(source)
         if frame is None:
             return None
         if columns is not None:
             frame = frame.select(columns)
-        value = pl.col(column)
-        bounds = value.is_between(pl.lit(keys.min(), keys.dtype), pl.lit(keys.max(), keys.dtype))
-        rows = frame.filter(bounds).collect()
+        rows = frame.filter(within_keys(column, keys)).collect()
         kept = rows.get_column(column).is_in(keys.implode())
         return rows if kept.all() else rows.filter(kept)
 
