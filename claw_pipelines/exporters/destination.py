@@ -63,11 +63,10 @@ class Destination:
             column_encoding=_list_encodings(schema),
         )
 
-    def stream(self, name: str) -> pa.NativeFile:
+    def stream(self, name: str) -> ByteStream:
         """A binary output stream of ``name`` through delta-rs's store: a file written in
-        parts (JSON lines a chunk at a time). Buffered: the store's stream takes only
-        ``bytes``, which is what a buffered stream hands it (a pyarrow ``Buffer`` is not)."""
-        return pa.BufferedOutputStream(self._store().open_output_stream(name), STREAM_BUFFER)
+        parts (JSON lines a chunk at a time)."""
+        return ByteStream(self._store().open_output_stream(name))
 
     def _store(self) -> PyFileSystem:
         if "://" not in self.root or self.root.startswith("file://"):  # the store needs it there
@@ -88,6 +87,26 @@ class Destination:
             storage_options=self.storage_options,
             mkdir=True,
         )
+
+
+class ByteStream:
+    """Bytes written to a store's output stream in pieces smaller than ``STREAM_BUFFER``.
+    delta-rs's stream takes only ``bytes``: pyarrow's buffered stream hands it its flushes as
+    ``bytes``, but passes a write as large as its buffer straight through as a pyarrow
+    ``Buffer``, which the store refuses."""
+
+    def __init__(self, raw: pa.NativeFile) -> None:
+        self._piece = max(STREAM_BUFFER // 2, 1)
+        self._buffered = pa.BufferedOutputStream(raw, STREAM_BUFFER)
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        for start in range(0, len(view), self._piece):
+            self._buffered.write(view[start : start + self._piece])
+        return len(view)
+
+    def close(self) -> None:
+        self._buffered.close()
 
 
 def row_group_rows(table: pa.Table) -> int:

@@ -47,5 +47,5 @@ class JsonlFiles(ChunkedFiles):
     def _append(self, path: str, frame: pl.DataFrame, description: str) -> None:
         file = self._opened(path, description, partial(self.out.stream, path))
         if frame.height:
-            file.handle.write(frame.write_ndjson().encode())
+            frame.write_ndjson(file.handle)
         file.rows += frame.height

@@ -277,3 +277,17 @@ def test_a_batch_exported_in_chunks_writes_the_files_of_one_export(tmp_path):
             assert pq.read_table(parts).equals(pq.read_table(one), check_metadata=True), file.path
         else:
             assert parts.read_text() == one.read_text(), file.path
+
+
+def test_a_jsonl_write_larger_than_the_stream_buffer_lands_whole(tmp_path, monkeypatch):
+    """delta-rs's store takes only ``bytes``; pyarrow's buffered stream hands a write as large
+    as its buffer straight through as a pyarrow Buffer (a chunk of 16k turns is ~100 MB of
+    JSON lines against an 8 MiB buffer)."""
+    from claw_pipelines.exporters import destination
+
+    monkeypatch.setattr(destination, "STREAM_BUFFER", 64)
+    recipe, plan = _grpo_plan()
+    jsonl = recipe.model_copy(update={"exports": ["jsonl"]})
+    export_batch(jsonl, plan.rows, Destination(str(tmp_path)))
+    lines = (tmp_path / "jsonl/steps.jsonl").read_text().splitlines()
+    assert [json.loads(line)["turn_id"] for line in lines] == ["a0", "a1", "b0"]
