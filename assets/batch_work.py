@@ -133,8 +133,7 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
     if not reserved_now and consumed.to_list() != ledger.consumed_turns(lake, name, batch_id):
         raise dg.Failure(f"re-planning {batch_id} from its pins did not reproduce its ledger")
     rows = plan.planned
-    write_batch(lake, planned_under, plan)
-    table = lake.open(batches_table(name))
+    table = write_batch(lake, planned_under, plan)
     message = "chosen_message" if recipe.algorithm == "dpo" else "response_message"
     sample = _decoded(rows.head(8), message).select(
         [c for c in ("group_id", "trajectory_id", "step_index", "reward", "chosen_reward")

@@ -82,9 +82,7 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     run = _extract(increment, tails, config, now)
     if run.state_version is not None:
         tails.expire(now, timedelta(seconds=config.reopen_window_s))
-        read = increment.states_read.get("steps_open")
-        kept = [v for v in (run.state_version, read) if v is not None]
-        increment.lake.drop_removed_files("steps_open", keep_versions=kept)
+        increment.drop_old_states("steps_open")
     new_steps = pl.concat(run.written) if run.written else None
     rows = 0 if new_steps is None else new_steps.height
     context.log.info("%d new steps, %d turns still open", rows, run.open_turns)

@@ -122,12 +122,6 @@ class Lake:
             keep_versions=keep_versions,
         )
 
-    def drop_removed_files(self, table: str, keep_versions: list[int] | None = None) -> None:
-        """Delete the files no version from the latest on needs, nor ``keep_versions`` (``vacuum``
-        with no retention). Only for the steps run's state tables: they are rewritten often,
-        and their old files would otherwise pile up."""
-        self.vacuum(table, 0, enforce_retention_duration=False, keep_versions=keep_versions)
-
     def wait_for_commit(
         self, tables: Iterable[str], seen: dict[str, int], timeout_s: float, poll_s: float = 0.25
     ) -> bool:
@@ -321,6 +315,18 @@ def compact(
     if len(delta_table.file_uris()) > max_files:
         with contextlib.suppress(CommitFailedError):
             delta_table.optimize.compact(writer_properties=writer_properties)
+
+
+def drop_removed_files(delta_table: DeltaTable, keep_versions: list[int] | None = None) -> None:
+    """Delete the files no version from the handle's on needs, nor ``keep_versions`` (a vacuum
+    with no retention). Only for the steps run's state tables, through the handle that wrote
+    them: they are rewritten often, and their old files would otherwise pile up."""
+    delta_table.vacuum(
+        retention_hours=0,
+        enforce_retention_duration=False,
+        dry_run=False,
+        keep_versions=keep_versions,
+    )
 
 
 class VersionsVacuumed(RuntimeError):

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import polars as pl
 import pyarrow as pa
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.batch_tables import batches_table
@@ -52,12 +52,12 @@ def planned(lake: Lake, recipe: Recipe, batch_id: str) -> Planned | None:
     return Planned(plan, planned_under, pins, False)
 
 
-def write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
-    """Replace the batch's rows in one commit, so a re-run never duplicates them. Rows point at
-    their turns (no token lists: ``derived_schemas.STORED_BATCH_ROWS``), so even a batch of
-    every step is a small write. A batch is one file, so the table is compacted as batches
-    pile up. The schema is merged: a table from before a batch column gains it, null in older
-    batches' rows."""
+def write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> DeltaTable:
+    """Replace the batch's rows in one commit, so a re-run never duplicates them; the table as
+    written. Rows point at their turns (no token lists: ``derived_schemas.STORED_BATCH_ROWS``),
+    so even a batch of every step is a small write. A batch is one file, so the table is
+    compacted as batches pile up. The schema is merged: a table from before a batch column
+    gains it, null in older batches' rows."""
     schema = batch_schema(recipe)
     table = lake.ensure(batches_table(recipe.name), schema)
     try:
@@ -75,6 +75,7 @@ def write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> None:
             f"while {plan.batch_id} was written"
         ) from error
     compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
+    return table
 
 
 def retired_before(lake: Lake, recipe: str, pins: dict) -> int:

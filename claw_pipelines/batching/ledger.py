@@ -17,7 +17,7 @@ from datetime import datetime
 
 import polars as pl
 import pyarrow as pa
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.batch_tables import batches_table, ledger_table, manifest_path
@@ -40,12 +40,12 @@ def _plan_app(recipe: str) -> str:
 def next_batch_id(lake: Lake, recipe: str) -> str:
     """Sequential ids (``grpo-000001``) from the number of reservations so far, skipping ids that
     a partition added in the UI under this pattern has already reserved."""
-    number = (lake.committed_app_version(ledger_table(recipe), _plan_app(recipe)) or 0) + 1
-    ledger = lake.scan(ledger_table(recipe))
-    taken: set[str] = set()
-    if ledger is not None:
-        later = ledger.filter(pl.col("batch_id") >= f"{recipe}-{number:06d}")
-        taken = set(later.select("batch_id").unique().collect().get_column("batch_id"))
+    ledger = lake.open(ledger_table(recipe))
+    if ledger is None:
+        return f"{recipe}-{1:06d}"
+    number = (ledger.transaction_version(_plan_app(recipe)) or 0) + 1
+    later = pl.scan_delta(ledger).filter(pl.col("batch_id") >= f"{recipe}-{number:06d}")
+    taken = set(later.select("batch_id").unique().collect().get_column("batch_id"))
     while f"{recipe}-{number:06d}" in taken:
         number += 1
     return f"{recipe}-{number:06d}"
@@ -56,17 +56,31 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
     The rows' token lists are read from the latest ``turns``: turns are append-only and never
     rewritten, so a turn reads the same in every version from the pinned ``turns`` one on, and
     the landing table's vacuum (which makes old versions unreadable) cannot break a re-plan."""
+    curated = lake.open("curated_steps", pins["curated_steps"])
+    return plan_pinned(lake, recipe, batch_id, pins, curated, lake.open("turns"))
+
+
+def plan_pinned(
+    lake: Lake,
+    recipe: Recipe,
+    batch_id: str,
+    pins: dict,
+    curated: DeltaTable,
+    turns: DeltaTable | None,
+) -> BatchPlan:
+    """``plan_from_pins`` with ``curated_steps`` at the pinned version and ``turns`` at it or
+    later already open (a reservation has them open: on an object store each open costs a
+    dozen requests or more)."""
     ledger_version = pins["batch_ledger"]
     ledger = None if ledger_version < 0 else lake.scan(ledger_table(recipe.name), ledger_version)
     retired_version = pins.get("batch_retired", -1)
     retired = (
         None if retired_version < 0 else lake.scan(retired_table(recipe.name), retired_version)
     )
-    curated = lake.open("curated_steps", pins["curated_steps"])
     return plan_batch(
         recipe,
         pl.scan_delta(curated),
-        lake.scan("turns"),
+        None if turns is None else pl.scan_delta(turns),
         ledger,
         datetime.fromisoformat(pins["planned_at"]),
         retired=retired,
@@ -157,17 +171,19 @@ def consumed_turns(lake: Lake, recipe: str, batch_id: str) -> list[str]:
 
 def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPlan | None:
     """Plan the next batch from the latest curated steps and record it; None if not ready."""
-    curated_version = lake.version("curated_steps")
-    if curated_version is None:
+    curated = lake.open("curated_steps")
+    if curated is None:
         return None
+    curated_version = curated.version()
     snapshot = lake.open(ledger_table(recipe.name))
     if snapshot is not None and _recorded_pins(pl.scan_delta(snapshot), batch_id) is not None:
         raise ConcurrentRun(f"{batch_id} was reserved by another run while this one started")
-    retirements = Retirements.current(lake, recipe, curated_version)
+    retirements = Retirements.current(lake, recipe, curated)
+    turns = lake.open("turns")
     pins = {
         "curated_steps": curated_version,
         "steps": lake.version("steps"),
-        "turns": lake.version("turns"),
+        "turns": None if turns is None else turns.version(),
         "batch_ledger": -1 if snapshot is None else snapshot.version(),
         "batch_retired": retirements.version,
         "open_from": retirements.open_from,
@@ -175,7 +191,7 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
         "planned_at": now.isoformat(),
         "recipe": recipe.model_dump(mode="json", exclude={"exports"}),
     }
-    plan = plan_from_pins(lake, recipe, batch_id, pins)
+    plan = plan_pinned(lake, recipe, batch_id, pins, curated, turns)
     if not plan.ready:
         retirements.record(plan, curated_version, now)
         return None

@@ -132,33 +132,30 @@ class Retirements:
         return self.table.version() if self.usable else -1
 
     @classmethod
-    def current(cls, lake: Lake, recipe: Recipe, curated_version: int) -> Retirements:
-        """The recipe's retirements with those that ``curated_version`` invalidated voided."""
+    def current(cls, lake: Lake, recipe: Recipe, curated: DeltaTable) -> Retirements:
+        """The recipe's retirements with those that ``curated`` (curated_steps at the plan's
+        version) invalidated voided."""
         table = lake.ensure(retired_table(recipe.name), RETIRED)
         retirements = cls(lake, recipe, table, current_through(table, recipe))
-        if retirements.through is not None and retirements.through > curated_version:
+        if retirements.through is not None and retirements.through > curated.version():
             retirements.usable = False  # decided on newer data than this plan's
             return retirements
         try:
-            retirements._void(curated_version)
+            retirements._void(curated)
         except CommitFailedError as error:
             retirements._give_up("void", error)
         return retirements
 
-    def _void(self, curated_version: int) -> None:
-        """Void what changed since ``through`` and lower ``open_from`` to it."""
+    def _void(self, curated: DeltaTable) -> None:
+        """Void what changed since ``through`` up to ``curated``'s version and lower
+        ``open_from`` to it."""
         if self.through is None:
             if self.table.file_uris():
                 self._delete(None)
             return
         self.recorded_open_from = recorded_open_from(self.table)
         self.open_from = self.recorded_open_from
-        changed = changes(
-            self.lake.open("curated_steps"),
-            self.through,
-            curated_version,
-            ["trajectory_id", "group_id"],
-        )
+        changed = changes(curated, self.through, curated.version(), ["trajectory_id", "group_id"])
         if changed is None:
             return
         void = voided(pl.scan_delta(self.table), changed)

@@ -26,12 +26,12 @@ from datetime import datetime, timedelta
 
 import polars as pl
 import pyarrow as pa
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.derived_schemas import CLOSED_TAILS, OPEN_STATE, conform, empty, fit
 from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER
-from claw_pipelines.lake import Lake, column_bound, compact
+from claw_pipelines.lake import Lake, column_bound, compact, drop_removed_files
 from claw_pipelines.schemas import utc_now
 
 TABLE = "steps_tails"
@@ -57,33 +57,43 @@ class ClosedTails:
     unrecorded: int | None = None
     """The attempt that made the steps table's last commit, when it wrote tails that no row
     records as committed yet: recorded by this run before its own commit."""
+    table: DeltaTable | None = None
+    """The log as this run last opened or wrote it (None before its first write), kept so the
+    run opens it once rather than at each use: on an object store an open costs a dozen
+    requests or more. Only this run writes the log (the ``claw_steps`` pool)."""
 
     @classmethod
     def for_attempt(cls, lake: Lake, run: int, attempt: int, committed: int | None) -> ClosedTails:
         """The log as the attempt ``attempt`` of run ``run`` reads it, the steps table's last
         commit having been made by the attempt ``committed``."""
-        frame = lake.scan(TABLE)
-        if frame is None:
+        table = lake.open(TABLE)
+        if table is None:
             return cls(lake, run, attempt, frozenset({attempt}))
-        ids = fit(frame, CLOSED_TAILS).select("attempt").unique().collect().get_column("attempt")
+        ids = (
+            fit(pl.scan_delta(table), CLOSED_TAILS)
+            .select("attempt")
+            .unique()
+            .collect()
+            .get_column("attempt")
+        )
         recorded = set((-ids.filter(ids < 0)).to_list())
         unrecorded = committed if committed in set(ids) - recorded else None
         counted = frozenset({*recorded, attempt} | ({committed} - {None}))
-        return cls(lake, run, attempt, counted, unrecorded)
+        return cls(lake, run, attempt, counted, unrecorded, table)
 
     def scan(self) -> pl.LazyFrame | None:
-        """Every tail row that counts (several per reopened trajectory); None before the first.
-        Scanned afresh, so the rows this run appended are in it."""
-        frame = self.lake.scan(TABLE)
-        if frame is None:
+        """Every tail row that counts (several per reopened trajectory), as of this run's last
+        append; None before the first. Collect it before the next ``append`` or ``expire``,
+        which move the table it reads."""
+        if self.table is None:
             return None
         counted = pl.col("attempt").is_in(list(self.counted))
-        return fit(frame, CLOSED_TAILS).filter(counted)
+        return fit(pl.scan_delta(self.table), CLOSED_TAILS).filter(counted)
 
     def append(self, tails: pl.DataFrame | pl.LazyFrame) -> None:
         """Append ``tails`` (rows with ``derived_schemas.TAIL_COLUMNS``), streamed, with the
         record of the last committer if it is still due."""
-        target = self.lake.ensure(TABLE, CLOSED_TAILS)
+        target = self.table or self.lake.ensure(TABLE, CLOSED_TAILS)
         mine = tails.lazy().with_columns(run=pl.lit(self.run), attempt=pl.lit(self.attempt))
         frames = fit(pl.concat([mine, *self._due_record()], how="diagonal_relaxed"), CLOSED_TAILS)
         batches = (
@@ -98,7 +108,7 @@ class ClosedTails:
             schema_mode="merge",
             writer_properties=WRITER,
         )
-        self.unrecorded = None
+        self.table, self.unrecorded = target, None
 
     def record_committed(self) -> None:
         """Record the last committer before this run's commit takes its place (if still due)."""
@@ -128,7 +138,7 @@ class ClosedTails:
         rows are deleted only once the oldest is ``EXPIRY_SLACK`` of a window past the cutoff
         (readers skip them until then: ``extract_steps`` filters by window). Like compaction,
         expiry only saves work later: a delete that another writer got ahead of is skipped."""
-        table = self.lake.open(TABLE)
+        table = self.table
         if table is None:
             return
         cutoff = now - window
@@ -137,7 +147,7 @@ class ClosedTails:
             with contextlib.suppress(CommitFailedError):
                 table.delete(f"closed_at < '{cutoff.isoformat()}'")
         compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
-        self.lake.drop_removed_files(TABLE)
+        drop_removed_files(table)
 
 
 def open_turns_of(state: pl.LazyFrame | None, tails: ClosedTails) -> pl.LazyFrame:

@@ -45,7 +45,15 @@ from deltalake import (
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.derived_schemas import SKIPPING_COLUMNS, conform, empty
-from claw_pipelines.lake import Lake, changes, compact, sql_in, watermark_app, within_keys
+from claw_pipelines.lake import (
+    Lake,
+    changes,
+    compact,
+    drop_removed_files,
+    sql_in,
+    watermark_app,
+    within_keys,
+)
 
 CHUNK_TRAJECTORIES = 32_768
 """Trajectories recomputed per commit by ``Increment.recompute``. The step tables hold no token
@@ -140,6 +148,8 @@ class Increment:
     states_read: dict[str, int] = field(default_factory=dict)
     """The version of each state table this run read (``state_as_of``): the run's vacuum keeps
     it, as a run started before this one committed may be reading it still."""
+    states_written: dict[str, DeltaTable] = field(default_factory=dict)
+    """Each state table as this run wrote it (``replace_state``)."""
     attempt: int = field(init=False)
     """This run's attempt id, carried by each of its commits (see ``ATTEMPT_RANDOM_BITS``)."""
     _chunks_written: int = 0
@@ -356,7 +366,17 @@ class Increment:
             commit_properties=self._properties(),
             writer_properties=WRITER,
         )
+        self.states_written[state_table] = target
         return target.version()
+
+    def drop_old_states(self, state_table: str) -> None:
+        """Delete the files of ``state_table`` that neither the state this run wrote nor the one
+        it read needs, through the table it wrote it with (nothing when it wrote none)."""
+        written = self.states_written.get(state_table)
+        if written is None:
+            return
+        kept = [v for v in (written.version(), self.states_read.get(state_table)) if v is not None]
+        drop_removed_files(written, keep_versions=kept)
 
     def state_as_of(self, state_table: str) -> pl.LazyFrame | None:
         """The state written by the attempt that made the output's last commit (a scan, so a

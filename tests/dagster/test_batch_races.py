@@ -60,15 +60,15 @@ def test_two_batches_reserved_at_once_take_different_groups(
     for name in names[:earlier_batches]:
         driver.materialize(["batch_grpo"], partition_key=name)
     winner, loser = names[earlier_batches:]
-    planned_alone = ledger.plan_from_pins
+    planned_alone = ledger.plan_pinned
 
-    def planned_while_another_reserves(lake, recipe, batch_id, pins):
-        plan = planned_alone(lake, recipe, batch_id, pins)
+    def planned_while_another_reserves(lake, recipe, batch_id, pins, *tables):
+        plan = planned_alone(lake, recipe, batch_id, pins, *tables)
         if batch_id == loser and ledger.pins_of(lake, "grpo", winner) is None:
             assert ledger.reserve(lake, recipe, winner, utc_now()) is not None
         return plan
 
-    monkeypatch.setattr(ledger, "plan_from_pins", planned_while_another_reserves)
+    monkeypatch.setattr(ledger, "plan_pinned", planned_while_another_reserves)
     raced = driver.attempt(["batch_grpo"], partition_key=loser)
     assert raced.success
     (why,) = retry_reasons(raced)
@@ -119,16 +119,16 @@ def test_a_planner_tick_that_a_ui_launch_reserved_ahead_of_launches_the_rest_lat
     the same groups: the tick launches nothing instead of failing, and the next one plans the
     groups left over."""
     driver = _eight_ready_groups(bound, instance)
-    planned_alone = ledger.plan_from_pins
+    planned_alone = ledger.plan_pinned
 
-    def planned_while_the_ui_reserves(lake, recipe, batch_id, pins):
-        plan = planned_alone(lake, recipe, batch_id, pins)
+    def planned_while_the_ui_reserves(lake, recipe, batch_id, pins, *tables):
+        plan = planned_alone(lake, recipe, batch_id, pins, *tables)
         if batch_id != "from-the-ui" and ledger.pins_of(lake, "grpo", "from-the-ui") is None:
             assert ledger.reserve(lake, recipe, "from-the-ui", utc_now()) is not None
         return plan
 
     request = _tick_after_one_lost_to_the_ui(
-        driver, monkeypatch, "plan_from_pins", planned_while_the_ui_reserves
+        driver, monkeypatch, "plan_pinned", planned_while_the_ui_reserves
     )
     assert request.partition_key == "grpo-000002"
     assert _reserved(bound) == [("from-the-ui", 16), ("grpo-000002", 16)]

@@ -60,24 +60,25 @@ def test_a_racing_planner_retires_nothing_and_a_changed_recipe_voids_all(bound, 
     pins = {"curated_steps": curated, "steps": bound.lake.version("steps"),
             "batch_ledger": -1, "planned_at": now.isoformat()}  # fmt: skip
     plan = ledger.plan_from_pins(bound.lake, recipe, "grpo-000001", pins)
-    winner = Retirements.current(bound.lake, recipe, curated)
-    loser = Retirements.current(bound.lake, recipe, curated)
+    curated_table = bound.lake.open("curated_steps", curated)
+    winner = Retirements.current(bound.lake, recipe, curated_table)
+    loser = Retirements.current(bound.lake, recipe, curated_table)
     winner.record(plan, curated, now)
     loser.record(plan, curated, now)
     assert winner.usable and not loser.usable and loser.version == -1
     assert bound.lake.scan(RETIRED).collect().height == 8
 
     same = Retirements.current(bound.lake, recipe.model_copy(update={"groups_per_batch": 9}),
-                               curated)  # fmt: skip
+                               curated_table)  # fmt: skip
     assert _retired(bound, same).height == 8
     stricter = recipe.model_copy(update={"straggler_timeout_s": 1.0})
-    under_stricter = Retirements.current(bound.lake, stricter, curated)
+    under_stricter = Retirements.current(bound.lake, stricter, curated_table)
     assert _retired(bound, under_stricter).is_empty()
     assert bound.lake.scan(RETIRED).select(pl.len()).collect().item() == 0
     under_stricter.record(ledger.plan_from_pins(bound.lake, stricter, "grpo-000001", pins),
                           curated, now)  # fmt: skip
     assert bound.lake.scan(RETIRED).select(pl.len()).collect().item() == 8
-    edited_back = Retirements.current(bound.lake, recipe, curated)
+    edited_back = Retirements.current(bound.lake, recipe, curated_table)
     assert _retired(bound, edited_back).is_empty()  # decided under the other recipe
 
 
@@ -90,8 +91,7 @@ def test_a_trajectory_sorting_before_the_read_start_is_still_planned(bound, inst
     assert len(driver.tick("batch_grpo_planner").run_requests) == 1
     recipe = recipes()["grpo"]
     assert ledger.reserve(bound.lake, recipe, "grpo-000002", utc_now()) is None
-    curated = bound.lake.version("curated_steps")
-    start = Retirements.current(bound.lake, recipe, curated).open_from
+    start = Retirements.current(bound.lake, recipe, bound.lake.open("curated_steps")).open_from
     assert start == max(t for group in first.groups.values() for t in group)
 
     early = land_rollouts(bound.lake, groups=4, group_size=4, steps=1, trajectory_prefix="a")
