@@ -58,9 +58,9 @@ class ClosedTails:
     """The attempt that made the steps table's last commit, when it wrote tails that no row
     records as committed yet: recorded by this run before its own commit."""
     table: DeltaTable | None = None
-    """The log as this run last opened or wrote it (None before its first write), kept so the
-    run opens it once rather than at each use: on an object store an open costs a dozen
-    requests or more. Only this run writes the log (the ``claw_steps`` pool)."""
+    """The log as this run last opened or wrote it (None while there is none), kept so the run
+    opens it once rather than at each use: on an object store an open costs a dozen requests or
+    more. One steps run at a time writes the log (the ``claw_steps`` pool)."""
 
     @classmethod
     def for_attempt(cls, lake: Lake, run: int, attempt: int, committed: int | None) -> ClosedTails:
@@ -82,9 +82,9 @@ class ClosedTails:
         return cls(lake, run, attempt, counted, unrecorded, table)
 
     def scan(self) -> pl.LazyFrame | None:
-        """Every tail row that counts (several per reopened trajectory), as of this run's last
-        append; None before the first. Collect it before the next ``append`` or ``expire``,
-        which move the table it reads."""
+        """Every tail row that counts (several per reopened trajectory), as this run last opened
+        or wrote the log (so with its own appends); None while there is none. Collect it before
+        the next ``append`` or ``expire``, which move the table it reads."""
         if self.table is None:
             return None
         counted = pl.col("attempt").is_in(list(self.counted))
