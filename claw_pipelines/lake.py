@@ -191,9 +191,9 @@ class Lake:
         With ``app_id``/``app_version`` the commit carries a Delta app transaction, so a caller that
         crashed after committing can ask ``committed_app_version`` and never apply a batch twice.
         """
-        writer = self.writer(table)
-        writer.append(data, app_id=app_id, app_version=app_version, metadata=metadata)
-        return self.version(table)
+        return self.writer(table).append(
+            data, app_id=app_id, app_version=app_version, metadata=metadata
+        )
 
     def commit_properties(
         self, apps: Mapping[str, int] | None = None, metadata: Mapping[str, str] | None = None
@@ -435,18 +435,22 @@ class TableWriter:
         app_id: str | None = None,
         app_version: int | None = None,
         metadata: dict[str, str] | None = None,
-    ) -> None:
+    ) -> int:
+        """Append rows in one commit; the table version it made (read from the handle that
+        made it, not from a new open)."""
         apps = None if app_id is None or app_version is None else {app_id: app_version}
         properties = self.lake.commit_properties(apps, metadata)
         try:
-            self._write(data, properties)
+            version = self._write(data, properties)
         except CommitFailedError:
             self._handle = None
-            self._write(data, properties)
+            version = self._write(data, properties)
         self._commits += 1
+        return version
 
-    def _write(self, data: pa.Table, properties: CommitProperties) -> None:
+    def _write(self, data: pa.Table, properties: CommitProperties) -> int:
         handle = self._open(data.schema)
         write_deltalake(
             handle, data, mode="append", schema_mode="merge", commit_properties=properties
         )
+        return handle.version()
