@@ -17,7 +17,7 @@ from claw_pipelines.derived_schemas import (
     fit,
     with_turn_columns,
 )
-from claw_pipelines.transforms.group_stats import trajectory_advantages
+from claw_pipelines.transforms.group_stats import trajectory_advantage
 
 
 class Units(NamedTuple):
@@ -196,18 +196,17 @@ def trajectory_batch(
 def _chosen_trajectories(recipe: Recipe, chosen: pl.DataFrame) -> pl.DataFrame:
     """What the rows of each chosen trajectory repeat, to join them once: unit, start, score,
     step count, last step and (per-trajectory group statistics) advantage."""
-    trajectories = chosen.select(
+    repeated = [
         "trajectory_id",
         "_unit",
         "_started",
         pl.col("_score").alias("trajectory_score"),
         "num_steps",
         "_last_step",
-    )
+    ]
     if recipe.group_statistics == "per_trajectory":
-        advantages = trajectory_advantages(recipe.algorithm, chosen).get_column("advantage")
-        trajectories = trajectories.hstack([advantages])
-    return trajectories
+        repeated.append(trajectory_advantage(recipe.algorithm))
+    return chosen.select(repeated)
 
 
 def dpo_batch(

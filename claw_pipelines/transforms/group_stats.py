@@ -17,9 +17,9 @@ import polars as pl
 EPSILON = 1e-6
 
 
-def trajectory_advantages(algorithm: str, trajectories: pl.DataFrame) -> pl.DataFrame:
-    """``trajectory_id`` and ``advantage`` for ``trajectories`` (trajectory_id, group_id,
-    ``_score``), grouped by group_id."""
+def trajectory_advantage(algorithm: str) -> pl.Expr:
+    """``advantage`` of each row of a frame of trajectories (``group_id``, ``_score``), over
+    the trajectories of its group_id."""
     score = pl.col("_score")
     size = pl.len().over("group_id")
     mean = score.mean().over("group_id")
@@ -31,4 +31,4 @@ def trajectory_advantages(algorithm: str, trajectories: pl.DataFrame) -> pl.Data
         advantage = pl.when(size > 1).then((score - mean) * size / (size - 1)).otherwise(score)
     else:
         raise ValueError(f"group statistics are for grpo and rloo, not {algorithm}")
-    return trajectories.select("trajectory_id", advantage.cast(pl.Float64).alias("advantage"))
+    return advantage.cast(pl.Float64).alias("advantage")
