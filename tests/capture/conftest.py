@@ -8,24 +8,18 @@ from __future__ import annotations
 import secrets
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
-from stack_fixtures import PROXY_START_TIMEOUT_S, CaptureStack, capture_env
+from fake_backend_stack import FakeBackendStack
+from stack_fixtures import PROXY_START_TIMEOUT_S, capture_env
 
 from claw_pipelines.capture.launcher import DEFAULT_CONFIG
 from claw_pipelines.processes import free_port, start_service
 from claw_pipelines.stack import start_proxy
 
 HERE = Path(__file__).parent
-
-
-@dataclass
-class FakeBackendStack(CaptureStack):
-    backend_key: str = ""
-    """The API key the proxy sends the fake backend (``litellm_params.api_key``)."""
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import json
 
 import httpx
 import pytest
-from conftest import FakeBackendStack
+from fake_backend_stack import FakeBackendStack
 from test_capture_proxy import landed, post
 
 CASES = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 import pytest
-from conftest import S3
+from s3_lake import S3
 
 from claw_pipelines import lake as lake_module
 from claw_pipelines.appended import appended_rows

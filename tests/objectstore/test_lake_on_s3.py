@@ -12,10 +12,10 @@ import httpx
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-from conftest import S3, Fleet, lake_env
 from dagster_harness import Bound, Driver
 from deltalake.fs import DeltaStorageHandler
 from pyarrow.fs import PyFileSystem
+from s3_lake import S3, Fleet, lake_env
 
 from claw_pipelines.batch_tables import batch_rows, exports_folder, manifest_path
 from claw_pipelines.demo import AGENT, run_demo

@@ -9,7 +9,7 @@ import time
 
 import httpx
 import polars as pl
-from conftest import PROXIES, Fleet
+from s3_lake import PROXIES, Fleet
 from stack_fixtures import LOAD_APIS, PROXY_START_TIMEOUT_S, Load
 
 CLIENTS = 12

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import S3, lake_env
+from s3_lake import S3, lake_env
 from stack_fixtures import refused_start
 
 from assets.definitions import build_definitions

@@ -6,7 +6,7 @@ import threading
 
 import pyarrow as pa
 import pytest
-from conftest import S3
+from s3_lake import S3
 
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError, store_options
