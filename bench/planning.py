@@ -56,8 +56,8 @@ def phase_plan(lake: Lake, batch_id: str, groups: int, retired: bool) -> dict:
     recipe = recipes()["grpo"].model_copy(update={"groups_per_batch": groups})
     started = time.perf_counter()
     if retired:
-        plan = ledger.reserve(lake, recipe, batch_id, utc_now())
-        rows = 0 if plan is None else plan.planned.height
+        reserved = ledger.reserve(lake, recipe, batch_id, utc_now())
+        rows = 0 if reserved is None else reserved.plan.planned.height
     else:
         pins = {
             "curated_steps": lake.version("curated_steps"),

@@ -11,7 +11,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from claw_pipelines.batch_tables import batches_table
+from claw_pipelines.batch_tables import batches_table, ledger_table
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.planner import BatchPlan
 from claw_pipelines.batching.recipe import Recipe
@@ -41,12 +41,13 @@ class Planned(NamedTuple):
 def planned(lake: Lake, recipe: Recipe, batch_id: str) -> Planned | None:
     """The plan of ``batch_id`` (None: it was never reserved, and not enough is ready for it);
     a batch reserved before is re-planned from its pins under the recipe it was planned with."""
-    pins = ledger.pins_of(lake, recipe.name, batch_id)
+    snapshot = lake.open(ledger_table(recipe.name))
+    pins = ledger.recorded_pins(snapshot, batch_id)
     if pins is None:
-        plan = ledger.reserve(lake, recipe, batch_id, utc_now())
-        if plan is None:
+        reserved = ledger.reserve_on(lake, recipe, batch_id, utc_now(), snapshot)
+        if reserved is None:
             return None
-        return Planned(plan, recipe, ledger.pins_of(lake, recipe.name, batch_id), True)
+        return Planned(reserved.plan, recipe, reserved.pins, True)
     planned_under = ledger.pinned_recipe(recipe, pins)
     plan = ledger.plan_from_pins(lake, planned_under, batch_id, pins)
     return Planned(plan, planned_under, pins, False)

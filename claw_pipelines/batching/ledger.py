@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import NamedTuple
 
 import polars as pl
 import pyarrow as pa
@@ -105,16 +106,24 @@ def pinned_recipe(recipe: Recipe, pins: dict) -> Recipe:
     return Recipe.model_validate({**pins["recipe"], "exports": recipe.exports}, context=PINNED)
 
 
-def _recorded_pins(ledger: pl.LazyFrame | None, batch_id: str) -> dict | None:
+def recorded_pins(ledger: DeltaTable | None, batch_id: str) -> dict | None:
+    """The pins ``ledger`` (a recipe's ledger as opened) records for ``batch_id`` (None if it
+    was never reserved there)."""
     if ledger is None:
         return None
-    found = ledger.filter(pl.col("batch_id") == batch_id).select("pins").head(1).collect()
+    found = (
+        pl.scan_delta(ledger)
+        .filter(pl.col("batch_id") == batch_id)
+        .select("pins")
+        .head(1)
+        .collect()
+    )
     return json.loads(found.item()) if found.height else None
 
 
 def pins_of(lake: Lake, recipe: str, batch_id: str) -> dict | None:
     """The pins recorded when ``batch_id`` was reserved (None if it never was)."""
-    return _recorded_pins(lake.scan(ledger_table(recipe)), batch_id)
+    return recorded_pins(lake.open(ledger_table(recipe)), batch_id)
 
 
 def exported_batches(lake: Lake, recipe: str, batch_ids: list[str]) -> set[str]:
@@ -169,15 +178,31 @@ def consumed_turns(lake: Lake, recipe: str, batch_id: str) -> list[str]:
     ).to_list()
 
 
-def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPlan | None:
+class Reservation(NamedTuple):
+    """A batch just reserved: its plan and the pins recorded with it."""
+
+    plan: BatchPlan
+    pins: dict
+
+
+def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> Reservation | None:
     """Plan the next batch from the latest curated steps and record it; None if not ready."""
+    snapshot = lake.open(ledger_table(recipe.name))
+    if recorded_pins(snapshot, batch_id) is not None:
+        raise ConcurrentRun(f"{batch_id} was reserved by another run while this one started")
+    return reserve_on(lake, recipe, batch_id, now, snapshot)
+
+
+def reserve_on(
+    lake: Lake, recipe: Recipe, batch_id: str, now: datetime, snapshot: DeltaTable | None
+) -> Reservation | None:
+    """``reserve`` on the ledger as ``snapshot`` (None: no ledger yet) shows it, where
+    ``batch_id`` is not reserved: a reservation committed since refuses this one (its app
+    transaction), so a caller that has read the ledger already need not open it again."""
     curated = lake.open("curated_steps")
     if curated is None:
         return None
     curated_version = curated.version()
-    snapshot = lake.open(ledger_table(recipe.name))
-    if snapshot is not None and _recorded_pins(pl.scan_delta(snapshot), batch_id) is not None:
-        raise ConcurrentRun(f"{batch_id} was reserved by another run while this one started")
     retirements = Retirements.current(lake, recipe, curated)
     turns = lake.open("turns")
     pins = {
@@ -195,9 +220,9 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
     if not plan.ready:
         retirements.record(plan, curated_version, now)
         return None
+    recorded = json.dumps(pins)
     rows = conform(
-        plan.ledger_rows(recipe.name, now).with_columns(pins=pl.lit(json.dumps(pins))),
-        PINNED_LEDGER,
+        plan.ledger_rows(recipe.name, now).with_columns(pins=pl.lit(recorded)), PINNED_LEDGER
     )
     done = 0 if snapshot is None else snapshot.transaction_version(_plan_app(recipe.name)) or 0
     target = snapshot or lake.as_created(ledger_table(recipe.name), rows.schema)
@@ -216,4 +241,4 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> BatchPl
         ) from error
     compact(target, max_files=COMPACT_AFTER_FILES)
     retirements.record(plan, curated_version, now)  # after: it assumes the batch consumed
-    return plan
+    return Reservation(plan, json.loads(recorded))  # the pins as a re-plan reads them back

@@ -89,14 +89,14 @@ def test_the_release_plans_no_batch_its_last_plan_left_too_few_groups_for(
     from claw_pipelines.batching import ledger
 
     planned: list[str] = []
-    reserve = ledger.reserve
+    reserve_on = ledger.reserve_on
 
-    def counted(lake, recipe, batch_id, now):
+    def counted(lake, recipe, batch_id, now, snapshot):
         if recipe.name == "grpo":
             planned.append(batch_id)
-        return reserve(lake, recipe, batch_id, now)
+        return reserve_on(lake, recipe, batch_id, now, snapshot)
 
-    monkeypatch.setattr(ledger, "reserve", counted)
+    monkeypatch.setattr(ledger, "reserve_on", counted)
     land_rollouts(bound.lake, groups=groups, group_size=4, steps=1, seed=5)
     result = Driver(bound, instance).materialize(REFRESH)
     released = result.asset_materializations_for_node("release_grpo")[-1].metadata["batches"]
