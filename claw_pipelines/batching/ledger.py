@@ -52,47 +52,50 @@ def next_batch_id(lake: Lake, recipe: str) -> str:
     return f"{recipe}-{number:06d}"
 
 
+class PinnedInputs(NamedTuple):
+    """The tables a plan reads, open at the versions its pins name (``turns`` at it or
+    later); None where the plan goes without (no ledger or no retirements yet)."""
+
+    curated: DeltaTable
+    turns: DeltaTable | None
+    ledger: DeltaTable | None
+    retired: DeltaTable | None
+
+
 def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> BatchPlan:
     """The plan for ``batch_id`` from exactly the inputs it was (or is being) planned from.
     The rows' token lists are read from the latest ``turns``: turns are append-only and never
     rewritten, so a turn reads the same in every version from the pinned ``turns`` one on, and
     the landing table's vacuum (which makes old versions unreadable) cannot break a re-plan."""
-    curated = lake.open("curated_steps", pins["curated_steps"])
-    return plan_pinned(lake, recipe, batch_id, pins, curated, lake.open("turns"))
-
-
-def plan_pinned(
-    lake: Lake,
-    recipe: Recipe,
-    batch_id: str,
-    pins: dict,
-    curated: DeltaTable,
-    turns: DeltaTable | None,
-) -> BatchPlan:
-    """``plan_from_pins`` with ``curated_steps`` at the pinned version and ``turns`` at it or
-    later already open (a reservation has them open: on an object store each open costs a
-    dozen requests or more)."""
-    ledger_version = pins["batch_ledger"]
-    ledger = None if ledger_version < 0 else lake.scan(ledger_table(recipe.name), ledger_version)
-    retired_version = pins.get("batch_retired", -1)
-    retired = (
-        None if retired_version < 0 else lake.scan(retired_table(recipe.name), retired_version)
+    ledger_version, retired_version = pins["batch_ledger"], pins.get("batch_retired", -1)
+    inputs = PinnedInputs(
+        lake.open("curated_steps", pins["curated_steps"]),
+        lake.open("turns"),
+        None if ledger_version < 0 else lake.open(ledger_table(recipe.name), ledger_version),
+        None if retired_version < 0 else lake.open(retired_table(recipe.name), retired_version),
     )
+    return plan_pinned(recipe, batch_id, pins, inputs)
+
+
+def plan_pinned(recipe: Recipe, batch_id: str, pins: dict, inputs: PinnedInputs) -> BatchPlan:
+    """``plan_from_pins`` with its inputs already open (a reservation has them open: on an
+    object store each open costs a dozen requests or more). The plan is read in full before
+    it returns, so the caller may then commit through the tables it passed."""
     return plan_batch(
         recipe,
-        pl.scan_delta(curated),
-        None if turns is None else pl.scan_delta(turns),
-        ledger,
+        pl.scan_delta(inputs.curated),
+        None if inputs.turns is None else pl.scan_delta(inputs.turns),
+        None if inputs.ledger is None else pl.scan_delta(inputs.ledger),
         datetime.fromisoformat(pins["planned_at"]),
-        retired=retired,
+        retired=None if inputs.retired is None else pl.scan_delta(inputs.retired),
         open_from=pins.get("open_from"),
         batch_id=batch_id,
-        latest_policy_version=lag_reference(pins.get("announced_policy_version"), curated),
+        latest_policy_version=lag_reference(pins.get("announced_policy_version"), inputs.curated),
         source_versions={
             "curated_steps": pins["curated_steps"],
             "steps": pins["steps"],
             "turns": pins.get("turns", -1),
-            "batch_ledger": ledger_version,
+            "batch_ledger": pins["batch_ledger"],
         },
     )
 
@@ -216,7 +219,8 @@ def reserve_on(
         "planned_at": now.isoformat(),
         "recipe": recipe.model_dump(mode="json", exclude={"exports"}),
     }
-    plan = plan_pinned(lake, recipe, batch_id, pins, curated, turns)
+    retired = retirements.table if retirements.usable else None
+    plan = plan_pinned(recipe, batch_id, pins, PinnedInputs(curated, turns, snapshot, retired))
     if not plan.ready:
         retirements.record(plan, curated_version, now)
         return None

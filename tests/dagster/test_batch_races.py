@@ -62,10 +62,10 @@ def test_two_batches_reserved_at_once_take_different_groups(
     winner, loser = names[earlier_batches:]
     planned_alone = ledger.plan_pinned
 
-    def planned_while_another_reserves(lake, recipe, batch_id, pins, *tables):
-        plan = planned_alone(lake, recipe, batch_id, pins, *tables)
-        if batch_id == loser and ledger.pins_of(lake, "grpo", winner) is None:
-            assert ledger.reserve(lake, recipe, winner, utc_now()) is not None
+    def planned_while_another_reserves(recipe, batch_id, pins, inputs):
+        plan = planned_alone(recipe, batch_id, pins, inputs)
+        if batch_id == loser and ledger.pins_of(bound.lake, "grpo", winner) is None:
+            assert ledger.reserve(bound.lake, recipe, winner, utc_now()) is not None
         return plan
 
     monkeypatch.setattr(ledger, "plan_pinned", planned_while_another_reserves)
@@ -121,8 +121,9 @@ def test_a_planner_tick_that_a_ui_launch_reserved_ahead_of_launches_the_rest_lat
     driver = _eight_ready_groups(bound, instance)
     planned_alone = ledger.plan_pinned
 
-    def planned_while_the_ui_reserves(lake, recipe, batch_id, pins, *tables):
-        plan = planned_alone(lake, recipe, batch_id, pins, *tables)
+    def planned_while_the_ui_reserves(recipe, batch_id, pins, inputs):
+        plan = planned_alone(recipe, batch_id, pins, inputs)
+        lake = bound.lake
         if batch_id != "from-the-ui" and ledger.pins_of(lake, "grpo", "from-the-ui") is None:
             assert ledger.reserve(lake, recipe, "from-the-ui", utc_now()) is not None
         return plan
