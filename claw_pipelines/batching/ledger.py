@@ -79,8 +79,9 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
 
 def plan_pinned(recipe: Recipe, batch_id: str, pins: dict, inputs: PinnedInputs) -> BatchPlan:
     """``plan_from_pins`` with its inputs already open (a reservation has them open: on an
-    object store each open costs a dozen requests or more). The plan is read in full before
-    it returns, so the caller may then commit through the tables it passed."""
+    object store each open costs a dozen requests or more). The plan has read the curated
+    steps, the ledger and the retirements when it returns (only ``BatchPlan.turns`` stays a
+    scan), so the caller may then commit through those tables."""
     return plan_batch(
         recipe,
         pl.scan_delta(inputs.curated),
