@@ -84,6 +84,23 @@ def test_workspace_validates_from_the_cli(tmp_path: Path, command: list[str], sa
     assert says in done.stderr + done.stdout
 
 
+def test_a_process_loading_the_code_location_freezes_what_loading_allocated(
+    tmp_path: Path,
+) -> None:
+    """Run workers and the code server keep the loaded definitions for life: frozen, they are
+    not walked again by each full garbage collection (one cost a refresh run 0.14-0.18 s)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import gc, assets.definitions; print(gc.get_freeze_count())"],
+        cwd=REPO,
+        env={**os.environ, "CLAW_LAKE_URI": str(tmp_path / "lake")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) > 100_000  # ~160k objects: dagster, polars, our assets
+
+
 def test_lake_resource_keeps_secrets_out_of_config(monkeypatch) -> None:
     options = {"AWS_REGION": "eu-west-1", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
     monkeypatch.setenv("CLAW_STORAGE_OPTIONS", json.dumps(options))
