@@ -6,7 +6,9 @@ so its peak RSS is its own:
 
 * ``scan``: ``pl.scan_delta(turns).collect()``, the bare read of the same turns;
 * ``write``: a bare ``write_deltalake`` of the turns' token lists (the derived tables' writer
-  settings), what any build must add to the read: a batch holding every turn writes them;
+  settings), what any build must add to the read: a batch holding every turn writes them; then
+  the same lists written as the export writes them (``Destination.parquet_writer``: delta
+  encoding and zstd, the encoding that keeps ``token_copies`` <= 2);
 * ``build``: one refresh run as the ingest sensor launches it: steps -> trajectories ->
   rewarded -> scored -> curated, then ``release_grpo``, which reserves, writes, checks and
   exports the batch they made ready (recipe ``grpo`` with ``groups_per_batch`` = all groups),
@@ -33,7 +35,10 @@ data-dependent work that a +1 % refresh redoes (1 % when work grows with new dat
 ``floor_seconds`` <= 0.5; ``peak_rss_mib`` of the build <= 2 GiB at 100k turns, and the
 refresh's and floor's flat (they must not grow with the table). Also reported:
 ``throughput_ratio`` = scan / build and ``refresh_ratio`` = refresh / build (goals withdrawn:
-they bound each other), ``empty_run_seconds`` (Dagster's own share of the floor),
+they bound each other), ``design_io_ratio`` = (2 x scan + export write) / build, the build
+against the I/O this design must do (``steps`` and the export each read the token lists, the
+export writes them once in its encoding; no goal: proposed on issue 19 as a restatement of
+``bare_read_write_ratio``), ``empty_run_seconds`` (Dagster's own share of the floor),
 ``*_step_seconds`` (each asset's time in the run) and ``load_average`` (the machine is shared).
 
     .venv/bin/python bench/pipeline.py [--turns 100000] [--rounds 3]
@@ -61,6 +66,7 @@ import pyarrow.parquet as pq
 from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
 
 from claw_pipelines.derived_schemas import TOKEN_COLUMNS
+from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.incremental.increment import WRITER
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import TrajectoryEventRow, Turn
@@ -199,8 +205,15 @@ def phase_write(lake: Lake, target: str, compare: bool) -> dict:
     started = time.perf_counter()
     write_deltalake(target, table, writer_properties=WRITER)
     seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    Destination(f"{target}-export").arrow_parquet(table, "tokens.parquet")
+    written = {
+        "seconds": seconds,
+        "export_seconds": time.perf_counter() - started,
+        "rows": table.num_rows,
+    }
     if not compare:
-        return {"seconds": seconds, "rows": table.num_rows}
+        return written
     encodings = {}
     for index, (name, properties) in enumerate(_encodings().items()):
         folder = f"{target}-{index}"
@@ -215,7 +228,7 @@ def phase_write(lake: Lake, target: str, compare: bool) -> dict:
         "seconds": round(time.perf_counter() - began, 3),
         "bytes": _list_column_bytes(f"{target}-export.parquet"),
     }
-    return {"seconds": seconds, "rows": table.num_rows, "encodings": encodings}
+    return {**written, "encodings": encodings}
 
 
 def _step_seconds(instance, run_id: str) -> dict[str, float]:
@@ -355,6 +368,7 @@ def measure_rounds(lake: Lake, root: Path, turns: int, rounds: int) -> tuple[lis
         write_args = ["--phase", "write", "--lake", lake.root, "--target", str(target)]
         write = run_phase(write_args + (["--compare"] if index == 0 else []))
         shutil.rmtree(target)
+        shutil.rmtree(f"{target}-export")
         copy = root / f"built-{index}"
         shutil.copytree(lake.root, copy)
         built = Lake(str(copy))
@@ -418,6 +432,7 @@ def main() -> None:
     scans = [r["scan"]["seconds"] for r in rounds]
     writes = [r["write"]["seconds"] for r in rounds]
     builds = [r["build"]["seconds"] for r in rounds]
+    exports = [r["write"]["export_seconds"] for r in rounds]
     build_s = _median(builds)
     middle = _middle([r["build"] for r in rounds])
     tokens = turns * (PROMPT_TOKENS + RESPONSE_TOKENS)
@@ -444,14 +459,23 @@ def main() -> None:
                 "bare_read_write_ratio": round(
                     _median([(s + w) / b for s, w, b in zip(scans, writes, builds, strict=True)]), 4
                 ),
+                "export_write_seconds": round(_median(exports), 3),
+                "design_io_ratio": round(
+                    _median(
+                        [(2 * s + e) / b for s, e, b in zip(scans, exports, builds, strict=True)]
+                    ),
+                    4,
+                ),
                 "rounds": [
                     {
                         "scan_seconds": round(s, 3),
                         "write_seconds": round(w, 3),
+                        "export_write_seconds": round(e, 3),
                         "build_seconds": round(b, 3),
                         "bare_read_write_ratio": round((s + w) / b, 4),
+                        "design_io_ratio": round((2 * s + e) / b, 4),
                     }
-                    for s, w, b in zip(scans, writes, builds, strict=True)
+                    for s, w, e, b in zip(scans, writes, exports, builds, strict=True)
                 ],
                 "refresh_turns": extra,
                 "refresh_seconds": round(refresh["seconds"], 3),
