@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from claw_pipelines.lake import floor_ms, keyed
 from claw_pipelines.schemas import LANDING_MODELS, Turn
+from claw_pipelines.turn_prompts import read_columns, with_whole_prompts
 
 _TOKENS = pa.list_(pa.int32())
 _LOGPROBS = pa.list_(pa.float32())
@@ -228,6 +229,11 @@ BATCH_ROWS = pa.schema(
         pa.field("source_version", pa.int64()),
         pa.field("source_versions", pa.string()),
         pa.field("started_at", _TS),
+        pa.field("prompt_len", pa.int32()),
+        pa.field("response_len", pa.int32()),
+        pa.field("prefix_consistent", pa.bool_()),
+        pa.field("prefix_break_reason", pa.string()),
+        pa.field("segment_index", pa.int32()),
     ]
 )
 """Framework-neutral rows of one batch (grpo, rloo, ppo, reinforce_pp, sft): one per step,
@@ -238,12 +244,74 @@ trajectory's score, broadcast to its steps); otherwise the trainer computes adva
 ``model``: the model that answered (whose tokenizer made the IDs); ``finish_reason``: ``length``
 for a reply cut off at max_tokens. ``source_version``: turns version the step came from;
 ``source_versions``: JSON of the input table versions the batch was planned from;
-``started_at``: the turn's, which bounds the read of its ``TURN_COLUMNS`` from ``turns``."""
+``started_at``: the turn's, which bounds the read of its ``TURN_COLUMNS`` from ``turns``.
+``prompt_len`` .. ``prefix_break_reason``: the step's, from which ``transforms.sequences``
+builds the trajectory's sequences without reading every prompt; ``segment_index``: the
+sequence (segment) of its trajectory the step belongs to."""
 
 STORED_BATCH_ROWS = pa.schema([f for f in BATCH_ROWS if f.name not in TURN_COLUMNS])
 """What ``batches/<recipe>`` holds of a grpo-style batch: its rows without ``TURN_COLUMNS``,
 which readers join from ``turns`` (``batch_tables.batch_rows``), so the lake keeps the token
 lists once in ``turns`` and once per export."""
+
+_SPAN = pa.struct(
+    [
+        pa.field("step_index", pa.int32()),
+        pa.field("turn_id", pa.string()),
+        pa.field("start", pa.int32()),
+        pa.field("end", pa.int32()),
+        pa.field("reward", pa.float64()),
+    ]
+)
+
+SEQUENCE_ROWS = pa.schema(
+    [
+        pa.field("batch_id", pa.string(), nullable=False),
+        pa.field("recipe", pa.string()),
+        pa.field("group_id", pa.string()),
+        pa.field("trajectory_id", pa.string()),
+        pa.field("segment_index", pa.int32()),
+        pa.field("num_segments", pa.int32()),
+        pa.field("break_reason", pa.string()),
+        pa.field("first_step_index", pa.int32()),
+        pa.field("last_step_index", pa.int32()),
+        pa.field("segment_steps", pa.int32()),
+        pa.field("num_steps", pa.int32()),
+        pa.field("is_last", pa.bool_()),
+        pa.field("group_size", pa.int32()),
+        pa.field("turn_id", pa.string()),
+        pa.field("turn_ids", _STRINGS),
+        pa.field("prompt_token_ids", _TOKENS),
+        pa.field("response_token_ids", _TOKENS),
+        pa.field("response_mask", pa.list_(pa.int8())),
+        pa.field("response_logprobs", _LOGPROBS),
+        pa.field("spans", pa.list_(_SPAN)),
+        pa.field("reward", pa.float64()),
+        pa.field("outcome_reward", pa.float64()),
+        pa.field("trajectory_score", pa.float64()),
+        pa.field("advantage", pa.float64()),
+        pa.field("policy_version", pa.int64()),
+        pa.field("model", pa.string()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("request_messages", pa.string()),
+        pa.field("request_tools", pa.string()),
+        pa.field("response_message", pa.string()),
+        pa.field("metadata", pa.string()),
+        pa.field("source_version", pa.int64()),
+        pa.field("source_versions", pa.string()),
+        pa.field("started_at", _TS),
+    ]
+)
+"""Batch rows in the ``sequence`` layout (``transforms.sequences``): one per segment, a maximal
+run of a trajectory's prefix-consistent steps. ``prompt_token_ids``: the segment's first prompt;
+``response_token_ids``: everything after it (reply, observation, reply, ... last reply), with
+``response_mask`` 1 on reply tokens and 0 on observations and ``response_logprobs`` aligned (0.0
+on observations; null when a step has none); ``spans``: each step's reply at
+``[start, end)`` of the response with its credited reward; ``break_reason``: why the segment
+does not extend the one before (null for the first); ``turn_id``: the last step's turn, whose
+``request_messages`` (the whole conversation), ``response_message`` and ``finish_reason`` the
+row carries; ``reward``: the last step's credited reward; ``policy_version``: the oldest policy
+of its steps; ``num_steps``: the trajectory's steps, ``segment_steps`` the segment's."""
 
 DPO_PAIRS = pa.schema(
     [
@@ -337,7 +405,8 @@ def with_turn_columns(
     decode every file: the rows' ``started_at`` range (to the millisecond of Delta's file
     statistics) goes first, and turns land in time order, so a scan decodes only the files and
     row groups of that window (``_by_turn`` matches them to the rows). A turn re-delivered
-    under the same id counts once. Columns ``turns`` lacks are null."""
+    under the same id counts once. Columns ``turns`` lacks are null. Prompts and request
+    texts stored as what they add to an earlier turn come whole (``turn_prompts``)."""
     readable = [] if turns is None or rows.is_empty() else turns.lazy().collect_schema().names()
     found = [name for name in columns if name in readable]
     joined = rows.drop(columns, strict=False)
@@ -345,7 +414,11 @@ def with_turn_columns(
         window = turns.lazy()
         if "started_at" in rows.columns and "started_at" in readable:
             window = window.filter(started_within(rows.get_column("started_at")))
-        joined = joined.hstack(_by_turn(window, rows.get_column("turn_id"), found).get_columns())
+        turn_ids = rows.get_column("turn_id")
+        needed = [name for name in read_columns(found, readable) if name != "turn_id"]
+        stored = _by_turn(window, turn_ids, needed).insert_column(0, turn_ids)
+        whole = with_whole_prompts(stored, turns).select(found)
+        joined = joined.hstack(whole.get_columns())
     return joined.with_columns(
         pl.lit(None, dtype).alias(name)
         for name, dtype in polars_schema(EXTRACTED_STEPS).items()

@@ -26,6 +26,7 @@ from claw_pipelines.derived_schemas import (
 )
 from claw_pipelines.lake import keyed
 from claw_pipelines.transforms.credit import assign_credit
+from claw_pipelines.transforms.sequences import segment_index, sequence_lengths
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,10 @@ PLANNED_COLUMNS = frozenset(
         "quality_score",
         "prompt_len",
         "response_len",
+        "prefix_consistent",
+        "prefix_break_reason",
+        "status",
+        "close_reason",
     }
 )
 """The curated columns a plan reads (its filters, credit, units and rows): the rest (e.g. the
@@ -91,17 +96,27 @@ response text) would only widen every sort and join of the open steps."""
 TRUNCATED = "length"
 """The finish reason of a reply cut off at max_tokens: it has no end-of-turn token."""
 
+INFRA_FAILURE = "infra_failure"
+"""The drop reason of every step of a trajectory with a call the engine or proxy failed
+(``status`` error): its reward measures the infrastructure, not the policy, so it stays out of
+its group's statistics (the group fills from other members or follows the straggler rule)."""
+
+UNFINISHED = frozenset({"aborted", "timeout"})
+"""Close reasons of a trajectory that did not complete (``filters.unfinished``)."""
+
 
 def _length_limits(recipe: Recipe) -> list[tuple[str, int, str]]:
     """(length column, limit, reason): the length filters, and the fixed widths when the recipe
-    does not truncate (so every exported batch fits its widths)."""
+    does not truncate (so every exported batch fits its widths), in the layout's tokens: a
+    sequence's prompt is its segment's first prompt, its response everything after it."""
     f = recipe.filters
     fits = recipe.truncation == "error"
     prompt_width = recipe.prompt_length if fits else None
     response_width = recipe.response_length if fits else None
+    prefix = "sequence_" if recipe.layout == "sequence" else ""
     limits = [
-        ("prompt_len", [f.max_prompt_len, prompt_width], "prompt_too_long"),
-        ("response_len", [f.max_response_len, response_width], "response_too_long"),
+        (f"{prefix}prompt_len", [f.max_prompt_len, prompt_width], "prompt_too_long"),
+        (f"{prefix}response_len", [f.max_response_len, response_width], "response_too_long"),
     ]
     return [
         (column, min(given), reason)
@@ -113,7 +128,12 @@ def _length_limits(recipe: Recipe) -> list[tuple[str, int, str]]:
 def _step_reasons(recipe: Recipe, latest_policy: pl.Expr) -> pl.Expr:
     """The first filter a step fails (null = eligible)."""
     f = recipe.filters
-    checks: list[tuple[pl.Expr, str]] = [(~pl.col("trainable").fill_null(True), "untrainable")]
+    checks: list[tuple[pl.Expr, str]] = [
+        (~pl.col("trainable").fill_null(True), "untrainable"),
+        ((pl.col("status") == "error").any().over("trajectory_id"), INFRA_FAILURE),
+    ]
+    if f.unfinished == "drop":
+        checks.append((pl.col("close_reason").is_in(list(UNFINISHED)), "unfinished"))
     if f.min_quality is not None:
         checks.append((pl.col("quality_score") < f.min_quality, "low_quality"))
     if f.require_reward:
@@ -155,6 +175,8 @@ def _unconsumed(recipe: Recipe, curated: pl.LazyFrame, excluded: pl.LazyFrame) -
 FINAL_REASONS = frozenset(
     {
         "untrainable",
+        INFRA_FAILURE,
+        "unfinished",
         "low_quality",
         "no_reward",
         "stale",
@@ -291,6 +313,9 @@ def _candidates(
         else assign_credit(curated, recipe.credit_assignment)
     )
     latest = pl.lit(latest_policy_version, pl.Int64)
+    candidates = candidates.with_columns(segment_index())
+    if recipe.layout == "sequence":
+        candidates = candidates.with_columns(sequence_lengths())
     return (
         candidates.with_columns(_step_reasons(recipe, latest).alias("_reason"))
         .sort("started_at", "trajectory_id", "step_index", "turn_id")

@@ -17,6 +17,8 @@ Algorithm = Literal["grpo", "rloo", "ppo", "reinforce_pp", "dpo", "sft"]
 ExportFormat = Literal["verl", "trl", "jsonl"]
 Truncation = Literal["error", "left", "right"]
 GroupStatistics = Literal["per_step", "per_trajectory"]
+Layout = Literal["sequence", "step"]
+Unfinished = Literal["keep", "drop"]
 
 
 GROUPED: frozenset[str] = frozenset({"grpo", "rloo"})
@@ -47,6 +49,11 @@ class RecipeFilters(BaseModel):
         default=None,
         description="sft: keep trajectories scoring at least this (rejection sampling).",
     )
+    unfinished: Unfinished = Field(
+        default="keep",
+        description="Trajectories closed aborted or by timeout: keep them (their reward says "
+        "how they ended) or drop them (reason unfinished).",
+    )
 
 
 class Recipe(BaseModel):
@@ -61,6 +68,13 @@ class Recipe(BaseModel):
 
     name: str = Field(pattern=r"^[a-z0-9_]+$")
     algorithm: Algorithm = "grpo"
+    layout: Layout | None = Field(
+        default=None,
+        description="sequence: one row per segment of a trajectory (its prefix-consistent "
+        "steps as one sequence, observations masked); step: one row per step. Default: "
+        "sequence, step for dpo (pairs of replies to one state). Lengths, filters and "
+        "widths count the layout's tokens.",
+    )
     group_size: int = Field(default=4, ge=1)
     groups_per_batch: int = Field(default=4, ge=1)
     straggler_timeout_s: float = Field(
@@ -79,19 +93,26 @@ class Recipe(BaseModel):
         "conversational files still leave such pairs out, as a chat template would close them.",
     )
     prompt_length: int | None = Field(
-        default=None, ge=1, description="verl: fixed prompt width (left-padded); default per batch."
+        default=None,
+        ge=1,
+        description="verl: fixed prompt width (left-padded); default filters.max_prompt_len, "
+        "else the batch's longest prompt (then batches need not concatenate).",
     )
     response_length: int | None = Field(
-        default=None, ge=1, description="verl: fixed response width (right-padded)."
+        default=None,
+        ge=1,
+        description="verl: fixed response width (right-padded); default "
+        "filters.max_response_len, else the batch's longest response.",
     )
     pad_token_id: int | None = Field(
         default=None, ge=0, description="verl: the tokenizer's pad id (default 0)."
     )
     truncation: Truncation = Field(
         default="error",
-        description="A step longer than prompt_length / response_length: error = the planner "
-        "leaves it out (reason prompt_too_long / response_too_long); left / right = keep the "
-        "prompt's last / first tokens and the response's first ones.",
+        description="A row longer than prompt_length / response_length: error = the planner "
+        "leaves its trajectory out (reason prompt_too_long / response_too_long); left / right = "
+        "keep the prompt's last / first tokens and the response's first ones, and the row's "
+        "``truncated`` says what was cut.",
     )
     group_statistics: GroupStatistics = Field(
         default="per_step",
@@ -105,9 +126,18 @@ class Recipe(BaseModel):
         """Refuse values that load but make every batch useless or every plan fail, so a bad
         batches.yaml stops ``dagster definitions validate`` and ``claw up`` with the recipe's
         name and field rather than yielding batches with no signal."""
+        if self.layout is None:
+            # a recipe pinned before layouts existed planned per step
+            per_step = self.algorithm == "dpo" or info.context == PINNED
+            self.layout = "step" if per_step else "sequence"
         if info.context == PINNED:
             return self
         checks = [
+            (
+                "layout",
+                self.algorithm == "dpo" and self.layout == "sequence",
+                "dpo pairs two replies to one state, so its rows stay per step",
+            ),
             (
                 "group_size",
                 self.algorithm in GROUPED and self.group_size < 2,
@@ -139,6 +169,15 @@ class Recipe(BaseModel):
         if problems:
             raise ValueError(f"recipe {self.name!r}: {'; '.join(problems)}")
         return self
+
+    @property
+    def widths(self) -> tuple[int | None, int | None]:
+        """The fixed (prompt, response) widths of exported rows: the recipe's, else its length
+        filters' (None: each batch's longest row)."""
+        return (
+            self.prompt_length or self.filters.max_prompt_len,
+            self.response_length or self.filters.max_response_len,
+        )
 
     @property
     def units_per_batch(self) -> int:

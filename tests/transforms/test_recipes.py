@@ -143,7 +143,8 @@ def test_missing_rewards_and_long_prompts_are_filtered():
         .otherwise(pl.col("outcome_reward"))
         .alias("outcome_reward")
     )
-    plan = plan_batch(_recipe(filters={"max_prompt_len": 22}), curated, steps, None, at(200))
+    recipe = _recipe(layout="step", filters={"max_prompt_len": 22})
+    plan = plan_batch(recipe, curated, steps, None, at(200))
     got = plan.dropped.select("turn_id", "reason").sort("turn_id").rows()
     assert got == [
         ("a:0-0", "no_reward"),
@@ -156,6 +157,46 @@ def test_missing_rewards_and_long_prompts_are_filtered():
         ("b:1-1", "prompt_too_long"),
     ]
     assert not plan.ready and plan.rows.height == 0
+
+
+def test_sequence_lengths_count_the_first_prompt_and_everything_after_it():
+    """Two steps (prompts 21 and 25 tokens, replies 2): one sequence of a 21-token prompt and
+    a 6-token response (reply, 2 observation tokens, reply), whatever each step's prompt."""
+    curated, steps = _curated({"a": [1, 0], "b": [1, 0]})
+    kept = plan_batch(_recipe(filters={"max_prompt_len": 21, "max_response_len": 6}),
+                      curated, steps, None, at(200))  # fmt: skip
+    assert kept.ready and kept.dropped.is_empty()
+    assert kept.planned.get_column("segment_index").to_list() == [0] * 8
+    cut = plan_batch(_recipe(filters={"max_response_len": 5}), curated, steps, None, at(200))
+    assert set(cut.dropped.get_column("reason")) == {"response_too_long"}
+    assert cut.dropped.height == 8
+
+
+def test_a_trajectory_with_an_infrastructure_failure_leaves_its_group_statistics():
+    """A failed engine call (status error) is no signal about the policy: the trajectory is
+    left out with reason infra_failure, and its group waits for a member to take its place."""
+    curated, steps = _curated({"a": [1, 0], "b": [1, 0]})
+    failed = curated.with_columns(
+        pl.when(pl.col("turn_id") == "a:1-1").then(pl.lit("error")).otherwise("status")
+        .alias("status")
+    )  # fmt: skip
+    plan = plan_batch(_recipe(groups_per_batch=1), failed, steps, None, at(200))
+    assert _reasons(plan) == {"a:0": "waiting_for_group", "a:1": "infra_failure"}
+    assert set(plan.planned.get_column("trajectory_id")) == {"b:0", "b:1"}
+    late = plan_batch(_recipe(groups_per_batch=2), failed, steps, None, at(5000))
+    assert _reasons(late)["a:0"] == "straggler_dropped"
+
+
+def test_unfinished_trajectories_follow_the_recipe_rule():
+    curated, steps = _curated({"a": [1, 0], "b": [1, 0]})
+    aborted = curated.with_columns(
+        pl.when(pl.col("trajectory_id") == "b:0").then(pl.lit("aborted")).otherwise("close_reason")
+        .alias("close_reason")
+    )  # fmt: skip
+    kept = plan_batch(_recipe(), aborted, steps, None, at(200))
+    assert kept.ready
+    dropped = plan_batch(_recipe(filters={"unfinished": "drop"}), aborted, steps, None, at(200))
+    assert _reasons(dropped)["b:0"] == "unfinished" and not dropped.ready
 
 
 def test_dpo_pairs_come_from_the_same_state():
