@@ -6,9 +6,7 @@ import asyncio
 import gc
 import json
 import os
-import random
 import re
-import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -34,13 +32,7 @@ from claw_pipelines.capture.launcher import (
     run_proxy,
     served_model,
 )
-from claw_pipelines.capture.redact import (
-    REDACTED,
-    SECRET_VALUE_PATTERN,
-    Redactor,
-    may_hold_secret_values,
-    names_a_secret,
-)
+from claw_pipelines.capture.redact import REDACTED, Redactor, names_a_secret
 from claw_pipelines.capture.request_body import BodyRejected, parse_json_object
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
@@ -95,32 +87,6 @@ def test_keys_glued_to_other_characters_are_scrubbed(text: str, scrubbed: str) -
 def test_words_and_ids_glued_to_sk_are_kept(text: str) -> None:
     """Not key material after ``sk-``: no run of 16 letters and digits with a digit in it."""
     assert Redactor().text(text) == text
-
-
-def test_the_value_pattern_only_matches_text_with_one_of_its_marks() -> None:
-    """``Redactor.text`` skips the pattern for text without a mark, so every match of the
-    pattern must carry one: checked on strings drawn from the pieces secrets are made of."""
-    draw = random.Random(7)
-    pieces = ["s", "k", "sk", "-", "_", " ", "Bear", "er", "AK", "IA", "x", "Q", "7", "a1b2c3d4"]
-    pieces += ["IOSFODNN7EXAMPLE", "0123456789abcdef", "ABCDEFGH"]
-    found = 0
-    for _ in range(20_000):
-        text = "".join(draw.choices(pieces, k=draw.randint(1, 12)))
-        if SECRET_VALUE_PATTERN.search(text) is not None:
-            found += 1
-            assert may_hold_secret_values(text), text
-    assert found > 100
-    assert not may_hold_secret_values("desk lamp, bearer bonds, akia ask - sk")
-
-
-def test_scrubbing_long_prose_costs_no_pattern_scan() -> None:
-    """A long chat's messages are scrubbed on every call: the value pattern took about 70 ms of
-    CPU over 1 MB of prose; prose without a mark of a secret now costs a substring search."""
-    prose = "The quick brown fox jumps over the lazy dog. " * 23_000
-    redactor = Redactor(["my-master-key-123"])
-    start = time.thread_time()
-    assert redactor.text(prose) == prose
-    assert time.thread_time() - start < 0.01
 
 
 @pytest.mark.parametrize(
