@@ -7,9 +7,12 @@ until it hits the token limit. That spread is what makes rewards vary inside a G
 identical prompts. Every choice comes from the ``random.Random`` passed in, so a run is
 reproducible from the engine seed.
 
-The only tool it ever calls is the calculator, and only when the agent declares one that takes an
-``expression``: real agents (Claude Code, Codex CLI, OpenClaw) declare shells and patch tools, and
-a call the engine made up for one of those would be executed by the agent.
+Real agents (Claude Code, Codex CLI, OpenClaw) declare shells, file tools and sub-agents instead,
+and run every call they get, so the policy calls those only with arguments that read
+(``agent_tools``): a shell computes the task (``echo $((17 + 25))``) where there is no
+calculator, and a request that is not arithmetic is answered after exploring the working
+directory with them (``exploring``). Tools it does not recognise (patches, edits, the web) are
+never called.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from claw_pipelines.engine import exploring
+from claw_pipelines.engine.agent_tools import Kind, Toolbox, tool_output
 from claw_pipelines.engine.chat_template import dumps
 from claw_pipelines.engine.protocol import FunctionCall, Message, Tool
 from claw_pipelines.engine.tasks import Task, final_answer_text, first_number, parse_question
@@ -66,13 +71,13 @@ class Draft:
 
 
 def _latest_task(messages: Sequence[Message]) -> tuple[Task, int] | None:
-    """The last question asked and how many calculator calls the assistant made since."""
+    """The last question asked and how many tool calls the assistant made since."""
     calls = 0
     for message in reversed(messages):
         if message.role == "user" and (task := parse_question(message.text())) is not None:
             return task, calls
         if message.role == "assistant":
-            calls += sum(call.function.name == CALCULATOR for call in message.tool_calls or [])
+            calls += len(message.tool_calls or [])
     return None
 
 
@@ -86,16 +91,21 @@ def _takes_expression(tool: Tool) -> bool:
     return isinstance(properties, dict) and "expression" in properties
 
 
-def _callable_tool(tools: Sequence[Tool], tool_choice: str | None) -> str | None:
-    """The tool the policy may call: the declared calculator, unless ``tool_choice`` rules it out.
+def _has_calculator(tools: Sequence[Tool], tool_choice: str | None) -> bool:
+    """Whether the declared calculator may be called: ``tool_choice`` ("none", "auto",
+    "required" or the name of the one tool allowed) may rule it out."""
+    if tool_choice not in (None, "auto", "required", CALCULATOR):
+        return False
+    return any(t.function.name == CALCULATOR and _takes_expression(t) for t in tools)
 
-    ``tool_choice`` is "none", "auto", "required" or the name of the one tool allowed.
-    """
-    if tool_choice == "none":
-        return None
-    known = any(t.function.name == CALCULATOR and _takes_expression(t) for t in tools)
-    named = tool_choice not in (None, "auto", "required")
-    return CALCULATOR if known and (not named or tool_choice == CALCULATOR) else None
+
+def _compute(expression: str, calculator: bool, toolbox: Toolbox) -> FunctionCall | None:
+    """The call that computes ``expression``: the calculator, else shell arithmetic."""
+    if calculator:
+        return FunctionCall(name=CALCULATOR, arguments=dumps({"expression": expression}))
+    shell = toolbox.get(Kind.SHELL)
+    line = f"echo $(({expression}))"
+    return shell.call(line, f"Compute {expression}") if shell else None
 
 
 def _answer(task: Task, rng: random.Random) -> Draft:
@@ -106,7 +116,7 @@ def _answer(task: Task, rng: random.Random) -> Draft:
 
 
 def _answer_from_tool(task: Task, result: str, rng: random.Random) -> Draft:
-    value = first_number(result)
+    value = first_number(tool_output(result))
     if value is None:
         return _answer(task, rng)
     lead = rng.choice(_FROM_TOOL).format(expr=task.expression, value=value)
@@ -139,29 +149,38 @@ def respond_chat(
 ) -> Draft:
     """The next assistant turn. ``tool_choice`` is "none"/"auto"/"required" or a tool's name.
 
-    ``budget`` is the token limit. "required" (or a named tool) makes it call the calculator when
-    there is a task to compute. Without a task, or when the forced tool is not the calculator, it
-    answers in plain text instead: vLLM would force *some* call by guided decoding, but its
-    arguments would be made up, and an agent runs the calls it gets (a shell command, a patch);
-    a text answer just ends the agent's turn, which every agent handles.
+    ``budget`` is the token limit. "required" (or a named tool) makes it compute the task with
+    the calculator or a shell. Without a tool it may call harmlessly it answers in plain text
+    instead: vLLM would force *some* call by guided decoding, but its arguments would be made
+    up, and an agent runs the calls it gets (a shell command, a patch); a text answer just ends
+    the agent's turn, which every agent handles.
     """
+    toolbox = Toolbox.of(tools, tool_choice)
     latest = _latest_task(messages)
     if latest is None:
-        return Draft(NO_TASK_REPLY)
+        return _explore(messages, toolbox, rng)
     task, calls = latest
-    name = _callable_tool(tools, tool_choice)
+    calculator = _has_calculator(tools, tool_choice)
     forced = tool_choice not in (None, "none", "auto")
     if messages[-1].role == "tool":
-        if name and calls == 1 and rng.random() < P_RECHECK:
-            arguments = dumps({"expression": _recheck_expression(task)})
-            return Draft("", tool_call=FunctionCall(name=name, arguments=arguments))
+        recheck = _compute(_recheck_expression(task), calculator, toolbox)
+        if recheck and calls == 1 and rng.random() < P_RECHECK:
+            return Draft("", tool_call=recheck)
         return _answer_from_tool(task, messages[-1].text(), rng)
-    if name and (forced or rng.random() < P_TOOL):
-        arguments = dumps({"expression": task.expression})
-        return Draft("", tool_call=FunctionCall(name=name, arguments=arguments))
+    call = _compute(task.expression, calculator, toolbox)
+    if call and (forced or rng.random() < P_TOOL):
+        return Draft("", tool_call=call)
     if rng.random() < P_RAMBLE:
         return ramble(task, budget, rng)
     return _answer(task, rng)
+
+
+def _explore(messages: Sequence[Message], toolbox: Toolbox, rng: random.Random) -> Draft:
+    """A request that is not arithmetic: explore with the agent's tools, then report."""
+    if not toolbox.can_explore:
+        return Draft(NO_TASK_REPLY)
+    call, done = exploring.next_call(messages, toolbox, rng)
+    return Draft("", tool_call=call) if call else Draft(exploring.report(done))
 
 
 def respond_text(prompt: str, budget: int, rng: random.Random) -> Draft:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import litellm
 import pytest
@@ -105,10 +106,17 @@ def bridged(kind: str) -> dict:
     )
 
 
+SHELL_ARITHMETIC = {
+    "messages": ("Bash", "command", {"echo $((17 + 25))", "echo $((25 + 17))"}),
+    "responses": ("shell", "command", {"echo $((6 * 7))", "echo $((7 * 6))"}),
+}
+"""The agent's shell and the commands that compute each request's task, either way round."""
+
+
 @pytest.mark.parametrize(("kind", "answer"), [("messages", 42), ("responses", 42)])
 def test_litellm_bridged_agent_requests_are_answered(sim: Service, kind: str, answer: int) -> None:
-    """Through LiteLLM's ``hosted_vllm`` client, as the proxy sends them: answered in text, with
-    no call to the agent's shell or patch tool."""
+    """Through LiteLLM's ``hosted_vllm`` client, as the proxy sends them: answered in text, or
+    the task computed by the agent's shell (never its patch tool)."""
     request = {k: v for k, v in bridged(kind).items() if k not in ("model", "custom_llm_provider")}
     request["stream"] = True
 
@@ -123,10 +131,14 @@ def test_litellm_bridged_agent_requests_are_answered(sim: Service, kind: str, an
                 calls += choice.delta.tool_calls or []
         return text, calls
 
-    for _ in range(5):
+    name, parameter, commands = SHELL_ARITHMETIC[kind]
+    for _ in range(8):
         text, calls = asyncio.run(run())
-        assert calls == []
-        assert text
+        for call in calls:
+            assert call.function.name == name
+            command = json.loads(call.function.arguments)[parameter]
+            assert (command[-1] if isinstance(command, list) else command) in commands
+        assert text or calls
         if parse_final_answer(text) is not None:
             assert parse_final_answer(text) in range(answer - 10, answer + 11)
 
