@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 
 from claw_pipelines.delta_files import ordered_files, plain_files, scan_files
 from claw_pipelines.derived_schemas import rows_at, started_within, with_turn_columns
+from claw_pipelines.turn_prompts import read_columns, with_whole_prompts
 
 MISSING = -1
 """Where a row's turn was not (yet) read."""
@@ -91,13 +92,16 @@ def chunks_with_turn_columns(
 
     ``turns`` is read in reads of about ``chunk_rows`` rows of its files, by their earliest
     ``started_at``, within the rows' time window; a table whose files cannot be read directly
-    (``delta_files.plain_files``) is read whole, as one chunk."""
+    (``delta_files.plain_files``) is read whole, as one chunk. Prompts and request texts stored
+    as what they add to an earlier turn come whole (``turn_prompts``)."""
     if rows.is_empty():
         return
     if turns is None or not plain_files(turns):
         yield with_turn_columns(rows, None if turns is None else pl.scan_delta(turns), columns)
         return
     window = started_within(rows.get_column("started_at"))
+    available = [f.name for f in turns.schema().fields]
+    reading = [name for name in read_columns(columns, available) if name != "turn_id"]
     reads = _reads(ordered_files(turns, "started_at", rows.get_column("started_at")), chunk_rows)
     turn_ids = rows.select("turn_id").with_row_index("_row")
     read = _Read(rows.height)
@@ -106,9 +110,15 @@ def chunks_with_turn_columns(
         return (
             scan_files(turns, paths)
             .filter(window)
-            .select("turn_id", *columns)
+            .select("turn_id", *reading)
             .collect(engine="in-memory")
         )
+
+    def completed(begin: int, end: int) -> pl.DataFrame:
+        chunk = rows.slice(begin, end - begin)
+        stored = read.take(begin, end).insert_column(0, chunk.get_column("turn_id"))
+        whole = with_whole_prompts(stored, pl.scan_delta(turns)).select(columns)
+        return chunk.hstack(whole.get_columns())
 
     begin = 0
     with ThreadPoolExecutor(max_workers=1) as reader:
@@ -120,12 +130,10 @@ def chunks_with_turn_columns(
             read.add(frame, turn_ids)
             end = _chunk_end(chunk_starts, begin, read.ready(begin), rows.height)
             if end - begin >= chunk_rows and not last:
-                yield rows.slice(begin, end - begin).hstack(read.take(begin, end).get_columns())
+                yield completed(begin, end)
                 begin = end
     if begin < rows.height:
-        tail = read.take(begin, rows.height) if read.frames else None
-        chunk = rows.slice(begin)
-        yield chunk.hstack(tail.get_columns()) if tail is not None else _nulls(chunk, columns)
+        yield completed(begin, rows.height) if read.frames else _nulls(rows.slice(begin), columns)
 
 
 def _chunk_end(starts: np.ndarray, begin: int, ready: int, total: int) -> int:

@@ -36,6 +36,12 @@ TokenIds = Annotated[list[TokenId], ArrowType(pa.list_(pa.int32()))]
 Logprobs = Annotated[list[Float32], ArrowType(pa.list_(pa.float32()))]
 Int32 = Annotated[int, Field(ge=-(2**31), lt=2**31), ArrowType(pa.int32())]
 JsonText = Annotated[str, ArrowType(pa.string())]
+SharedSpan = Annotated[
+    list[Annotated[StrictInt, Field(ge=0, lt=2**31)]],
+    Field(min_length=2, max_length=2),
+    ArrowType(pa.list_(pa.int32())),
+]
+"""[head, tail]: characters a text shares with the same column of the referenced turn."""
 UtcTimestamp = Annotated[datetime, ArrowType(pa.timestamp("us", tz="UTC"))]
 
 TokenSource = Literal["engine", "retokenized", "none"]
@@ -157,13 +163,41 @@ class Turn(LandingRow):
     error: str | None = None
     finish_reason: str | None = None
     token_source: TokenSource = "none"
-    prompt_token_ids: TokenIds | None = None
+    prompt_token_ids: TokenIds | None = Field(
+        default=None,
+        description="The prompt's engine IDs; with prompt_prefix_len set, only those after it.",
+    )
+    prompt_prefix_turn_id: str | None = Field(
+        default=None,
+        description="The earlier turn of this trajectory, spooled before by the same proxy "
+        "process, that prompt_prefix_len and the *_shared columns refer to; null: every "
+        "column is stored whole (``turn_prompts`` rebuilds them).",
+    )
+    prompt_prefix_len: Int32 | None = Field(
+        default=None,
+        description="How many tokens of the referenced turn's prompt + response IDs this "
+        "prompt starts with; prompt_token_ids holds the rest. Null: stored whole.",
+    )
+    prompt_len: Int32 | None = Field(
+        default=None, description="The whole prompt's length: a rebuilt prompt must have it."
+    )
     response_token_ids: TokenIds | None = None
     response_logprobs: Logprobs | None = None
     request_messages: JsonText | None = Field(
         default=None, description="JSON list of chat messages."
     )
     request_tools: JsonText | None = None
+    request_messages_shared: SharedSpan | None = Field(
+        default=None,
+        description="[head, tail]: request_messages is the referenced turn's text with its "
+        "middle replaced: its first head and last tail characters are not stored. Null: whole.",
+    )
+    request_tools_shared: SharedSpan | None = Field(
+        default=None, description="As request_messages_shared, for request_tools."
+    )
+    api_request_shared: SharedSpan | None = Field(
+        default=None, description="As request_messages_shared, for api_request."
+    )
     sampling_params: JsonText | None = None
     response_message: JsonText | None = Field(
         default=None, description="JSON assistant message: role, content, tool_calls."

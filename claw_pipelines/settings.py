@@ -60,6 +60,12 @@ class ClawSettings(BaseSettings):
         ge=1024,
         description="The largest request body any proxy route accepts (413 beyond).",
     )
+    prompt_cache_mb: int = Field(
+        default=256,
+        ge=0,
+        description="Memory per proxy process for each trajectory's last call, so a turn "
+        "stores only what it adds to it (0: every turn stored whole).",
+    )
     pause_max_hold_s: float = Field(
         default=60.0,
         gt=0,

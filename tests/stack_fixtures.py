@@ -21,6 +21,7 @@ import polars as pl
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import Service, free_port, stop_group
 from claw_pipelines.stack import start_engine, start_proxy
+from claw_pipelines.turn_prompts import whole_turns
 
 PROXY_START_TIMEOUT_S = 240
 CHROMIUM = "/usr/bin/chromium"
@@ -67,8 +68,11 @@ class CaptureStack:
         return answers
 
     def rows(self, table: str = "turns") -> pl.DataFrame:
+        """The table's rows; turns with their prompts and request texts whole."""
         scan = self.lake.scan(table)
-        return pl.DataFrame() if scan is None else scan.collect()
+        if scan is None:
+            return pl.DataFrame()
+        return whole_turns(scan) if table == "turns" else scan.collect()
 
     def wait_for_rows(
         self,

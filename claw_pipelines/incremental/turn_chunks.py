@@ -11,6 +11,7 @@ import polars as pl
 from claw_pipelines.derived_schemas import STEP_SOURCE_COLUMNS
 from claw_pipelines.incremental.increment import Increment
 from claw_pipelines.lake import keyed
+from claw_pipelines.turn_prompts import read_columns, with_whole_prompts
 
 CHUNK_TURNS = 16_384
 """New turns extracted per commit, so a backlog (e.g. a first build) needs memory for a chunk."""
@@ -30,11 +31,21 @@ class TurnChunk:
     unidentified: bool = False
 
     def read(self, increment: Increment) -> pl.DataFrame | None:
+        """The chunk's turns (``STEP_SOURCE_COLUMNS`` and ``_commit_version``), their prompts
+        and request texts whole (``turn_prompts``)."""
+        landed = increment.scan("turns")
+        available = [] if landed is None else landed.collect_schema().names()
+        columns = read_columns(STEP_SOURCE_COLUMNS, available)
         if self.trajectories is None:
-            return increment.new_rows(
-                "turns", STEP_SOURCE_COLUMNS, with_version=True, versions=self.versions
-            )
-        turns = increment.scan("turns").select(STEP_SOURCE_COLUMNS)
+            turns = increment.new_rows("turns", columns, with_version=True, versions=self.versions)
+        else:
+            turns = self._trajectory_turns(landed.select(columns))
+        if turns is None:
+            return None
+        whole = with_whole_prompts(turns, landed)
+        return whole.select(*STEP_SOURCE_COLUMNS, "_commit_version")
+
+    def _trajectory_turns(self, turns: pl.LazyFrame) -> pl.DataFrame:
         identified = keyed(turns, "trajectory_id", pl.Series(self.trajectories, dtype=pl.String))
         unidentified = turns.filter(pl.col("trajectory_id").is_null())
         return (

@@ -1,0 +1,168 @@
+"""What a turn shares with its trajectory's previous call, so its row stores only what is new.
+
+An agent's call is mostly its previous call again: the same tools, the same messages plus the
+reply and a tool output, the same token IDs plus a few hundred new ones. Each proxy process
+remembers, per trajectory, the last call it spooled (token IDs as int32 bytes, the request
+texts), and a new turn of that trajectory stores only what differs from it, naming it in
+``prompt_prefix_turn_id``; ``turn_prompts`` rebuilds the whole values on read.
+
+A reference always names a turn this process spooled before the one that names it, which
+started no later (readers look for it among the trajectory's earlier turns): what the memory
+does not hold (a restart, a call another process served, a trajectory evicted to keep within
+``max_bytes``, least recently used first) is stored whole.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from claw_pipelines.schemas import Turn
+
+TEXT_COLUMNS = ("request_messages", "request_tools", "api_request")
+"""The request texts stored as a difference from the referenced turn's."""
+
+MIN_SHARED = 64
+"""Tokens or characters below which a value is stored whole: a reference that saves less is
+not worth a reader's lookup."""
+
+TOKEN_BYTES = 4
+
+
+@dataclass(frozen=True)
+class SpooledCall:
+    """A trajectory's last spooled call, as the next one is compared with it."""
+
+    turn_id: str
+    started_at: datetime
+    sequence: bytes | None
+    """Prompt + response token IDs, int32 (None when the engine gave no prompt IDs)."""
+    texts: dict[str, str | None]
+
+    @property
+    def size(self) -> int:
+        texts = sum(len(text) for text in self.texts.values() if text)
+        return len(self.sequence or b"") + texts
+
+
+def spooled_call(turn: Turn) -> SpooledCall:
+    """What the next call of ``turn``'s trajectory is compared with."""
+    sequence = None
+    if turn.prompt_token_ids is not None:
+        sequence = array("i", turn.prompt_token_ids)
+        sequence.extend(turn.response_token_ids or ())
+        sequence = sequence.tobytes()
+    texts = {name: getattr(turn, name) for name in TEXT_COLUMNS}
+    return SpooledCall(turn.turn_id, turn.started_at, sequence, texts)
+
+
+def common_prefix(a: str | bytes, b: str | bytes, unit: int = 1) -> int:
+    """How many ``unit``-sized items ``a`` and ``b`` start with alike. Compares halving
+    stretches, each one C-level comparison, so a 200 KB text costs a few copies of it."""
+    shorter = min(len(a), len(b)) // unit
+    if a[: shorter * unit] == b[: shorter * unit]:
+        return shorter
+    low, high = 0, shorter  # the first ``low`` items are alike, the first ``high`` are not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[low * unit : middle * unit] == b[low * unit : middle * unit]:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def common_suffix(a: str, b: str) -> int:
+    """How many characters ``a`` and ``b`` end with alike (as ``common_prefix``, mirrored)."""
+    shorter = min(len(a), len(b))
+    if a[len(a) - shorter :] == b[len(b) - shorter :]:
+        return shorter
+    low, high = 0, shorter
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[len(a) - middle : len(a) - low] == b[len(b) - middle : len(b) - low]:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _shared_text(previous: str | None, text: str | None) -> tuple[list[int], str] | None:
+    """([head, tail], the middle of ``text``) when ``text`` shares enough with ``previous``."""
+    if previous is None or text is None:
+        return None
+    head = common_prefix(previous, text)
+    tail = common_suffix(previous[head:], text[head:])
+    if head + tail < MIN_SHARED:
+        return None
+    return [head, tail], text[head : len(text) - tail]
+
+
+def _shared_tokens(previous: bytes | None, call: SpooledCall, prompt_len: int) -> int | None:
+    """How many tokens of ``previous`` (prompt + response IDs) ``call``'s prompt starts with."""
+    if previous is None or call.sequence is None:
+        return None
+    prompt = call.sequence[: prompt_len * TOKEN_BYTES]
+    shared = common_prefix(previous, prompt, TOKEN_BYTES)
+    return shared if shared >= MIN_SHARED else None
+
+
+class PromptPrefixes:
+    """Per trajectory, the last call this process spooled, within ``max_bytes`` of memory."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._calls: OrderedDict[str, SpooledCall] = OrderedDict()
+        self._bytes = 0
+
+    def compact(self, turn: Turn, call: SpooledCall) -> Turn:
+        """``turn`` (``call`` is its ``spooled_call``) as it is stored: what it shares with its
+        trajectory's last spooled call (one that started no later) left out and named."""
+        previous = self._calls.get(turn.trajectory_id) if turn.trajectory_id else None
+        if previous is None or previous.started_at > turn.started_at:
+            return self._whole(turn)
+        update: dict[str, Any] = {"prompt_len": _length(turn.prompt_token_ids)}
+        shared = _shared_tokens(previous.sequence, call, len(turn.prompt_token_ids or ()))
+        if shared is not None:
+            update |= {
+                "prompt_prefix_len": shared,
+                "prompt_token_ids": turn.prompt_token_ids[shared:],
+            }
+        for name in TEXT_COLUMNS:
+            text = _shared_text(previous.texts[name], getattr(turn, name))
+            if text is not None:
+                update |= {f"{name}_shared": text[0], name: text[1]}
+        if len(update) == 1:
+            return self._whole(turn)
+        self._calls.move_to_end(turn.trajectory_id)
+        return turn.model_copy(update={**update, "prompt_prefix_turn_id": previous.turn_id})
+
+    @staticmethod
+    def _whole(turn: Turn) -> Turn:
+        return turn.model_copy(update={"prompt_len": _length(turn.prompt_token_ids)})
+
+    def remember(self, turn: Turn, call: SpooledCall) -> None:
+        """``turn`` (whole, as the engine answered it; ``call`` its ``spooled_call``) was
+        spooled: the next call of its trajectory is compared with it. A failed call is not: the
+        agent retries what it sent."""
+        if turn.trajectory_id is None or turn.status != "success":
+            return
+        self._forget(turn.trajectory_id)
+        if call.size > self.max_bytes:
+            return
+        self._calls[turn.trajectory_id] = call
+        self._bytes += call.size
+        while self._bytes > self.max_bytes:
+            self._forget(next(iter(self._calls)))
+
+    def _forget(self, trajectory_id: str) -> None:
+        call = self._calls.pop(trajectory_id, None)
+        if call is not None:
+            self._bytes -= call.size
+
+
+def _length(values: list[int] | None) -> int | None:
+    return None if values is None else len(values)
