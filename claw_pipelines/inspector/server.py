@@ -45,7 +45,7 @@ from claw_pipelines.inspector.api_models import (
     TrajectoryList,
     TrajectoryRow,
 )
-from claw_pipelines.inspector.auth import KeyRequired
+from claw_pipelines.inspector.auth import KeyRequired, SameOriginWrites
 from claw_pipelines.inspector.batch_preview import (
     Preview,
     PreviewCache,
@@ -181,6 +181,7 @@ def create_app(
     if key:
         app.add_middleware(KeyRequired, key=key)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    app.add_middleware(SameOriginWrites)
     _add_routes(app)
     # Starlette's HTTPException: routing raises it for unknown URLs, and FastAPI's subclasses it.
     app.add_exception_handler(StarletteHTTPException, _html_errors)

@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import re
+import secrets
 from pathlib import Path
 from urllib.parse import quote
 
@@ -183,11 +184,11 @@ def test_master_key_rules() -> None:
         resolve_master_key("0.0.0.0", None)
     with pytest.raises(ProxyStartError):
         resolve_master_key("0.0.0.0", LOCAL_MASTER_KEY)
-    strong = "sk-" + "x" * 40
+    strong = "sk-" + secrets.token_urlsafe(32)
     assert resolve_master_key("0.0.0.0", strong) == strong
-    with pytest.raises(ProxyStartError, match="weak"):
-        resolve_master_key("0.0.0.0", "k" * 23)
-    assert resolve_master_key("0.0.0.0", "k" * 24) == "k" * 24
+    for weak in ("k" * 23, "sk-" + "x" * 40, "password" * 3, "abc" * 8):
+        with pytest.raises(ProxyStartError, match="weak"):
+            resolve_master_key("0.0.0.0", weak)
 
 
 def test_restream_carries_prompt_and_response_ids() -> None:

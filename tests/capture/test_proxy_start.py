@@ -12,6 +12,7 @@ from pathlib import Path
 import openai
 from stack_fixtures import PROXY_START_TIMEOUT_S, capture_env, refused_start
 
+from claw_pipelines.access import STRONG_KEY_HINT
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import free_port
 from claw_pipelines.stack import start_engine, start_proxy
@@ -45,22 +46,24 @@ def test_a_lake_that_cannot_be_written_is_refused(tmp_path: Path) -> None:
     assert line.endswith("); fix CLAW_LAKE_URI or CLAW_STORAGE_OPTIONS")
 
 
-def test_a_non_loopback_bind_needs_a_master_key_of_24_characters(tmp_path: Path) -> None:
-    weak = refused_start(
-        tmp_path, "proxy", "--host", "0.0.0.0", "--port", str(free_port()),
-        env={"LITELLM_MASTER_KEY": "k" * 23},
-    )  # fmt: skip
-    assert weak == (
-        "claw proxy: refusing to bind 0.0.0.0 with a weak LITELLM_MASTER_KEY; use a random key "
-        "of >= 24 characters"
-    )
-    # 24 characters pass: what stops this start is its port, held here (bound, never listening).
+def test_a_non_loopback_bind_needs_a_strong_master_key(tmp_path: Path) -> None:
+    """Long is not enough: 40 repeated characters are as weak as 23."""
+    for key in ("k" * 23, "k" * 40):
+        weak = refused_start(
+            tmp_path, "proxy", "--host", "0.0.0.0", "--port", str(free_port()),
+            env={"LITELLM_MASTER_KEY": key},
+        )  # fmt: skip
+        assert weak == (
+            "claw proxy: refusing to bind 0.0.0.0 with a weak LITELLM_MASTER_KEY; "
+            + STRONG_KEY_HINT
+        )
+    # A random key passes: what stops this start is its port, held here (bound, never listening).
     with socket.socket() as held:
         held.bind(("0.0.0.0", 0))
         port = held.getsockname()[1]
         strong = refused_start(
             tmp_path, "proxy", "--host", "0.0.0.0", "--port", str(port),
-            env={"LITELLM_MASTER_KEY": "k" * 24},
+            env={"LITELLM_MASTER_KEY": secrets.token_urlsafe(24)},
         )  # fmt: skip
     assert strong.startswith(f"claw proxy: cannot bind 0.0.0.0:{port} ")
 

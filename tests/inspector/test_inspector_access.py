@@ -40,8 +40,12 @@ def _inspect(*args: str, key: str | None) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     ("key", "why"),
-    [(None, "without CLAW_INSPECTOR_KEY"), ("k" * 23, "with a weak CLAW_INSPECTOR_KEY")],
-    ids=["no key", "23 characters"],
+    [
+        (None, "without CLAW_INSPECTOR_KEY"),
+        ("k" * 23, "with a weak CLAW_INSPECTOR_KEY"),
+        ("a" * 40, "with a weak CLAW_INSPECTOR_KEY"),
+    ],
+    ids=["no key", "23 characters", "40 repeated characters"],
 )
 def test_claw_inspect_refuses_a_non_loopback_bind_without_a_strong_key(
     key: str | None, why: str
@@ -50,7 +54,7 @@ def test_claw_inspect_refuses_a_non_loopback_bind_without_a_strong_key(
     assert refused.returncode != 0
     line = (refused.stdout + refused.stderr).strip().splitlines()[-1]
     assert line.startswith(f"claw inspect: refusing to bind 0.0.0.0 {why}"), line
-    assert ">= 24 characters" in line
+    assert ">= 24 characters and >= 72 bits of character entropy" in line
 
 
 def _urls(app) -> list[str]:
@@ -129,3 +133,25 @@ def _wait_for_401(url: str) -> None:
             pass
         time.sleep(0.25)
     raise AssertionError(f"the inspector at {url} did not answer within 60 s")
+
+
+@pytest.mark.parametrize("key", [None, KEY], ids=["loopback, no key", "with the key"])
+def test_a_label_write_from_another_origin_is_refused(tmp_path: Path, key: str | None) -> None:
+    """A browser sends remembered credentials with any site's request, and an open loopback
+    inspector needs none: a write carrying another site's ``Origin`` is refused either way."""
+    lake = Lake(str(tmp_path / "lake"))
+    rollouts = land_rollouts(lake, groups=1, rollouts=1)
+    app = create_app(lake, background=False, key=key)
+    auth = {"authorization": _basic(KEY)} if key else {}
+    label = {"target_kind": "trajectory", "target_ids": rollouts.trajectories[:1]}
+    label |= {"trainable": False, "author": "mallory"}
+    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+        for origin in ("http://127.0.0.2:8765", "http://127.0.0.1:9999", "null"):
+            refused = client.post("/api/labels", json=label, headers={**auth, "origin": origin})
+            assert refused.status_code == 403, (origin, refused.text)
+        assert lake.scan("labels") is None
+        assert client.get("/api/overview", headers={**auth, "origin": "null"}).status_code == 200
+        for origin in ({"origin": "http://127.0.0.1:8765"}, {}):
+            saved = client.post("/api/labels", json=label, headers={**auth, **origin})
+            assert saved.status_code == 200, saved.text
+    assert lake.scan("labels").collect().height == 2
