@@ -188,8 +188,8 @@ def export_written(lake: Lake, recipe: Recipe, batch_id: str, built: Built | Non
         planned_under, pins = built.planned_under, built.pins
     out = Destination(lake.uri(f"{exports_folder(name)}/{batch_id}"), lake.storage_options)
     manifest = export_chunks(
-        planned_under,  # its widths and pad id, with today's export formats
-        completed_chunks(lake, recipe.algorithm, rows),
+        planned_under,  # its layout, widths and pad id, with today's export formats
+        completed_chunks(lake, recipe.algorithm, rows, planned_under.layout or "step"),
         out,
         source_versions=json.loads(rows["source_versions"][0]),
         planned_with=pins or None,

@@ -56,26 +56,37 @@ def stored_rows(lake: Lake, recipe: str, algorithm: str, batch_id: str) -> pl.Da
     return in_export_order(algorithm, scan.filter(pl.col("batch_id") == batch_id).collect())
 
 
-def batch_rows(lake: Lake, recipe: str, algorithm: str, batch_id: str) -> pl.DataFrame:
+def batch_rows(
+    lake: Lake, recipe: str, algorithm: str, batch_id: str, layout: str = "step"
+) -> pl.DataFrame:
     """The rows of ``batch_id`` as exporters and trainers take them, in export order (empty
     when it has none): grpo-style rows get their token lists and messages from ``turns`` here
     (read in landing order, so token lists landed in that order are taken as read, not
-    gathered); dpo pairs are stored complete."""
+    gathered), in the ``sequence`` layout one row per segment (``transforms.sequences``);
+    dpo pairs are stored complete."""
     from claw_pipelines.batching.planner import complete_rows
     from claw_pipelines.derived_schemas import TURN_COLUMNS
+    from claw_pipelines.transforms.sequences import sequence_rows
 
     stored = stored_rows(lake, recipe, algorithm, batch_id)
     if algorithm == "dpo" or stored.is_empty():
         return stored
-    return complete_rows(stored.drop(TURN_COLUMNS, strict=False), lake.scan_landed("turns"))
+    stored = stored.drop(TURN_COLUMNS, strict=False)
+    if layout == "sequence":
+        return sequence_rows(stored, lake.scan_landed("turns"))
+    return complete_rows(stored, lake.scan_landed("turns"))
 
 
-def completed_chunks(lake: Lake, algorithm: str, stored: pl.DataFrame) -> Iterator[pl.DataFrame]:
+def completed_chunks(
+    lake: Lake, algorithm: str, stored: pl.DataFrame, layout: str = "step"
+) -> Iterator[pl.DataFrame]:
     """``stored`` rows of one batch (``stored_rows``) as ``batch_rows`` completes them, in
-    chunks of about ``CHUNK_ROWS`` rows that hold whole groups (whole trajectories where rows
-    have no group), reading ``turns`` once (``landed_turns``)."""
+    chunks of about ``CHUNK_ROWS`` steps that hold whole groups (whole trajectories where rows
+    have no group), reading ``turns`` once (``landed_turns``); in the ``sequence`` layout a
+    chunk's sequences read only their segments' last prompts (``transforms.sequences``)."""
     from claw_pipelines.derived_schemas import BATCH_ROWS, TURN_COLUMNS, fit
     from claw_pipelines.landed_turns import chunks_with_turn_columns
+    from claw_pipelines.transforms.sequences import sequence_rows
 
     if algorithm == "dpo" or stored.is_empty():
         if not stored.is_empty():
@@ -83,6 +94,15 @@ def completed_chunks(lake: Lake, algorithm: str, stored: pl.DataFrame) -> Iterat
         return
     unit = pl.coalesce("group_id", "trajectory_id")
     begins = stored.select((unit != unit.shift()).fill_null(True)).to_series().to_numpy()
+    if layout == "sequence":
+        turns = lake.scan_landed("turns")
+        starts = [*np.flatnonzero(begins), stored.height]
+        begin = 0
+        for end in starts[1:]:
+            if end - begin >= CHUNK_ROWS or end == stored.height:
+                yield sequence_rows(stored.slice(begin, end - begin), turns)
+                begin = end
+        return
     for chunk in chunks_with_turn_columns(
         stored.drop(TURN_COLUMNS, strict=False),
         lake.open("turns"),

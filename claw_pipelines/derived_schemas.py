@@ -293,6 +293,7 @@ SEQUENCE_ROWS = pa.schema(
         pa.field("policy_version", pa.int64()),
         pa.field("model", pa.string()),
         pa.field("finish_reason", pa.string()),
+        pa.field("prompt_messages", pa.string()),
         pa.field("request_messages", pa.string()),
         pa.field("request_tools", pa.string()),
         pa.field("response_message", pa.string()),
@@ -310,8 +311,9 @@ on observations; null when a step has none); ``spans``: each step's reply at
 ``[start, end)`` of the response with its credited reward; ``break_reason``: why the segment
 does not extend the one before (null for the first); ``turn_id``: the last step's turn, whose
 ``request_messages`` (the whole conversation), ``response_message`` and ``finish_reason`` the
-row carries; ``reward``: the last step's credited reward; ``policy_version``: the oldest policy
-of its steps; ``num_steps``: the trajectory's steps, ``segment_steps`` the segment's."""
+row carries; ``prompt_messages``: the first step's request (the state the segment starts
+from); ``reward``: the last step's credited reward; ``policy_version``: the oldest policy of its
+steps; ``num_steps``: the trajectory's steps, ``segment_steps`` the segment's."""
 
 DPO_PAIRS = pa.schema(
     [

@@ -107,6 +107,12 @@ class Recipe(BaseModel):
     pad_token_id: int | None = Field(
         default=None, ge=0, description="verl: the tokenizer's pad id (default 0)."
     )
+    pad_to_multiple: int = Field(
+        default=8,
+        ge=1,
+        description="verl: rows padded to a multiple of this with rows that carry no loss, so "
+        "DataProto.chunk(n) works for every n dividing it (data-parallel ranks).",
+    )
     truncation: Truncation = Field(
         default="error",
         description="A row longer than prompt_length / response_length: error = the planner "

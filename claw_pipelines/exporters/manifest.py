@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from contextlib import ExitStack
+from functools import partial
 from typing import Any
 
 import polars as pl
@@ -16,6 +17,7 @@ from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.exporters.jsonl import JsonlFiles
 from claw_pipelines.exporters.trl import TrlFiles
 from claw_pipelines.exporters.verl import VerlFiles, VerlLayout
+from claw_pipelines.transforms.sequences import is_sequence, segment_index, sequences
 
 
 class ExportedFile(BaseModel):
@@ -36,6 +38,9 @@ class Manifest(BaseModel):
     recipe: str
     algorithm: str
     batch_id: str
+    layout: str = "step"
+    """``sequence``: a row per segment of a trajectory; ``step``: a row per step (every batch
+    exported before layouts existed)."""
     rows: int
     source_versions: dict[str, int]
     planned_with: dict[str, Any] | None = None
@@ -43,6 +48,9 @@ class Manifest(BaseModel):
     with the lake at hand, enough to plan the batch again."""
     models: list[ModelRows] = []
     """Which models' token IDs the batch holds (one, unless the policy changed mid-batch)."""
+    tokenizer: str | None = None
+    """The tokenizer that made every token ID of the batch: the one model that answered (null
+    when models changed mid-batch: then each row's ``tokenizer`` says)."""
     verl_layout: VerlLayout | None = None
     """The widths and pad id of the verl tensors (widths null: each batch's longest row)."""
     files: list[ExportedFile]
@@ -51,28 +59,41 @@ class Manifest(BaseModel):
 EXPORT_ORDER = {
     "dpo": ["group_id", "turn_id"],
     "steps": ["group_id", "trajectory_id", "step_index"],
+    "sequences": ["group_id", "trajectory_id", "segment_index"],
 }
 
 
 def in_export_order(algorithm: str, rows: pl.DataFrame) -> pl.DataFrame:
-    """A batch's rows in (group, trajectory, step) order (pairs: group, turn), the order of
-    every export file, so exporting the same batch twice writes the same files."""
-    keys = EXPORT_ORDER["dpo" if algorithm == "dpo" else "steps"]
+    """A batch's rows in (group, trajectory, step or segment) order (pairs: group, turn), the
+    order of every export file, so exporting the same batch twice writes the same files."""
+    kind = "sequences" if is_sequence(rows) else "steps"
+    keys = EXPORT_ORDER["dpo" if algorithm == "dpo" else kind]
     order = rows.select(pl.arg_sort_by(keys)).to_series()
     if order.equals(pl.int_range(rows.height, dtype=order.dtype, eager=True)):
         return rows  # already in order: no copy of the token lists
     return rows[order]
 
 
-def verl_layout(recipe: Recipe, pad_to_multiple: int = 1) -> VerlLayout:
-    """The recipe's verl widths, pad id and truncation rule."""
+def verl_layout(recipe: Recipe) -> VerlLayout:
+    """The recipe's verl widths (``Recipe.widths``), pad id, truncation rule and row multiple."""
+    prompt_length, response_length = recipe.widths
     return VerlLayout(
-        prompt_length=recipe.prompt_length,
-        response_length=recipe.response_length,
+        prompt_length=prompt_length,
+        response_length=response_length,
         pad_token_id=recipe.pad_token_id or 0,
         truncation=recipe.truncation,
-        pad_to_multiple=pad_to_multiple,
+        pad_to_multiple=recipe.pad_to_multiple,
     )
+
+
+def in_layout(recipe: Recipe, rows: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` in the recipe's layout: complete step rows (``BATCH_ROWS``, with every prompt)
+    of a sequence recipe become its ``SEQUENCE_ROWS``."""
+    if recipe.layout != "sequence" or is_sequence(rows):
+        return rows
+    if "segment_index" not in rows.columns or rows.get_column("segment_index").has_nulls():
+        rows = rows.with_columns(segment_index())
+    return sequences(rows)
 
 
 def export_batch(
@@ -83,11 +104,11 @@ def export_batch(
     source_versions: dict[str, int] | None = None,
     planned_with: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Write ``rows`` (one batch, put ``in_export_order`` here) for each of ``recipe.exports``
-    under ``out``; return and write ``manifest.json`` (``export_chunks``)."""
+    """Write ``rows`` (one batch, put ``in_layout`` and ``in_export_order`` here) for each of
+    ``recipe.exports`` under ``out``; return and write ``manifest.json`` (``export_chunks``)."""
     return export_chunks(
         recipe,
-        [in_export_order(recipe.algorithm, rows)],
+        [in_export_order(recipe.algorithm, in_layout(recipe, rows))],
         out,
         source_versions=source_versions,
         planned_with=planned_with,
@@ -103,9 +124,9 @@ def export_chunks(
     planned_with: dict[str, Any] | None = None,
 ) -> Manifest:
     """Write one batch, given as ``chunks`` of its rows in export order (each holding whole
-    groups and trajectories), for each of ``recipe.exports`` under ``out``, a chunk at a
-    time; return and write ``manifest.json``, last. verl needs per-step token rows and is
-    skipped for dpo pairs."""
+    groups and trajectories; complete step rows are put ``in_layout``), for each of
+    ``recipe.exports`` under ``out``, a chunk at a time; return and write ``manifest.json``,
+    last. verl needs token rows and is skipped for dpo pairs."""
     dpo = recipe.algorithm == "dpo"
     layout = verl_layout(recipe) if not dpo else None
     formats = {
@@ -118,7 +139,7 @@ def export_chunks(
     rows, models = 0, Counter()
     with ExitStack() as stack:
         writers = {name: stack.enter_context(formats[name]()) for name in wanted}
-        for chunk in chunks:
+        for chunk in map(partial(in_layout, recipe), chunks):
             batch_ids.update(chunk.get_column("batch_id").unique().to_list())
             if len(batch_ids) > 1:
                 raise ValueError(f"an export takes the rows of exactly one batch, got {batch_ids}")
@@ -137,6 +158,7 @@ def export_chunks(
         recipe=recipe.name,
         algorithm=recipe.algorithm,
         batch_id=batch_ids.pop(),
+        layout=recipe.layout or "step",
         rows=rows,
         source_versions=source_versions or {},
         planned_with=planned_with,
@@ -144,6 +166,7 @@ def export_chunks(
             ModelRows(model=m, rows=n)
             for m, n in sorted(models.items(), key=lambda item: (item[0] is not None, item[0]))
         ],
+        tokenizer=next(iter(models)) if len(models) == 1 else None,
         verl_layout=layout,
         files=files,
     )

@@ -3,14 +3,21 @@
 - grpo / rloo / ppo / reinforce_pp: ``trl/prompts.parquet`` (prompt-only: ``prompt`` messages
   plus ``ground_truth``, ``data_source`` for reward functions; one row per group, the state the
   group was sampled from) and ``trl/rollouts.parquet`` (the ``rollout_func`` payload:
-  ``prompt_ids``, ``completion_ids``, ``logprobs``, ``reward`` per step).
+  ``prompt_ids``, ``completion_ids``, ``logprobs``, ``reward``; in the sequence layout one row
+  per segment, ``completion_ids`` its replies and observations, ``env_mask`` (the completion
+  mask ``rollout_func`` may return: 1 on the policy's tokens, 0 on observations), logprobs 0.0
+  on observations and ``spans`` (each step's reply and reward); in the step layout one per
+  step).
 - dpo: ``trl/preference.parquet`` with ``prompt``, ``chosen``, ``rejected`` (message lists) and
   ``trl/preference_tokens.parquet`` (``prompt_ids``, ``chosen_ids``, ``rejected_ids``: the
   engine's IDs, what TRL's preference collator takes).
 - sft: ``trl/sft_messages.parquet`` (one row per trajectory: ``messages`` = its last step's
   request + reply, the whole conversation, so SFTTrainer trains each assistant turn once rather
   than once per later step whose history repeats it) and ``trl/sft_tokens.parquet``
-  (pre-tokenized, one row per step: ``input_ids`` + ``completion_mask`` on that step's response).
+  (pre-tokenized: ``input_ids`` + ``completion_mask``; one row per segment, the mask on its
+  replies, in the sequence layout; one per step, the mask on its response, in the step layout).
+
+Token datasets carry ``tokenizer``: the model whose tokenizer made the IDs.
 
 A reply cut off at max_tokens (``finish_reason`` length) has no end-of-turn token, but a chat
 template closes every assistant message it renders: conversational files leave out the pairs
@@ -35,6 +42,7 @@ from claw_pipelines.exporters.chat import json_arguments, messages, reply
 from claw_pipelines.exporters.chunked_files import ChunkedFiles
 from claw_pipelines.exporters.destination import Destination, row_group_rows
 from claw_pipelines.transforms.messages import claw_field
+from claw_pipelines.transforms.sequences import is_sequence
 
 TRUNCATED = "length"
 """The finish reason of a reply cut off at max_tokens."""
@@ -66,15 +74,18 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
             pl.col("chosen_token_ids").alias("chosen_ids"),
             pl.col("rejected_token_ids").alias("rejected_ids"),
             *ids,
+            pl.col("model").alias("tokenizer"),
         )
         return {
             "preference.parquet": (preference, "DPOTrainer: prompt, chosen, rejected"),
             "preference_tokens.parquet": (tokens, "pairs as engine IDs, truncated ones too"),
         }
+    sequence = is_sequence(rows)
+    order, last_step = ("segment_index", "last_step_index") if sequence else ("step_index",) * 2
     if algorithm == "sft":
         ended = _ended("finish_reason").all().over("trajectory_id")
         chat = (
-            rows.sort("trajectory_id", "step_index")
+            rows.sort("trajectory_id", order)
             .filter(ended)
             .group_by("trajectory_id", maintain_order=True)
             .last()
@@ -84,32 +95,35 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
                 ),
                 pl.col("request_tools").alias("tools"),
                 "trajectory_id",
-                pl.col("step_index").alias("last_step_index"),
+                pl.col(last_step).alias("last_step_index"),
                 "finish_reason",
             )
         )
+        completion = pl.col("response_mask") if sequence else _ones_like("response_token_ids", 1)
         tokens = rows.select(
             pl.concat_list("prompt_token_ids", "response_token_ids").alias("input_ids"),
-            pl.concat_list(_ones_like("prompt_token_ids", 0), _ones_like("response_token_ids", 1))
+            pl.concat_list(_ones_like("prompt_token_ids", 0), completion)
             .alias("completion_mask"),
             "trajectory_id",
-            "step_index",
+            order,
             "finish_reason",
+            pl.col("model").alias("tokenizer"),
         )  # fmt: skip
         return {
             "sft_messages.parquet": (chat, "SFTTrainer conversational: messages per trajectory"),
             "sft_tokens.parquet": (tokens, "SFTTrainer pre-tokenized: input_ids, completion_mask"),
         }
+    first_request = "prompt_messages" if sequence else "request_messages"
     prompts = (
         rows.select(
             "group_id",
             "trajectory_id",
-            "step_index",
-            "request_messages",
+            order,
+            pl.col(first_request).alias("request_messages"),
             "request_tools",
             "metadata",
         )
-        .sort("group_id", "trajectory_id", "step_index")
+        .sort("group_id", "trajectory_id", order)
         .group_by("group_id", maintain_order=True)
         .first()
         .select(
@@ -120,16 +134,19 @@ def trl_frames(algorithm: str, rows: pl.DataFrame) -> dict[str, tuple[pl.DataFra
             "group_id",
         )
     )
+    per_sequence = [pl.col("response_mask").alias("env_mask"), "spans"] if sequence else []
     rollouts = rows.select(
         pl.col("prompt_token_ids").alias("prompt_ids"),
         pl.col("response_token_ids").alias("completion_ids"),
+        *per_sequence,
         pl.col("response_logprobs").alias("logprobs"),
         "reward",
         "group_id",
         "trajectory_id",
-        "step_index",
+        order,
         "is_last",
         "finish_reason",
+        pl.col("model").alias("tokenizer"),
     )
     return {
         "prompts.parquet": (prompts, "GRPOTrainer/RLOOTrainer prompts: prompt + ground truth"),

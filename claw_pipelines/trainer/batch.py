@@ -26,7 +26,8 @@ class Batch:
     manifest: Manifest
     rows: pl.DataFrame
     """The batch's rows (``batches/<recipe>``, with the token lists and messages of the turns
-    they point at), in the order of every export file."""
+    they point at; one per segment in the ``sequence`` layout, ``manifest.layout``), in the
+    order of every export file."""
     export_uri: str
     """The folder of the batch's export files (``verl/``, ``trl/``, ``jsonl/``, manifest)."""
 
@@ -35,7 +36,7 @@ class Batch:
         store = DeltaStorageHandler(lake.root_uri, lake.storage_options or None)
         with store.open_input_file(manifest_path(recipe, batch_id)) as file:
             manifest = Manifest.model_validate_json(file.read())
-        rows = batch_rows(lake, recipe, manifest.algorithm, batch_id)
+        rows = batch_rows(lake, recipe, manifest.algorithm, batch_id, manifest.layout)
         if rows.is_empty():
             raise LookupError(f"batch {batch_id} has no rows in {batches_table(recipe)}")
         return cls(
@@ -51,23 +52,24 @@ class Batch:
         prompt_length: int | None = None,
         response_length: int | None = None,
         pad_token_id: int | None = None,
-        pad_to_multiple: int = 1,
+        pad_to_multiple: int | None = None,
         truncation: str | None = None,
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """``(tensors, non_tensors)`` for verl's ``DataProto.from_dict(tensors=...,
-        non_tensors=...)``; layout in ``exporters.verl``. Widths, pad id and truncation default
-        to the recipe's (the manifest's ``verl_layout``); give fixed widths to concatenate
-        batches whose recipe sets none. ``pad_to_multiple`` (the data-parallel world size)
-        appends rows that carry no loss (``is_pad``)."""
+        non_tensors=...)``; layout in ``exporters.verl``. Widths, pad id, truncation and row
+        multiple default to the recipe's (the manifest's ``verl_layout``: fixed widths, so
+        batches concatenate, and rows padded to a multiple, so ``chunk`` divides them);
+        ``pad_to_multiple`` (the data-parallel world size) appends rows that carry no loss
+        (``is_pad``)."""
         if self.manifest.algorithm == "dpo":
-            raise ValueError("verl takes per-step rows; a dpo batch is pairs (use to_trl)")
+            raise ValueError("verl takes token rows; a dpo batch is pairs (use to_trl)")
         recipe = self.manifest.verl_layout or VerlLayout()
         layout = VerlLayout(
             prompt_length=prompt_length or recipe.prompt_length,
             response_length=response_length or recipe.response_length,
             pad_token_id=recipe.pad_token_id if pad_token_id is None else pad_token_id,
             truncation=truncation or recipe.truncation,
-            pad_to_multiple=pad_to_multiple,
+            pad_to_multiple=pad_to_multiple or recipe.pad_to_multiple,
         )
         return verl_arrays(self.rows, layout)
 

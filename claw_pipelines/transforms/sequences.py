@@ -24,6 +24,14 @@ REPLY_COLUMNS = ["response_token_ids", "response_logprobs"]
 LAST_STEP_COLUMNS = ["prompt_token_ids", "request_messages", "request_tools"]
 """What only a segment's last step contributes: the full prompt (and conversation) so far."""
 
+FIRST_STEP_COLUMNS = ["request_messages"]
+"""What a segment's first step contributes besides its reply: the state it starts from."""
+
+
+def is_sequence(rows: pl.DataFrame) -> bool:
+    """Batch rows in the ``sequence`` layout (``SEQUENCE_ROWS``), not one per step."""
+    return "response_mask" in rows.columns
+
 
 def segment_index() -> pl.Expr:
     """Per step, its segment within its trajectory (0, 1, ...): a step starts a new one when it
@@ -108,6 +116,7 @@ def sequences(steps: pl.DataFrame, *, prompts_are_suffixes: bool = False) -> pl.
         pl.col("is_last").any(),
         pl.col("turn_id").alias("turn_ids"),
         pl.col("turn_id", "reward", "model", "finish_reason", "metadata").last(),
+        pl.col("request_messages").first().alias("prompt_messages"),
         pl.col("request_messages", "request_tools", "response_message").last(),
         pl.col("policy_version").min(),
         pl.col("source_version").max(),
@@ -149,11 +158,23 @@ def sequence_rows(steps: pl.DataFrame, turns: pl.LazyFrame | pl.DataFrame | None
     if "segment_index" not in steps.columns or steps.get_column("segment_index").has_nulls():
         steps = steps.with_columns(segment_index())
     replies = with_turn_columns(steps, turns, REPLY_COLUMNS)
-    last = pl.col("step_index") == pl.col("step_index").max().over(SEGMENT)
-    ends = with_turn_columns(
-        steps.filter(last).select("turn_id", "started_at"), turns, LAST_STEP_COLUMNS
-    ).drop("started_at")
+    step = pl.col("step_index")
+    ends = _read(steps.filter(step == step.max().over(SEGMENT)), turns, LAST_STEP_COLUMNS)
+    starts = _read(
+        steps.filter((step == step.min().over(SEGMENT)) & (step != step.max().over(SEGMENT))),
+        turns,
+        FIRST_STEP_COLUMNS,
+    )
     joined = replies.drop(LAST_STEP_COLUMNS, strict=False).join(
-        ends, on="turn_id", how="left", maintain_order="left"
+        pl.concat([ends, starts], how="diagonal"), on="turn_id", how="left", maintain_order="left"
     )
     return sequences(joined)
+
+
+def _read(
+    steps: pl.DataFrame, turns: pl.LazyFrame | pl.DataFrame | None, columns: list[str]
+) -> pl.DataFrame:
+    """``columns`` of the turns of ``steps`` by turn_id."""
+    return with_turn_columns(steps.select("turn_id", "started_at"), turns, columns).drop(
+        "started_at"
+    )

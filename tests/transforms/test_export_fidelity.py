@@ -89,8 +89,8 @@ def test_a_truncated_reply_is_never_closed_and_pairs_leave_it_out(tmp_path):
                  exports=["trl", "jsonl"])  # fmt: skip
     export_batch(sft, _plan(sft, cut, {"c": 1.0, "e": 1.0}).rows, Destination(str(tmp_path / "s")))
     lines = (tmp_path / "s/jsonl/trajectories.jsonl").read_text().splitlines()
-    reasons = {json.loads(line)["trajectory_id"]: json.loads(line)["steps"][0]["finish_reason"]
-               for line in lines}  # fmt: skip
+    reasons = {json.loads(line)["trajectory_id"]:
+               json.loads(line)["sequences"][0]["finish_reason"] for line in lines}  # fmt: skip
     assert reasons == {"c": "length", "e": "stop"}
     chats = pl.read_parquet(tmp_path / "s/trl/sft_messages.parquet")
     assert chats["trajectory_id"].to_list() == ["e"]
@@ -136,7 +136,7 @@ def test_group_statistics_per_trajectory_count_each_trajectory_once(algorithm):
 def test_fixed_widths_truncate_or_refuse_and_padding_rows_carry_no_loss():
     rows = _plan(Recipe(name="grpo", group_size=3, groups_per_batch=1, filters={"min_quality": 0}),
                  _two_step_group(), {"a": 1.0, "b": 0.0, "c": 0.0}).rows  # fmt: skip
-    with pytest.raises(ValueError, match="turn a1: prompt_token_ids has 24 tokens"):
+    with pytest.raises(ValueError, match="turn a1: 24 prompt and 1 response tokens"):
         verl_arrays(rows, VerlLayout(prompt_length=23))
     left = VerlLayout(prompt_length=23, response_length=1, truncation="left", pad_to_multiple=8)
     tensors, non_tensors = verl_arrays(rows, left)
@@ -150,7 +150,7 @@ def test_fixed_widths_truncate_or_refuse_and_padding_rows_carry_no_loss():
 
 def test_fixed_widths_in_the_recipe_leave_out_steps_that_do_not_fit():
     recipe = Recipe(name="grpo", group_size=2, groups_per_batch=1, filters={"min_quality": 0},
-                    prompt_length=23)  # fmt: skip
+                    prompt_length=23, layout="step")  # fmt: skip
     curated, steps = _curated(_two_step_group(), {"a": 1.0, "b": 1.0, "c": 0.0})
     plan = plan_batch(recipe, curated, steps, None, at(60))
     assert "prompt_too_long" in plan.dropped.filter(pl.col("turn_id") == "a1")["reason"].to_list()

@@ -50,7 +50,8 @@ def _grpo_plan():
         turn("b0", [*SYSTEM, 1], [5], trajectory_id="b", group_id="g", start=1, metadata=META,
              request_messages=messages),
     ]  # fmt: skip
-    recipe = Recipe(name="grpo", group_size=2, groups_per_batch=1, filters={"min_quality": 0})
+    recipe = Recipe(name="grpo", group_size=2, groups_per_batch=1, filters={"min_quality": 0},
+                    layout="step", pad_to_multiple=1)  # fmt: skip
     return recipe, _plan(recipe, rows, {"a": 1.0, "b": 0.0})
 
 
@@ -165,10 +166,13 @@ def test_a_multi_step_trajectory_is_one_conversation_and_keeps_its_outcome(tmp_p
     chats = pl.read_parquet(tmp_path / "trl/sft_messages.parquet")
     assert chats.height == 1
     assert [m["content"] for m in chats["messages"][0].to_list()] == ["2+2?", "a-s0", "4", "a-s1"]
-    assert pl.read_parquet(tmp_path / "trl/sft_tokens.parquet").height == 2
+    (tokens,) = pl.read_parquet(tmp_path / "trl/sft_tokens.parquet").iter_rows(named=True)
+    assert tokens["input_ids"] == [*SYSTEM, 1, 7, 8, 3, 4]  # one sequence, the reply trained once
+    assert tokens["completion_mask"] == [0] * 21 + [1, 1, 0, 1]  # the tool output is no target
     (line,) = (tmp_path / "jsonl/trajectories.jsonl").read_text().splitlines()
     trajectory = json.loads(line)
-    assert [s["reward"] for s in trajectory["steps"]] == [1.0, 1.0]  # broadcast
+    (sequence,) = trajectory["sequences"]
+    assert [s["reward"] for s in sequence["spans"]] == [1.0, 1.0]  # broadcast
     assert trajectory["reward"] == 1.0
 
 
@@ -192,8 +196,9 @@ def test_trl_datasets_carry_the_tools_the_requests_declared(tmp_path):
     assert json.loads(prompts["tools"][0]) == CALCULATOR  # what TRL's json.loads hands the template
     non_tensor = pl.read_parquet(tmp_path / "grpo/verl/non_tensor.parquet")
     assert non_tensor.columns == [
-        "uid", "trajectory_uids", "step_indices", "turn_ids", "is_last", "is_pad",
-        "policy_version", "data_source", "ground_truth", "__num_turns__", "batch_keys",
+        "uid", "trajectory_uids", "segment_indices", "step_indices", "turn_ids", "spans",
+        "is_last", "is_pad", "policy_version", "tokenizer", "data_source", "ground_truth",
+        "truncated", "__num_turns__", "batch_keys",
     ]  # fmt: skip
 
     dpo = Recipe(name="dpo", algorithm="dpo", groups_per_batch=1, min_reward_gap=0.5)
