@@ -54,6 +54,12 @@ class ClawSettings(BaseSettings):
         gt=0,
         description="Under continuous traffic, commit once the oldest row has waited this long.",
     )
+    commit_window_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="At most one commit per landing table per window: completions and rewards "
+        "closing within it land together in the window's commit.",
+    )
     max_commit_retries: int = Field(default=100, ge=0)
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024,

@@ -102,6 +102,7 @@ class CaptureRuntime:
             max_rows=settings.flush_max_rows,
             interval_s=settings.flush_interval_s,
             max_wait_s=settings.flush_max_wait_s,
+            window_s=settings.commit_window_s,
             fsync_interval_s=settings.fsync_interval_ms / 1000
             if settings.fsync == "interval"
             else None,
@@ -140,7 +141,8 @@ class CaptureRuntime:
 
     def land(self, rows: list[LandingRow]) -> None:
         """Append rows to the spool (synchronous write: durable against a process crash); a row
-        that closes something (a completion, a reward) has the flusher commit at once."""
+        that closes something (a completion, a reward) has the flusher commit in the commit
+        window's next flush."""
         for row in rows:
             self.writer.append(row)
         self.flusher.nudge(urgent=any(row.closes for row in rows))

@@ -78,33 +78,54 @@ class Schedule:
     """When the flusher flushes and adopts.
 
     A Delta commit costs about the same CPU whatever its size (tens of ms, measured by
-    ``bench/capture_overhead.py``), so under traffic turns are committed by count or once the
-    oldest has waited ``max_wait_s``, and otherwise once appends have paused for ``interval_s``:
-    a busy proxy commits every few seconds instead of every second. A nudge (``woken``) flushes
-    at once: ``max_rows`` reached, or a row that closes something landed (a trajectory's
-    completion, a reward), so what a batch waits for is in Delta at once with every turn before
-    it. Sealed rows whose commit failed are retried once per ``interval_s``, not on every tick.
-    Adoption keeps its own period, so a failing flush never holds it back.
+    ``bench/capture_overhead.py``), and every commit is a version each reader of the table
+    replays, so under traffic turns are committed by count or once the oldest has waited
+    ``max_wait_s``, and otherwise once appends have paused for ``interval_s``: a busy proxy
+    commits every few seconds instead of every second. A nudge (``woken``: ``max_rows`` reached,
+    or a row that closes something landed, a trajectory's completion or a reward) asks for a
+    flush at once, so what a batch waits for is in Delta with every turn before it; but no flush
+    starts sooner than ``window_s`` after the last one started, so however many rows close
+    trajectories, each table gets at most one commit per window, the closing rows of a window
+    coalesced into it (``overfull``, rows past ``SpoolFlusher.max_bytes``, is the one exception:
+    memory comes first). Sealed rows whose commit failed are retried once per ``interval_s``, not
+    on every tick. Adoption keeps its own period, so a failing flush never holds it back.
     """
 
     interval_s: float
     adopt_every_s: float
     start: float
     max_wait_s: float = 5.0
+    window_s: float = 0.0
 
     def __post_init__(self) -> None:
         self._next_flush = self.start + self.interval_s
         self._next_adopt = self.start + self.adopt_every_s
+        self._window_ends = self.start
+        self._wanted = False
 
-    def due(self, now: float, woken: bool, waiting: Waiting) -> tuple[bool, bool]:
-        """Whether to flush (a nudge, or rows waiting as the class says) and whether to adopt."""
-        flush = woken or (now >= self._next_flush and self._rows_due(now, waiting))
+    def due(
+        self, now: float, woken: bool, waiting: Waiting, overfull: bool = False
+    ) -> tuple[bool, bool]:
+        """Whether to flush (a nudge or rows waiting as the class says, once the window since
+        the last flush is over) and whether to adopt."""
+        timed = now >= self._next_flush and self._rows_due(now, waiting)
+        self._wanted = self._wanted or woken or timed
+        flush = overfull or (self._wanted and now >= self._window_ends)
         if flush:
+            self._wanted = False
             self._next_flush = now + self.interval_s
+            self._window_ends = now + self.window_s
         adopt = now >= self._next_adopt
         if adopt:
             self._next_adopt = now + self.adopt_every_s
         return flush, adopt
+
+    def pause(self, now: float, tick: float) -> float:
+        """How long the flusher may sleep: ``tick``, or less when a flush asked for waits for
+        its window to end."""
+        if self._wanted:
+            return max(0.0, min(tick, self._window_ends - now))
+        return tick
 
     def _rows_due(self, now: float, waiting: Waiting) -> bool:
         if waiting.sealed_rows:
@@ -119,6 +140,10 @@ class SpoolCommitError(RuntimeError):
     """Some tables of a spool directory could not be committed; their segments stay on disk."""
 
 
+COMMIT_ORDER = sorted(LANDING_MODELS, key=lambda table: LANDING_MODELS[table].closes)
+"""The order a flush commits the tables in: those whose rows close something last."""
+
+
 @dataclass
 class SpoolFlusher:
     """Commits sealed spool segments to Delta in micro-batches, in a background thread."""
@@ -131,10 +156,13 @@ class SpoolFlusher:
     max_wait_s: float = 5.0
     fsync_interval_s: float | None = 0.1
     adopt_every_s: float = 5.0
+    window_s: float = 1.0
+    """At most one flush per window (``Schedule``): the commit rate of each table."""
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._overfull = threading.Event()
         self._commit_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._tables: dict[str, TableWriter] = {}
@@ -147,25 +175,32 @@ class SpoolFlusher:
         self._thread.start()
 
     def nudge(self, urgent: bool = False) -> None:
-        """Ask for an early flush: at once when ``urgent`` (a row that closes something landed),
-        else when the active segments hold ``max_rows`` or ``max_bytes``."""
+        """Ask for an early flush, in the window's next commit: when ``urgent`` (a row that
+        closes something landed) or the active segments hold ``max_rows``; at once when they
+        hold ``max_bytes``."""
         rows, size = self.writer.active_load()
-        if urgent or rows >= self.max_rows or size >= self.max_bytes:
+        if size >= self.max_bytes:
+            self._overfull.set()
+        if urgent or rows >= self.max_rows or self._overfull.is_set():
             self._wake.set()
 
     def _run(self) -> None:
         """Flush and adopt orphans when the ``Schedule`` says, which no attempt's outcome
         changes."""
-        schedule = Schedule(self.interval_s, self.adopt_every_s, time.monotonic(), self.max_wait_s)
-        tick = self.fsync_interval_s or self.interval_s
+        schedule = Schedule(
+            self.interval_s, self.adopt_every_s, time.monotonic(), self.max_wait_s, self.window_s
+        )
+        tick = min(self.fsync_interval_s or self.interval_s, self.interval_s)
         while not self._stop.is_set():
-            self._wake.wait(timeout=min(tick, self.interval_s))
-            woken = self._wake.is_set()
+            self._wake.wait(timeout=schedule.pause(time.monotonic(), tick))
+            woken, overfull = self._wake.is_set(), self._overfull.is_set()
             self._wake.clear()
+            self._overfull.clear()
             if self.fsync_interval_s is not None:
                 with contextlib.suppress(SpoolUnavailable):  # logged once per episode
                     self.writer.sync()
-            flush, adopt = schedule.due(time.monotonic(), woken, self.writer.waiting())
+            waiting = self.writer.waiting()
+            flush, adopt = schedule.due(time.monotonic(), woken, waiting, overfull)
             if flush:
                 _logging_failure(self.flush, "spool flush")
             if adopt:
@@ -177,9 +212,13 @@ class SpoolFlusher:
         return self.commit_directory(self.writer.directory, self.writer.writer_id)
 
     def commit_directory(self, directory: Path, writer_id: str) -> int:
-        """Commit the sealed segments in ``directory`` per table, oldest first, then delete them.
+        """Commit the sealed segments in ``directory``, one commit per table (``max_bytes`` at
+        most each), oldest first, then delete them.
 
-        A table that fails does not stop the others; ``SpoolCommitError`` is raised afterwards.
+        The tables go in ``COMMIT_ORDER``: the rows that close something (completions,
+        rewards) land after the turns spooled before them, never first; so a closing table
+        waits for the next flush when a table before it failed. Any other failing table does
+        not stop the others; ``SpoolCommitError`` is raised afterwards.
         """
         own = directory == self.writer.directory
         by_table: dict[str, list[tuple[int, Path]]] = {}
@@ -194,7 +233,11 @@ class SpoolFlusher:
         committed = 0
         failures: dict[str, Exception] = {}
         with self._commit_lock:
-            for table, segments in by_table.items():
+            for table in sorted(by_table, key=COMMIT_ORDER.index):
+                if failures and LANDING_MODELS[table].closes:
+                    failures[table] = SpoolCommitError(f"{table} waits for {', '.join(failures)}")
+                    continue
+                segments = by_table[table]
                 try:
                     committed += self._commit_segments(table, sorted(segments), writer_id)
                 except Exception as error:
