@@ -2,10 +2,15 @@
 
 Builds a synthetic lake of >= 200k steps (turns + trajectory events + rewards, in the landing
 schemas, appended in commits of a few thousand rows with trajectories interleaved across commits
-as live traffic would), starts `claw inspect` over it, and times the JSON endpoints the page uses.
-Prints one JSON object. Goal: filter_p50_ms <= 300 and trajectory_open_p50_ms <= 300.
+as live traffic would) and one long session in it (100 calls, a 5k-token first prompt growing to
+~50k tokens by a 150-token reply and a 300-token tool output per call, each call's prompt the
+previous prompt + reply + tool output, in the messages too, decoded by the embedded engine's
+tokenizer), starts `claw inspect` over it, and times the JSON endpoints and pages. The long
+session's open is set against a bare read of its rows in the same run: the change data feed
+of the commits they landed in, read with a predicate on their ids, as the inspector reads them.
+Prints one JSON object. Goal: filter_p50_ms, trajectory_open_p50_ms and long_open_p50_ms <= 300.
 
-    .venv/bin/python bench/inspector.py [--steps 200000] [--commit-rows 2000]
+    .venv/bin/python bench/inspector.py [--steps 200000] [--commit-rows 2000] [--quick]
 """
 
 from __future__ import annotations
@@ -20,10 +25,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+import numpy as np
 import polars as pl
 import psutil
 
-from claw_pipelines.lake import Lake
+from claw_pipelines.derived_schemas import fit
+from claw_pipelines.engine.server import MODEL_NAME as EMBEDDED_MODEL
+from claw_pipelines.engine.tokenizer import VOCAB_SIZE
+from claw_pipelines.lake import Lake, sql_in
 from claw_pipelines.processes import free_port
 from claw_pipelines.schemas import Reward, TrajectoryEventRow, Turn
 from claw_pipelines.stack import start_inspector
@@ -155,13 +164,97 @@ def outcomes(trajectories: int, start: datetime) -> tuple[pl.DataFrame, pl.DataF
     return events, rewards
 
 
-def append(lake: Lake, table: str, frame: pl.DataFrame, model: type, commit_rows: int) -> int:
+LONG_ID = "long-session"
+REPLY_TOKENS = 150
+OBSERVATION_TOKENS = 300
+CHARS_PER_TOKEN = 4
+
+
+def long_session(calls: int, first_prompt: int, start: datetime) -> pl.DataFrame:
+    """One prefix-consistent session of ``calls`` turns: call k's prompt is call k-1's prompt +
+    its reply + a tool output, in token IDs and in messages alike."""
+    rng = np.random.default_rng(0)
+    step = REPLY_TOKENS + OBSERVATION_TOKENS
+    sequence = rng.integers(0, VOCAB_SIZE, first_prompt + calls * step, dtype=np.int32)
+    lengths = [first_prompt + k * step for k in range(calls)]
+    system = {"role": "system", "content": "x" * (first_prompt * CHARS_PER_TOKEN)}
+    messages: list[dict] = [system, {"role": "user", "content": "Fix the failing test."}]
+    rows = []
+    for k in range(calls):
+        call = {"id": f"call-{k}", "type": "function"}
+        reply = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{**call, "function": {"name": "shell", "arguments": '{"cmd": "ls"}'}}],
+        }
+        began = start + timedelta(seconds=20 * k)
+        rows.append(
+            {
+                "turn_id": f"{LONG_ID}-{k:03d}",
+                "started_at": began,
+                "ended_at": began + timedelta(seconds=2),
+                "request_messages": json.dumps(messages),
+                "response_message": json.dumps(reply),
+                "finish_reason": "tool_calls",
+            }
+        )
+        output = "y" * (OBSERVATION_TOKENS * CHARS_PER_TOKEN)
+        messages = [
+            *messages,
+            reply,
+            {"role": "tool", "tool_call_id": call["id"], "content": output},
+        ]
+    ids = pl.Series("prompt_token_ids", [sequence[:n] for n in lengths], pl.List(pl.Int32))
+    replies = [sequence[n : n + REPLY_TOKENS] for n in lengths]
+    return pl.DataFrame(rows).with_columns(
+        ids,
+        pl.Series("response_token_ids", replies, pl.List(pl.Int32)),
+        pl.Series("response_logprobs", [np.full(REPLY_TOKENS, -0.5, np.float32)] * calls),
+        pl.lit(LONG_ID).alias("trajectory_id"),
+        pl.lit("long-group").alias("group_id"),
+        pl.lit("train").alias("channel"),
+        pl.lit("coder").alias("agent"),
+        pl.lit(1).alias("policy_version"),
+        pl.lit(EMBEDDED_MODEL).alias("model"),
+        pl.lit("chat").alias("call_type"),
+        pl.lit(False).alias("stream"),
+        pl.lit("success").alias("status"),
+        pl.lit("engine").alias("token_source"),
+        pl.lit('[{"type": "function", "function": {"name": "shell"}}]').alias("request_tools"),
+        pl.Series("prompt_tokens", lengths, pl.Int32),
+        pl.lit(REPLY_TOKENS, pl.Int32).alias("completion_tokens"),
+        pl.lit("bench").alias("writer_id"),
+    )
+
+
+def append(lake: Lake, table: str, frame: pl.DataFrame, model: type, commit_rows: int) -> list[int]:
+    """Land ``frame`` in commits of ``commit_rows``, in the table's schema (absent columns,
+    such as those the landing schema gained since this bench was written, are null); the
+    versions the commits made."""
     schema = model.arrow_schema()
-    commits = 0
-    for chunk in frame.iter_slices(commit_rows):
-        lake.append(table, chunk.select(schema.names).to_arrow().cast(schema))
-        commits += 1
-    return commits
+    return [
+        lake.append(table, fit(chunk, schema).to_arrow().cast(schema))
+        for chunk in frame.iter_slices(commit_rows)
+    ]
+
+
+def bare_reads(lake: Lake, turn_ids: list[str], versions: list[int], times: int) -> list[float]:
+    """The floor of an open: the long session's rows read from the change data feed of the
+    ``versions`` they landed in, with a predicate on their ids (the index knows both)."""
+    predicate = f"_change_type = 'insert' AND {sql_in('turn_id', turn_ids)}"
+    spent = []
+    for _ in range(times):
+        began = time.perf_counter()
+        table = lake.open("turns")
+        rows = [
+            pl.DataFrame(
+                table.load_cdf(starting_version=v, ending_version=v, predicate=predicate).read_all()
+            )
+            for v in versions
+        ]
+        assert sum(r.height for r in rows) == len(turn_ids)
+        spent.append((time.perf_counter() - began) * 1000)
+    return spent
 
 
 def timed(client: httpx.Client, paths: list[str]) -> list[float]:
@@ -178,12 +271,22 @@ def percentile(values: list[float], q: float) -> float:
     return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1)
 
 
+QUICK = {"steps": 2_000, "opens": 5, "long_calls": 20, "long_first_prompt": 2_000}
+"""``--quick``: every phase at a tiny size, for the suite (tests/bench)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=200_000)
     parser.add_argument("--commit-rows", type=int, default=2_000)
     parser.add_argument("--opens", type=int, default=60)
+    parser.add_argument("--long-calls", type=int, default=100)
+    parser.add_argument("--long-first-prompt", type=int, default=5_000)
+    parser.add_argument("--long-commit-calls", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help=f"a tiny run: {QUICK}")
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(QUICK)
     trajectories = args.steps // STEPS_PER_TRAJECTORY
     workdir = Path(tempfile.mkdtemp(prefix="claw-bench-inspector-"))
     lake = Lake(str(workdir / "lake"))
@@ -192,11 +295,16 @@ def main() -> None:
     began = time.perf_counter()
     turns = synthetic_turns(trajectories, start)
     events, rewards = outcomes(trajectories, start)
-    commits = append(lake, "turns", turns, Turn, args.commit_rows)
+    commits = len(append(lake, "turns", turns, Turn, args.commit_rows))
     append(lake, "trajectory_events", events, TrajectoryEventRow, 20_000)
     append(lake, "rewards", rewards, Reward, 20_000)
+    session = long_session(args.long_calls, args.long_first_prompt, start)
+    long_versions = append(lake, "turns", session, Turn, args.long_commit_calls)
     lake_build_s = time.perf_counter() - began
     del turns
+    long_ids = session["turn_id"].to_list()
+    last_prompt_tokens = session["prompt_tokens"][-1]
+    del session
 
     port = free_port()
     service = start_inspector(port, workdir, env={"CLAW_LAKE_URI": lake.root})
@@ -213,6 +321,12 @@ def main() -> None:
             page_ms = timed(client, [f"/trajectories/{t}" for t in ids[:20]])
             list_page_ms = timed(client, ["/trajectories?status=completed"] * 10)
             overview_ms = timed(client, ["/api/overview"] * 10)
+            long_open_ms = timed(client, [f"/api/trajectories/{LONG_ID}"] * 11)
+            long_page_ms = timed(client, [f"/trajectories/{LONG_ID}"] * 11)
+            long_prompt_ms = timed(client, [f"/api/steps/{long_ids[-1]}/prompt"] * 5)
+            detail = client.get(f"/api/trajectories/{LONG_ID}")
+            page = client.get(f"/trajectories/{LONG_ID}")
+            added = [len(step["added_token_ids"] or []) for step in detail.json()["steps"]]
             before = client.get("/api/overview").json()["turns_total"]
             extra = synthetic_turns(args.commit_rows // STEPS_PER_TRAJECTORY, start, trajectories)
             began = time.perf_counter()
@@ -223,6 +337,8 @@ def main() -> None:
         rss_mb = psutil.Process(service.pid).memory_info().rss / 2**20
     finally:
         service.stop()
+    bare_ms = bare_reads(lake, long_ids, long_versions, 11)
+    long_open_p50 = statistics.median(long_open_ms)
     print(
         json.dumps(
             {
@@ -239,6 +355,16 @@ def main() -> None:
                 "trajectory_page_p50_ms": percentile(page_ms, 50),
                 "list_page_p50_ms": percentile(list_page_ms, 50),
                 "overview_p50_ms": percentile(overview_ms, 50),
+                "long_calls": len(long_ids),
+                "long_last_prompt_tokens": last_prompt_tokens,
+                "long_added_tokens_median": statistics.median(added),
+                "long_open_p50_ms": round(long_open_p50, 1),
+                "long_bare_read_p50_ms": round(statistics.median(bare_ms), 1),
+                "long_open_ratio_vs_bare": round(long_open_p50 / statistics.median(bare_ms), 2),
+                "long_page_p50_ms": round(statistics.median(long_page_ms), 1),
+                "long_open_json_kb": round(len(detail.content) / 1024),
+                "long_page_kb": round(len(page.content) / 1024),
+                "long_full_prompt_p50_ms": round(statistics.median(long_prompt_ms), 1),
                 "refresh_lag_ms_for_new_commit": round(refresh_lag_ms, 1),
                 "inspector_rss_mb": round(rss_mb),
                 "goal_ms": 300,

@@ -80,16 +80,26 @@ class StepOut(BaseModel):
     latency_ms: float | None
     prompt_tokens: int | None
     completion_tokens: int | None
-    messages: list[dict[str, Any]]
+    new_messages: list[dict[str, Any]]
+    """The prompt's messages after ``earlier_messages``: what this step added (a tool output, a
+    user turn), or, after a context edit, everything from the first message that changed."""
+    message_count: int
+    earlier_messages: int
+    """Leading messages that repeat the previous step's messages + reply (only in the full
+    prompt, ``/api/steps/{turn_id}/prompt``)."""
     tools: list[dict[str, Any]] | None
     """The tools the request declared (the policy saw them rendered into its prompt)."""
-    earlier_messages: int
-    """Leading messages that repeat the previous step's messages + reply (the page folds them)."""
     response: dict[str, Any]
     response_token_ids: list[int] | None
     response_tokens: list[Token] | None
     """Decoded tokens with logprobs (None when the IDs are not the embedded engine's)."""
     prompt_token_count: int
+    shared_prefix_tokens: int | None
+    """Leading prompt tokens shared with the previous step's prompt + response."""
+    added_token_ids: list[int] | None
+    """The prompt tokens after that shared prefix: what this step's prompt added."""
+    added_text: str | None
+    """``added_token_ids`` decoded by their model's tokenizer (None when it is unreachable)."""
     prefix_consistent: bool | None
     prefix_break_reason: str | None
     prefix_from_pipeline: bool
@@ -122,6 +132,16 @@ class PromptTokens(BaseModel):
     turn_id: str
     ids: list[int]
     tokens: list[Token] | None
+
+
+class FullPrompt(BaseModel):
+    """One step's whole prompt, loaded on demand: the trajectory page shows only what it added."""
+
+    turn_id: str
+    trajectory_id: str | None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    token_ids: list[int]
 
 
 class GroupOut(BaseModel):

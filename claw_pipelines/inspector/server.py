@@ -38,6 +38,7 @@ from claw_pipelines.inspector import render
 from claw_pipelines.inspector.api_models import (
     BatchPreviewOut,
     DroppedReason,
+    FullPrompt,
     GroupOut,
     GroupPlan,
     PromptTokens,
@@ -60,7 +61,7 @@ from claw_pipelines.inspector.curation import (
 from claw_pipelines.inspector.filters import facets, listing
 from claw_pipelines.inspector.overview import Overview, RecipeStatus, compute, recipe_counts
 from claw_pipelines.inspector.tables import LakeIndex
-from claw_pipelines.inspector.trajectory import prompt_tokens, trajectory_detail
+from claw_pipelines.inspector.trajectory import full_prompt, prompt_tokens, trajectory_detail
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.settings import get_settings
@@ -306,6 +307,11 @@ def prompt_tokens_json(turn_id: str, inspector: Current) -> PromptTokens:
     return _found(tokens, f"no turn {turn_id!r}")
 
 
+def full_prompt_json(turn_id: str, inspector: Current) -> FullPrompt:
+    prompt = full_prompt(inspector.lake, inspector.index.state, turn_id)
+    return _found(prompt, f"no turn {turn_id!r}")
+
+
 def group_json(group_id: str, inspector: Current) -> GroupOut:
     return _group_or_404(inspector, group_id)
 
@@ -357,6 +363,10 @@ def trajectory_page(request: Request, trajectory_id: str, inspector: Current) ->
     return _page(request, "trajectory.html", detail=_detail_or_404(inspector, trajectory_id))
 
 
+def prompt_page(request: Request, turn_id: str, inspector: Current) -> HTMLResponse:
+    return _page(request, "prompt.html", prompt=full_prompt_json(turn_id, inspector))
+
+
 def group_page(request: Request, group_id: str, inspector: Current) -> HTMLResponse:
     return _page(request, "group.html", group=_group_or_404(inspector, group_id))
 
@@ -387,6 +397,7 @@ def _add_routes(app: FastAPI) -> None:
     app.add_api_route("/api/trajectories/{trajectory_id:path}/summary", trajectory_summary_json)
     app.add_api_route("/api/trajectories/{trajectory_id:path}", trajectory_json)
     app.add_api_route("/api/steps/{turn_id}/prompt_tokens", prompt_tokens_json)
+    app.add_api_route("/api/steps/{turn_id}/prompt", full_prompt_json)
     app.add_api_route("/api/groups/{group_id:path}", group_json)
     app.add_api_route("/api/labels", labels_json, methods=["POST"])
     app.add_api_route("/api/batches/{recipe}", batch_json)
@@ -395,6 +406,7 @@ def _add_routes(app: FastAPI) -> None:
     app.add_api_route(
         "/trajectories/{trajectory_id:path}", trajectory_page, response_class=HTMLResponse
     )
+    app.add_api_route("/steps/{turn_id}/prompt", prompt_page, response_class=HTMLResponse)
     app.add_api_route("/groups/{group_id:path}", group_page, response_class=HTMLResponse)
     app.add_api_route("/batches", batches_page, response_class=HTMLResponse)
     app.add_api_route("/batches/{recipe}", batch_page, response_class=HTMLResponse)

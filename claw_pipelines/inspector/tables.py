@@ -111,6 +111,7 @@ FEEDS: dict[str, Feed] = {
             "step_index": pl.Int64,
             "prefix_consistent": pl.Boolean,
             "prefix_break_reason": pl.String,
+            "shared_prefix_tokens": pl.Int64,
             "trajectory_inferred": pl.Boolean,
             "parent_trajectory_id": pl.String,
             "_commit_version": VERSION,

@@ -11,8 +11,10 @@ import contextlib
 
 import polars as pl
 
+from claw_pipelines.derived_schemas import TURN_COLUMNS, with_turn_columns
 from claw_pipelines.inspector import render
 from claw_pipelines.inspector.api_models import (
+    FullPrompt,
     PromptTokens,
     RewardOut,
     StepOut,
@@ -24,49 +26,19 @@ from claw_pipelines.inspector.summary import latest_labels
 from claw_pipelines.inspector.tables import LakeState
 from claw_pipelines.lake import Lake, sql_in
 
-STEP_COLUMNS = [
-    "turn_id",
-    "trajectory_id",
-    "group_id",
-    "channel",
-    "agent",
-    "policy_version",
-    "model",
-    "backend",
-    "status",
-    "error",
-    "finish_reason",
-    "token_source",
-    "prompt_token_ids",
-    "response_token_ids",
-    "response_logprobs",
-    "request_messages",
-    "request_tools",
-    "sampling_params",
-    "response_message",
-    "response_text",
-    "prompt_tokens",
-    "completion_tokens",
-    "started_at",
-    "ended_at",
-    "first_token_at",
-    "latency_ms",
-    "metadata",
-]
-
 
 def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
     """Full `turns` rows for ``located`` (turn_id, _commit_version), one CDF read per commit.
 
     Rows not found in their commit are found by a filtered scan instead: the commit's files
     were vacuumed away, or the version is only an upper bound (``lake.changes`` read a vacuumed
-    table from its snapshot).
+    table from its snapshot). The heavy columns come through ``with_turn_columns``, the one
+    reader that makes a turn's stored columns into its full prompt and messages.
     """
     table = lake.open("turns")
     if table is None or located.is_empty():
         return pl.DataFrame()
-    present = {f.name for f in table.schema().fields}
-    columns = [c for c in STEP_COLUMNS if c in present]
+    columns = [f.name for f in table.schema().fields]
     frames = []
     for (version,), part in located.group_by("_commit_version"):
         predicate = f"_change_type = 'insert' AND {sql_in('turn_id', part['turn_id'])}"
@@ -84,7 +56,8 @@ def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
         wanted = missing.get_column("turn_id").implode()
         scan = lake.scan("turns").filter(pl.col("turn_id").is_in(wanted))
         frames.append(scan.select(columns).collect())
-    return pl.concat(frames, how="vertical_relaxed").unique("turn_id", keep="first")
+    stored = pl.concat(frames, how="vertical_relaxed").unique("turn_id", keep="first")
+    return with_turn_columns(stored, stored, TURN_COLUMNS)
 
 
 def prefix_check(steps: pl.LazyFrame) -> pl.LazyFrame:
@@ -92,7 +65,9 @@ def prefix_check(steps: pl.LazyFrame) -> pl.LazyFrame:
 
     ``prefix_consistent`` is null on a trajectory's first step; a break says which part differs:
     the earlier prompt itself (context edit or template change) or the earlier response
-    (retokenized or edited before it was sent back).
+    (retokenized or edited before it was sent back). ``shared_prefix_computed`` counts the
+    leading tokens known to repeat the previous step: all of its prompt + response, its prompt
+    alone after a response that was not sent back as is, else none.
     """
     prompt = pl.col("prompt_token_ids")
     prev_prompt = prompt.shift(1).over("trajectory_id", order_by="step_index")
@@ -117,6 +92,14 @@ def prefix_check(steps: pl.LazyFrame) -> pl.LazyFrame:
             pl.lit("previous response not reproduced token for token (retokenized or edited)")
         )
         .alias("prefix_break_reason_computed"),
+        pl.when(pl.col("step_index") == 0)
+        .then(0)
+        .when(consistent)
+        .then(expected.list.len())
+        .when(extends_prompt)
+        .then(prev_prompt.list.len())
+        .otherwise(0)
+        .alias("shared_prefix_computed"),
     )
 
 
@@ -140,7 +123,10 @@ def step_frame(turns: pl.DataFrame, state: LakeState) -> pl.DataFrame:
         frame.with_columns(
             ((pl.col("ended_at") - pl.col("started_at")).dt.total_milliseconds()).alias(
                 "duration_ms"
-            )
+            ),
+            pl.col("prompt_token_ids")
+            .list.slice(pl.col("shared_prefix_tokens"))
+            .alias("added_token_ids"),
         )
         .sort("started_at", "turn_id")
         .with_columns(pl.col("step_index").forward_fill().fill_null(-1).alias("_order"))
@@ -171,8 +157,17 @@ def _with_verdicts(frame: pl.LazyFrame) -> pl.LazyFrame:
             .then(pl.col("prefix_break_reason_computed"))
             .alias("prefix_break_reason"),
             pl.col("prefix_consistent").is_not_null().alias("prefix_from_pipeline"),
+            pl.when(pl.col("prompt_token_ids").is_not_null())
+            .then(
+                pl.coalesce("shared_prefix_tokens", "shared_prefix_computed", pl.lit(0)).clip(
+                    0, pl.col("prompt_token_ids").list.len()
+                )
+            )
+            .alias("shared_prefix_tokens"),
         )
-        .drop("prefix_consistent_computed", "prefix_break_reason_computed")
+        .drop(
+            "prefix_consistent_computed", "prefix_break_reason_computed", "shared_prefix_computed"
+        )
     )
 
 
@@ -253,8 +248,8 @@ def _rewards(items: list[dict] | None, target: str = "step") -> list[RewardOut]:
 def repeated_messages(messages: list[dict], earlier: list[dict]) -> int:
     """How many leading ``messages`` equal ``earlier`` (the previous step's messages + reply).
 
-    The page folds these away; counting by content rather than by length keeps an edited system
-    prompt or an injected message visible when a step breaks the prefix.
+    Counting by content rather than by length keeps an edited system prompt or an injected
+    message among the new ones when a step breaks the prefix.
     """
     count = 0
     for message, before in zip(messages, earlier, strict=False):
@@ -269,41 +264,86 @@ def _declared_tools(request_tools: str | None) -> list[dict] | None:
     return [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else None
 
 
+def _raw_messages(request_messages: str | None) -> list[dict]:
+    parsed = render.parse_json(request_messages)
+    return [m for m in parsed if isinstance(m, dict)] if isinstance(parsed, list) else []
+
+
+def _appended(text: str | None, earlier: str | None) -> list[dict] | None:
+    """The messages ``text`` (a JSON list) holds after those of ``earlier``, when it is
+    ``earlier``'s list with messages appended, written alike (as one writer writes a session's
+    calls): only the appended part is parsed, not the whole conversation again. None otherwise."""
+    if not text or not earlier or not earlier.endswith("]") or not text.startswith(earlier[:-1]):
+        return None
+    tail = text[len(earlier) - 1 :].lstrip()
+    if not tail.startswith(","):
+        return None
+    return _raw_messages("[" + tail[1:])
+
+
+def _reply(response: dict, content: str) -> dict:
+    return render.message({"role": "assistant", **response, "content": content})
+
+
+def _tokens(decoded: dict | None) -> list[dict] | None:
+    """Decoded tokens as dicts: ``StepOut`` validates them in one call, where making a model
+    per token cost as much as the rest of a long trajectory's open."""
+    return decoded["tokens"] if decoded and decoded["decoded"] else None
+
+
 def to_steps(frame: pl.DataFrame) -> list[StepOut]:
-    """The page's step models (one trajectory's worth of rows, so a short loop)."""
+    """The page's step models (one trajectory's worth of rows, so a short loop).
+
+    Only what each step added is rendered: a prefix-consistent step's prompt is the previous
+    one's messages + its reply + what came after (its tokens prove it), so its new messages are
+    those past that count; a step that broke the prefix is compared message by message.
+    """
     tokens = render.tokens_by_step(frame, "response_token_ids", "response_logprobs")
+    added = render.tokens_by_step(frame, "added_token_ids", None)
+    rows = frame.with_columns(
+        pl.col("prompt_token_ids").list.len().fill_null(0).alias("prompt_token_count")
+    ).drop("prompt_token_ids")
     steps = []
-    earlier: list[dict] = []
-    for row in frame.to_dicts():
-        decoded = tokens.get(row["turn_id"])
+    previous: tuple[str | None, list[dict], dict] | None = None
+    for row in rows.to_dicts():
         response = render.parse_json(row["response_message"])
         response = response if isinstance(response, dict) else {}
         content = render.content_text(response.get("content")) or (row["response_text"] or "")
-        messages = render.messages(row["request_messages"])
+        text = row["request_messages"]
+        appended = _appended(text, previous[0]) if previous and row["prefix_consistent"] else None
+        if previous is None:
+            raw, earlier = _raw_messages(text), 0
+        elif appended:
+            raw, earlier = [*previous[1], *appended], len(previous[1]) + 1
+        else:
+            raw = _raw_messages(text)
+            before = [*(render.message(m) for m in previous[1]), previous[2]]
+            earlier = repeated_messages([render.message(m) for m in raw], before)
+        added_tokens = added.get(row["turn_id"])
         steps.append(
             StepOut(
                 **{k: row.get(k) for k in STEP_FIELDS},
-                messages=messages,
+                new_messages=[render.message(m) for m in raw[earlier:]],
+                message_count=len(raw),
+                earlier_messages=earlier,
                 tools=_declared_tools(row.get("request_tools")),
-                earlier_messages=repeated_messages(messages, earlier),
                 response={
                     "content": content,
                     "tool_calls": render.tool_calls(response.get("tool_calls")),
                     "reasoning": response.get("reasoning_content"),
                 },
-                response_tokens=(
-                    [Token(**t) for t in decoded["tokens"]]
-                    if decoded and decoded["decoded"]
+                response_tokens=_tokens(tokens.get(row["turn_id"])),
+                added_text=(
+                    "".join(t["text"] for t in added_tokens["tokens"])
+                    if added_tokens and added_tokens["decoded"]
                     else None
                 ),
-                prompt_token_count=len(row["prompt_token_ids"] or []),
                 rewards=_rewards(row["rewards"]),
                 metadata=render.parse_json(row["metadata"]),
                 sampling_params=render.parse_json(row["sampling_params"]),
             )
         )
-        reply = render.message({"role": "assistant", **response, "content": content})
-        earlier = [*messages, reply]
+        previous = (text, raw, _reply(response, content))
     return steps
 
 
@@ -324,6 +364,9 @@ STEP_FIELDS = [
     "prompt_tokens",
     "completion_tokens",
     "response_token_ids",
+    "prompt_token_count",
+    "shared_prefix_tokens",
+    "added_token_ids",
     "prefix_consistent",
     "prefix_break_reason",
     "prefix_from_pipeline",
@@ -365,18 +408,42 @@ def trajectory_detail(lake: Lake, state: LakeState, trajectory_id: str) -> Traje
     )
 
 
+def _turn(lake: Lake, state: LakeState, turn_id: str) -> dict | None:
+    """One turn's full row, read with the rest of its trajectory: a turn stored as a suffix of
+    an earlier call is rebuilt from the turns before it."""
+    index = state["turns"]
+    trajectory = index.filter(pl.col("turn_id") == turn_id)["trajectory_id"]
+    if trajectory.is_empty():
+        return None
+    located = index.filter(pl.col("trajectory_id") == trajectory[0])
+    turns = read_turns(lake, located.select("turn_id", "_commit_version"))
+    row = turns.filter(pl.col("turn_id") == turn_id)
+    return row.row(0, named=True) if row.height else None
+
+
 def prompt_tokens(lake: Lake, state: LakeState, turn_id: str) -> PromptTokens | None:
     """A step's prompt token IDs (decoded when they are the embedded engine's), read on demand."""
-    located = (
-        state["turns"].filter(pl.col("turn_id") == turn_id).select("turn_id", "_commit_version")
-    )
-    turns = read_turns(lake, located)
-    if turns.is_empty():
+    turn = _turn(lake, state, turn_id)
+    if turn is None:
         return None
-    ids = turns["prompt_token_ids"][0]
-    decoded = render.tokens_by_step(turns, "prompt_token_ids", None).get(turn_id)
+    frame = pl.DataFrame([turn]).select("turn_id", "model", "backend", "prompt_token_ids")
+    decoded = render.tokens_by_step(frame, "prompt_token_ids", None).get(turn_id)
     return PromptTokens(
         turn_id=turn_id,
-        ids=list(ids) if ids is not None else [],
+        ids=turn["prompt_token_ids"] or [],
         tokens=[Token(**t) for t in decoded["tokens"]] if decoded and decoded["decoded"] else None,
+    )
+
+
+def full_prompt(lake: Lake, state: LakeState, turn_id: str) -> FullPrompt | None:
+    """A step's whole prompt: every message, the declared tools and the token IDs."""
+    turn = _turn(lake, state, turn_id)
+    if turn is None:
+        return None
+    return FullPrompt(
+        turn_id=turn_id,
+        trajectory_id=turn["trajectory_id"],
+        messages=render.messages(turn["request_messages"]),
+        tools=_declared_tools(turn["request_tools"]),
+        token_ids=turn["prompt_token_ids"] or [],
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +16,7 @@ from fastapi.testclient import TestClient
 from lake_rows import land_rollouts, rollout_turns
 
 from claw_pipelines.derived_schemas import STEPS, conform
+from claw_pipelines.inspector import render
 from claw_pipelines.inspector.server import create_app
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, rows_to_arrow
@@ -320,7 +320,7 @@ def test_ids_with_a_slash_open_from_the_list_and_through_the_api(client, lake):
     assert client.get("/api/groups/grp%2F1").json()["group_id"] == "grp/1"
 
 
-def test_a_prefix_break_folds_only_the_messages_the_previous_step_had(client, lake):
+def test_a_step_shows_what_it_added_and_a_break_shows_what_changed(client, lake):
     start = datetime(2026, 1, 1, tzinfo=UTC)
     intact = rollout_turns(
         "intact", "g", 1, 2, 3, start=start, policy_version=1, channel="c", agent="a", seed=0
@@ -339,13 +339,28 @@ def test_a_prefix_break_folds_only_the_messages_the_previous_step_had(client, la
     rows = [*intact, turns[0], edited]
     lake.append("turns", rows_to_arrow(Turn, [t.model_dump() for t in rows]))
     refresh(client)
-    page = client.get("/trajectories/edited").text
-    folded = "".join(re.findall(r"<details><summary>.*?</details>", page, re.DOTALL))
-    assert "Answer like a pirate." in page
-    assert "Answer like a pirate." not in folded
-    for trajectory_id, earlier in [("intact", [0, 3]), ("edited", [0, 1])]:
-        steps = client.get(f"/api/trajectories/{trajectory_id}").json()["steps"]
-        assert [s["earlier_messages"] for s in steps] == earlier
+    first, second = client.get("/api/trajectories/intact").json()["steps"]
+    assert (first["earlier_messages"], second["earlier_messages"]) == (0, 3)
+    assert second["message_count"] == len(json.loads(intact[1].request_messages))
+    assert [m["role"] for m in second["new_messages"]] == ["tool"]
+    previous = len(intact[0].prompt_token_ids) + len(intact[0].response_token_ids)
+    assert second["shared_prefix_tokens"] == previous
+    assert second["added_token_ids"] == intact[1].prompt_token_ids[previous:]
+    assert second["new_messages"][0]["content"] in second["added_text"]
+    first, second = client.get("/api/trajectories/edited").json()["steps"]
+    assert (second["earlier_messages"], second["shared_prefix_tokens"]) == (1, 0)
+    assert second["new_messages"][0]["content"] == "What is 1 + 2? Answer like a pirate."
+    assert second["added_token_ids"] == edited.prompt_token_ids
+    intact_second = client.get("/trajectories/intact").text.split('<article class="step"')[2]
+    assert messages[0]["content"] not in intact_second  # only in the full prompt
+    assert 'href="/steps/' + intact[1].turn_id + '/prompt"' in intact_second
+    assert "Answer like a pirate." in client.get("/trajectories/edited").text
+    prompt = client.get(f"/api/steps/{edited.turn_id}/prompt").json()
+    assert prompt["messages"] == [render.message(m) for m in messages]
+    assert prompt["token_ids"] == edited.prompt_token_ids
+    full = client.get(f"/steps/{edited.turn_id}/prompt").text
+    assert "Answer like a pirate." in full and messages[0]["content"] in full
+    assert client.get("/api/steps/nope/prompt").status_code == 404
 
 
 def test_the_first_step_is_called_first_step_even_when_the_pipeline_says_consistent(client, lake):
