@@ -63,15 +63,21 @@ def test_next_returns_the_batch_the_sensors_built_from_real_traffic(dagster_dev,
     batch = _demo_batch(consumer, traffic)
     landed = traffic.rows("turns").select("turn_id", "agent", "prompt_token_ids",
                                           "response_token_ids", "model")  # fmt: skip
-    joined = batch.rows.join(landed, on="turn_id", suffix="_landed")
+    assert batch.manifest.layout == "sequence"  # the shipped grpo recipe's rows
+    joined = batch.rows.join(landed, on="turn_id", suffix="_landed")  # a sequence's last turn
     assert joined.height == batch.rows.height and set(joined["agent"]) == {AGENT}
-    assert joined["prompt_token_ids"].to_list() == joined["prompt_token_ids_landed"].to_list()
-    assert joined["response_token_ids"].to_list() == joined["response_token_ids_landed"].to_list()
+    sequence = pl.concat_list("prompt_token_ids", "response_token_ids")
+    engine = pl.concat_list("prompt_token_ids_landed", "response_token_ids_landed")
+    assert (
+        joined.select(sequence.alias("s"))["s"].to_list()
+        == joined.select(engine.alias("e"))["e"].to_list()
+    )
     assert joined["model"].to_list() == joined["model_landed"].to_list()
     assert [m.model for m in batch.manifest.models] == joined["model"].unique().to_list()
+    assert batch.manifest.tokenizer == joined["model"][0]
     assert batch.rows.get_column("group_id").n_unique() == 4
-    order = batch.rows.select("group_id", "trajectory_id", "step_index")
-    assert order.equals(order.sort("group_id", "trajectory_id", "step_index"))
+    order = batch.rows.select("group_id", "trajectory_id", "segment_index")
+    assert order.equals(order.sort("group_id", "trajectory_id", "segment_index"))
     consumer.ack(batch.batch_id, trainer_step=1)
 
 
@@ -116,17 +122,22 @@ def test_an_ack_survives_a_restart_and_every_consumer_sees_every_batch(dagster_d
 
 
 def _check_against_rows(tensors: dict, non_tensors: dict, rows: pl.DataFrame, width_p: int):
+    """Sequence rows (the shipped grpo layout): the mask is 1 exactly on the steps' replies."""
     for i, row in enumerate(rows.iter_rows(named=True)):
         prompt, response = row["prompt_token_ids"], row["response_token_ids"]
         assert tensors["prompts"][i, width_p - len(prompt) :].tolist() == prompt
         assert tensors["responses"][i, : len(response)].tolist() == response
         assert tensors["attention_mask"][i].sum() == len(prompt) + len(response)
-        assert tensors["response_mask"][i].sum() == len(response)
+        replies = np.zeros(tensors["response_mask"].shape[1], dtype=np.int64)
+        for span in row["spans"]:
+            replies[span["start"] : span["end"]] = 1
+            assert tensors["rm_scores"][i, span["end"] - 1] == pytest.approx(span["reward"])
+        assert tensors["response_mask"][i].tolist() == replies.tolist()
         logprobs = tensors["rollout_log_probs"][i, : len(response)]
         assert np.allclose(logprobs, row["response_logprobs"])
-        assert tensors["rm_scores"][i, len(response) - 1] == pytest.approx(row["reward"])
+        assert (logprobs[replies[: len(response)] == 0] == 0).all()
         assert non_tensors["uid"][i] == row["group_id"]
-        assert non_tensors["__num_turns__"][i] == 2 * row["num_steps"]
+        assert non_tensors["__num_turns__"][i] == 2 * row["segment_steps"]
 
 
 def test_two_batches_become_fixed_width_arrays_that_concatenate(dagster_dev, traffic):
@@ -150,5 +161,7 @@ def test_two_batches_become_fixed_width_arrays_that_concatenate(dagster_dev, tra
         assert (tensors["prompts"][pads] == 5).all()
     joined = {k: np.concatenate([a[0][k] for a in arrays]) for k in arrays[0][0]}
     assert joined["input_ids"].shape[1] == width_p + width_r
-    with pytest.raises(ValueError, match="more than the width"):
-        batches[0].to_verl(prompt_length=1)
+    with pytest.raises(ValueError, match="do not fit the widths"):
+        batches[0].to_verl(prompt_length=1, truncation="error")
+    cut, cut_non_tensors = batches[0].to_verl(prompt_length=1)  # the recipe's truncation: left
+    assert cut["prompts"].shape[1] == 1 and cut_non_tensors["truncated"][0].startswith("prompt")

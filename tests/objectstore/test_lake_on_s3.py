@@ -102,8 +102,11 @@ def test_proxy_to_trainer_on_an_s3_lake(
     first = batch_ids[0]
     assert lake.files_exist([manifest_path("sft", first)]) == [True]
     export = lake.uri(f"{exports_folder('sft')}/{first}")
-    steps = pl.read_ndjson(f"{export}/jsonl/steps.jsonl", storage_options=lake.storage_options)
-    assert steps.height == rows.filter(pl.col("batch_id") == first).height
+    sequences = pl.read_ndjson(
+        f"{export}/jsonl/sequences.jsonl", storage_options=lake.storage_options
+    )  # the shipped sft recipe: one row per segment of a trajectory
+    segments = rows.filter(pl.col("batch_id") == first).select("trajectory_id", "segment_index")
+    assert sequences.height == segments.n_unique()
     store = PyFileSystem(DeltaStorageHandler(export, lake.storage_options))
     assert pq.read_table("trl/sft_messages.parquet", filesystem=store).num_rows > 0
 
