@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
+from typing_extensions import TypedDict
 
 
 class TrajectoryRow(BaseModel):
@@ -48,7 +49,10 @@ class TrajectoryList(BaseModel):
     rows: list[TrajectoryRow]
 
 
-class Token(BaseModel):
+class Token(TypedDict):
+    """One decoded token: a typed dict, not a model, since a long trajectory's page holds tens of
+    thousands (validated as dicts, without an object each)."""
+
     id: int
     text: str | None
     logprob: float | None

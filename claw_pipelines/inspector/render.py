@@ -69,6 +69,17 @@ def tokens_by_step(steps: pl.DataFrame, ids: str, logprobs: str | None) -> dict[
     return {row["turn_id"]: row for row in grouped.to_dicts()}
 
 
+def texts_by_step(steps: pl.DataFrame, ids: str) -> dict[str, str]:
+    """Per turn: its ``ids`` decoded into one text, for the turns whose every token decoded."""
+    texts = (
+        token_frame(steps, ids, None)
+        .group_by("turn_id", maintain_order=True)
+        .agg(pl.col("text").str.join(""), pl.col("text").is_not_null().all().alias("decoded"))
+        .filter("decoded")
+    )
+    return dict(zip(texts["turn_id"], texts["text"], strict=True))
+
+
 def token_colour(prob: float | None) -> str:
     """Background for a token: red (unlikely) through yellow to green (certain)."""
     if prob is None or math.isnan(prob):

@@ -61,23 +61,22 @@ def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
 
 
 def prefix_check(steps: pl.LazyFrame) -> pl.LazyFrame:
-    """Whether each step's prompt IDs extend the previous step's prompt + response IDs exactly.
+    """Whether each step of one trajectory extends the previous step's prompt + response IDs.
 
     ``prefix_consistent`` is null on a trajectory's first step; a break says which part differs:
     the earlier prompt itself (context edit or template change) or the earlier response
     (retokenized or edited before it was sent back). ``shared_prefix_computed`` counts the
     leading tokens known to repeat the previous step: all of its prompt + response, its prompt
-    alone after a response that was not sent back as is, else none.
+    alone after a response that was not sent back as is, else none. One trajectory's steps in
+    order, so a plain shift: a window (``over``) copied every token list of a long session.
     """
     prompt = pl.col("prompt_token_ids")
-    prev_prompt = prompt.shift(1).over("trajectory_id", order_by="step_index")
-    prev_response = (
-        pl.col("response_token_ids").shift(1).over("trajectory_id", order_by="step_index")
-    )
+    prev_prompt = prompt.shift(1)
+    prev_response = pl.col("response_token_ids").shift(1)
     expected = pl.concat_list(prev_prompt, prev_response)
     extends_prompt = prompt.list.head(prev_prompt.list.len()) == prev_prompt
     consistent = prompt.list.head(expected.list.len()) == expected
-    return steps.with_columns(
+    return steps.sort("step_index").with_columns(
         pl.when(pl.col("step_index") == 0)
         .then(None)
         .otherwise(consistent.fill_null(False))
@@ -285,9 +284,7 @@ def _reply(response: dict, content: str) -> dict:
     return render.message({"role": "assistant", **response, "content": content})
 
 
-def _tokens(decoded: dict | None) -> list[dict] | None:
-    """Decoded tokens as dicts: ``StepOut`` validates them in one call, where making a model
-    per token cost as much as the rest of a long trajectory's open."""
+def _tokens(decoded: dict | None) -> list[Token] | None:
     return decoded["tokens"] if decoded and decoded["decoded"] else None
 
 
@@ -299,7 +296,7 @@ def to_steps(frame: pl.DataFrame) -> list[StepOut]:
     those past that count; a step that broke the prefix is compared message by message.
     """
     tokens = render.tokens_by_step(frame, "response_token_ids", "response_logprobs")
-    added = render.tokens_by_step(frame, "added_token_ids", None)
+    added = render.texts_by_step(frame, "added_token_ids")
     rows = frame.with_columns(
         pl.col("prompt_token_ids").list.len().fill_null(0).alias("prompt_token_count")
     ).drop("prompt_token_ids")
@@ -319,7 +316,6 @@ def to_steps(frame: pl.DataFrame) -> list[StepOut]:
             raw = _raw_messages(text)
             before = [*(render.message(m) for m in previous[1]), previous[2]]
             earlier = repeated_messages([render.message(m) for m in raw], before)
-        added_tokens = added.get(row["turn_id"])
         steps.append(
             StepOut(
                 **{k: row.get(k) for k in STEP_FIELDS},
@@ -333,11 +329,7 @@ def to_steps(frame: pl.DataFrame) -> list[StepOut]:
                     "reasoning": response.get("reasoning_content"),
                 },
                 response_tokens=_tokens(tokens.get(row["turn_id"])),
-                added_text=(
-                    "".join(t["text"] for t in added_tokens["tokens"])
-                    if added_tokens and added_tokens["decoded"]
-                    else None
-                ),
+                added_text=added.get(row["turn_id"]),
                 rewards=_rewards(row["rewards"]),
                 metadata=render.parse_json(row["metadata"]),
                 sampling_params=render.parse_json(row["sampling_params"]),

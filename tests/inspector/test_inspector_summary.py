@@ -219,6 +219,7 @@ def test_prefix_check_finds_consistent_steps_and_names_breaks():
     )
     out = prefix_check(steps.lazy()).collect()
     assert out["prefix_consistent_computed"].to_list() == [None, True, False, False]
+    assert out["shared_prefix_computed"].to_list() == [0, 4, 5, 0]
     reasons = out["prefix_break_reason_computed"].to_list()
     assert reasons[:2] == [None, None]
     assert reasons[2].startswith("previous response not reproduced")
