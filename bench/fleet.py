@@ -314,6 +314,7 @@ def _figures(writers, lake, s3, reader, expected, began, loads, stops, conflicts
             "rows": final.height,
             "data_commits": commits,
             "commits_per_s": round(commits / args.seconds, 2),
+            "commits_per_s_per_writer": round(commits / args.seconds / writers, 2),
             "versions": lake.version(table) + 1,
             "conflicts": conflicts[table],
             **sizes[table],

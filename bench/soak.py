@@ -1,0 +1,402 @@
+"""Benchmark: the real ``claw up`` stack under a steady load of all three agent APIs.
+
+Starts ``claw up`` (embedded engine, capture proxy, ``dagster dev`` with the repository's
+dagster.yaml, inspector) on free loopback ports in a temporary folder, then ``--agents`` agents
+(default 8) play trajectories through the proxy for ``--minutes`` (default 30) at about
+``--calls-per-s`` calls in all (default 25): each trajectory is ``CALLS_PER_TRAJECTORY`` calls of
+one API (chat completions and Responses with the official ``openai`` SDK, Messages with the
+``anthropic`` SDK; the APIs take turns), each call carrying the conversation so far, then a
+reward and a completion on the proxy's own endpoints; rewards differ within each group of
+``GROUP_SIZE``, so every group can make a GRPO batch. A trainer (``BatchConsumer``) takes and
+acks every GRPO batch as it comes.
+
+Per ``--window-s`` window (default 60 s): ``refresh_s`` (median duration of the refresh runs
+started in it, from Dagster's run storage: start to end) and ``refresh_queue_s`` (creation to
+start), ``batch_latency_s`` (``next()`` returned minus its last trajectory's completion, as
+``batch_latency.py`` measures it), the log and data bytes of each landing table at the window's
+end, its commits and ``commit_ms`` (p50/p99 of the commits' ``execution_time_ms`` in their Delta
+commit info), and the proxy's ``p50_s``/``p99_s`` (client-side call latency) and calls/s.
+
+Prints one JSON object: ``refresh_growth`` (median refresh duration of the last ``GROWTH_S``
+÷ the first; a third of the soak when it is shorter than 15 minutes), ``batch_latency_p95_s``
+(whole soak), ``log_bytes_ratio`` (largest log ÷ data bytes of a landing table at the end),
+``lost`` (answered turns, rewards and completions not in their table once the spool drained),
+``duplicated`` (rows past the first of a key), ``load_average`` and ``windows``.
+
+    .venv/bin/python bench/soak.py [--minutes 30] [--agents 8] [--calls-per-s 25]
+    .venv/bin/python bench/soak.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import polars as pl
+from batch_latency import _completed_at, _graphql, _percentile
+
+from claw_pipelines.lake import Lake
+from claw_pipelines.processes import Service, free_port, start_service, stop_group
+from claw_pipelines.schemas import LANDING_MODELS
+from claw_pipelines.settings import LOCAL_MASTER_KEY
+from claw_pipelines.stack import CLI
+from claw_pipelines.trainer import BatchConsumer
+
+RECIPE = "grpo"
+APIS = ("chat", "responses", "messages")
+CALLS_PER_TRAJECTORY = 3
+GROUP_SIZE = 4
+LANDING = ("turns", "rewards", "trajectory_events")
+GROWTH_S = 300.0
+START_TIMEOUT_S = 600.0
+DRAIN_TIMEOUT_S = 180.0
+QUESTION = "What is 17 + 25? Think step by step."
+
+REFRESH_RUNS = """
+query Runs {
+  runsOrError(limit: 100000) {
+    ... on Runs { results { runId creationTime startTime endTime assetSelection { path } } }
+  }
+}
+"""
+
+
+@dataclass
+class Answered:
+    """What the proxy answered: turn, reward and completion ids, and each call's time."""
+
+    turns: list[str] = field(default_factory=list)
+    rewards: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    calls: list[tuple[float, float]] = field(default_factory=list)
+    """(answered at, seconds) per model call."""
+    errors: int = 0
+
+
+class Agents:
+    """``agents`` agents, each paced to ``calls_per_s / agents`` calls a second, that finish the
+    trajectory they are in once asked to stop, so every trajectory they began is complete."""
+
+    def __init__(self, proxy_url: str, key: str, agents: int, calls_per_s: float) -> None:
+        self.proxy_url = proxy_url
+        self.key = key
+        self.agents = agents
+        self.interval_s = agents / calls_per_s
+        self.answered = Answered()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        headers = {"authorization": f"Bearer {self.key}"}
+        async with httpx.AsyncClient(base_url=self.proxy_url, timeout=60, headers=headers) as http:
+            await asyncio.gather(*(self._agent(index, http) for index in range(self.agents)))
+
+    async def _agent(self, index: int, http: httpx.AsyncClient) -> None:
+        chat = openai.AsyncOpenAI(base_url=self.proxy_url, api_key=self.key, max_retries=0)
+        messages = anthropic.AsyncAnthropic(base_url=self.proxy_url, api_key=self.key,
+                                            max_retries=0)  # fmt: skip
+        next_at = time.monotonic() + self.interval_s * index / self.agents
+        number = 0
+        async with chat, messages:
+            while not self.stop.is_set():
+                trajectory = f"soak-{index}-{number}"
+                group = f"soak-{index}-g{number // GROUP_SIZE}"
+                api = APIS[(index + number) % len(APIS)]
+                prefix = f"{self.proxy_url}/t/{trajectory}/{group}"
+                history: list[dict[str, str]] = []
+                for _ in range(CALLS_PER_TRAJECTORY):
+                    await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                    next_at = max(next_at + self.interval_s, time.monotonic())
+                    history.append({"role": "user", "content": QUESTION})
+                    reply = await self._call(api, chat, messages, prefix, history)
+                    history.append({"role": "assistant", "content": reply or "…"})
+                await self._close(http, trajectory, (number % GROUP_SIZE) / (GROUP_SIZE - 1))
+                number += 1
+
+    async def _call(self, api, chat, messages, prefix, history) -> str | None:
+        """One model call of ``api``; its turn id and time are recorded, its text returned."""
+        started = time.monotonic()
+        try:
+            if api == "messages":
+                client = messages.with_options(base_url=prefix).messages.with_raw_response
+                raw = await client.create(model="policy", messages=history, max_tokens=32)
+                text = "".join(b.text for b in (await raw.parse()).content if b.type == "text")
+            elif api == "responses":
+                client = chat.with_options(base_url=f"{prefix}/v1").responses.with_raw_response
+                raw = await client.create(model="policy", input=history, max_output_tokens=32)
+                text = raw.parse().output_text
+            else:
+                client = chat.with_options(base_url=f"{prefix}/v1").chat.completions
+                raw = await client.with_raw_response.create(
+                    model="policy", messages=history, max_tokens=32
+                )
+                text = raw.parse().choices[0].message.content
+        except (openai.APIError, anthropic.APIError):
+            self.answered.errors += 1
+            return None
+        self.answered.calls.append((time.time(), time.monotonic() - started))
+        self.answered.turns.append(raw.headers["x-litellm-call-id"])
+        return text
+
+    async def _close(self, http: httpx.AsyncClient, trajectory: str, value: float) -> None:
+        """The reward, then the completion, as an environment posts them."""
+        reward = await http.post("/claw/v1/rewards", json={"trajectory_id": trajectory,
+                                                           "value": value})  # fmt: skip
+        complete = await http.post(f"/claw/v1/trajectories/{trajectory}/complete", json={})
+        for answer, answered in ((reward, self.answered.rewards), (complete, self.answered.events)):
+            if answer.is_success:
+                answered.append(answer.json().get("reward_id") or answer.json()["event_id"])
+            else:
+                self.answered.errors += 1
+
+
+@dataclass
+class Trainer:
+    """Takes and acks every GRPO batch; records each one's latency."""
+
+    lake: Lake
+    latencies: list[tuple[float, float]] = field(default_factory=list)
+    """(returned at, seconds from its last completion)."""
+
+    def __post_init__(self) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        consumer = BatchConsumer(RECIPE, consumer="soak", lake_uri=self.lake.root)
+        step = 0
+        while not self.stop.is_set():
+            batch = consumer.next(timeout_s=2)
+            if batch is None:
+                continue
+            returned = datetime.now(UTC)
+            completed = _completed_at(self.lake, batch)
+            self.latencies.append((returned.timestamp(), (returned - completed).total_seconds()))
+            step += 1
+            consumer.ack(batch.batch_id, trainer_step=step)
+
+
+def table_bytes(lake: Lake) -> dict[str, dict[str, int]]:
+    """Bytes of each landing table's log and data files (the lake is on local disk)."""
+    sizes = {}
+    for table in LANDING:
+        root = Path(lake.uri(table))
+        files = [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+        log = sum(p.stat().st_size for p in files if p.parent.name == "_delta_log")
+        sizes[table] = {"log_bytes": log, "data_bytes": sum(p.stat().st_size for p in files) - log}
+    return sizes
+
+
+def new_commits(lake: Lake, seen: dict[str, int]) -> dict[str, dict]:
+    """Each landing table's data commits since ``seen`` (updated): count and execution time."""
+    figures = {}
+    for table in LANDING:
+        delta_table = lake.open(table)
+        if delta_table is None:
+            continue
+        version = delta_table.version()
+        count = version - seen.get(table, -1)
+        seen[table] = version
+        writes = [c for c in delta_table.history(count) if c["operation"] == "WRITE"]
+        times = [c["operationMetrics"]["execution_time_ms"] for c in writes]
+        figures[table] = {
+            "commits": len(writes),
+            "other_commits": count - len(writes),
+            "commit_ms_p50": statistics.median(times) if times else None,
+            "commit_ms_p99": _percentile(times, 0.99) if times else None,
+        }
+    return figures
+
+
+def refresh_runs(dagster_url: str) -> pl.DataFrame:
+    """The finished refresh runs (those that materialize ``steps``) from Dagster's run storage."""
+    runs = _graphql(dagster_url, REFRESH_RUNS, {})["runsOrError"]["results"]
+    rows = [
+        {"created": r["creationTime"], "started": r["startTime"], "ended": r["endTime"]}
+        for r in runs
+        if r["endTime"] and ["steps"] in [key["path"] for key in r["assetSelection"] or []]
+    ]
+    schema = {"created": pl.Float64, "started": pl.Float64, "ended": pl.Float64}
+    return pl.DataFrame(rows, schema=schema).sort("started")
+
+
+def window_figures(began: float, window_s: float, runs: pl.DataFrame, agents: Agents,
+                   trainer: Trainer, samples: list[dict]) -> list[dict]:  # fmt: skip
+    """Each window's refresh runs, batches and calls, with the lake sampled at its end."""
+    calls = pl.DataFrame(agents.answered.calls, schema=["at", "s"], orient="row")
+    batches = pl.DataFrame(trainer.latencies, schema=["at", "s"], orient="row")
+    windows = []
+    for index, sample in enumerate(samples):
+        start, end = began + index * window_s, began + (index + 1) * window_s
+        in_runs = runs.filter(pl.col("started").is_between(start, end, closed="left"))
+        in_calls = calls.filter(pl.col("at").is_between(start, end, closed="left"))["s"]
+        in_batches = batches.filter(pl.col("at").is_between(start, end, closed="left"))["s"]
+        windows.append({
+            "window": index,
+            "refresh_runs": in_runs.height,
+            "refresh_s": _median(in_runs["ended"] - in_runs["started"]),
+            "refresh_queue_s": _median(in_runs["started"] - in_runs["created"]),
+            "batches": in_batches.len(),
+            "batch_latency_s": _median(in_batches),
+            "calls_per_s": round(in_calls.len() / window_s, 1),
+            "p50_s": _quantile(in_calls, 0.5),
+            "p99_s": _quantile(in_calls, 0.99),
+            **sample,
+        })  # fmt: skip
+    return windows
+
+
+def _median(values: pl.Series) -> float | None:
+    return _quantile(values, 0.5)
+
+
+def _quantile(values: pl.Series, q: float) -> float | None:
+    return None if values.is_empty() else round(values.quantile(q), 3)
+
+
+def growth(runs: pl.DataFrame, began: float, ended: float) -> float | None:
+    """Median refresh duration in the last ``GROWTH_S`` of the load ÷ in the first (a third of
+    the load when it is shorter than three times that)."""
+    span = min(GROWTH_S, (ended - began) / 3)
+    durations = runs.with_columns((pl.col("ended") - pl.col("started")).alias("s"))
+    first = durations.filter(pl.col("started") < began + span)["s"]
+    last = durations.filter(pl.col("started") >= ended - span)["s"]
+    if first.is_empty() or last.is_empty():
+        return None
+    return round(last.median() / first.median(), 3)
+
+
+def landed(lake: Lake, answered: Answered) -> tuple[int, int]:
+    """(lost, duplicated): answered ids missing from their table, and rows past a key's first."""
+    lost = duplicated = 0
+    for table, ids in zip(LANDING, (answered.turns, answered.rewards, answered.events),
+                          strict=True):  # fmt: skip
+        key = LANDING_MODELS[table].key
+        scan = lake.scan(table)
+        rows = (
+            pl.DataFrame({key: []}, schema={key: pl.String})
+            if scan is None
+            else scan.select(key).collect()
+        )
+        lost += (
+            pl.DataFrame({key: ids}, schema={key: pl.String}).join(rows, on=key, how="anti").height
+        )
+        duplicated += rows.height - rows[key].n_unique()
+    return lost, duplicated
+
+
+def wait_drained(lake: Lake, answered: Answered) -> None:
+    """Until every answered id is in its table (the proxy commits asynchronously)."""
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while landed(lake, answered)[0] and time.monotonic() < deadline:
+        time.sleep(1)
+
+
+def start_up(workdir: Path) -> tuple[Service, dict[str, int]]:
+    """``claw up`` on free ports, as a user runs it; returns once it says it is up."""
+    ports = {name: free_port() for name in ("proxy", "dagster", "inspector", "engine")}
+    command = [*CLI, "up", *[f"--{name}-port={port}" for name, port in ports.items()]]
+    env = {"LITELLM_MASTER_KEY": LOCAL_MASTER_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    up = start_service("claw-up", command, "", workdir / "up.log", env=env, cwd=workdir)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while "claw-pipelines is up" not in up.log_tail(10_000):
+        if not up.alive() or time.monotonic() > deadline:
+            stop_group(up.process, grace_s=5)
+            raise SystemExit(f"claw up did not come up:\n{up.log_tail()}")
+        time.sleep(1)
+    return up, ports
+
+
+def soak(workdir: Path, minutes: float, window_s: float, agents: int, calls_per_s: float) -> dict:
+    up, ports = start_up(workdir)
+    lake = Lake(str(workdir / ".claw" / "lake"))
+    proxy_url = f"http://127.0.0.1:{ports['proxy']}"
+    load = Agents(proxy_url, LOCAL_MASTER_KEY, agents, calls_per_s)
+    trainer = Trainer(lake)
+    samples: list[dict] = []
+    seen: dict[str, int] = {}
+    try:
+        load.thread.start()
+        trainer.thread.start()
+        began = time.time()
+        for index in range(max(1, round(minutes * 60 / window_s))):
+            time.sleep(max(0.0, began + (index + 1) * window_s - time.time()))
+            commits = new_commits(lake, seen)
+            sizes = table_bytes(lake)
+            samples.append({table: {**sizes[table], **commits.get(table, {})}
+                            for table in LANDING})  # fmt: skip
+        ended = time.time()
+        load.stop.set()
+        load.thread.join(timeout=120)
+        wait_drained(lake, load.answered)
+        trainer.stop.set()
+        trainer.thread.join(timeout=60)
+        runs = refresh_runs(f"http://127.0.0.1:{ports['dagster']}")
+        lost, duplicated = landed(lake, load.answered)
+        end_sizes = table_bytes(lake)
+    finally:
+        os.kill(up.pid, signal.SIGINT)
+        try:
+            up.process.wait(timeout=120)
+        finally:
+            stop_group(up.process, grace_s=5)
+    latencies = [s for _, s in trainer.latencies]
+    return {
+        "benchmark": "soak",
+        "refresh_growth": growth(runs, began, ended),
+        "batch_latency_p95_s": round(_percentile(latencies, 0.95), 2) if latencies else None,
+        "log_bytes_ratio": round(
+            max(s["log_bytes"] / max(s["data_bytes"], 1) for s in end_sizes.values()), 3
+        ),
+        "lost": lost,
+        "duplicated": duplicated,
+        "answered": {
+            "turns": len(load.answered.turns),
+            "rewards": len(load.answered.rewards),
+            "completions": len(load.answered.events),
+        },
+        "errors": load.answered.errors,
+        "batches": len(latencies),
+        "refresh_runs": runs.height,
+        "minutes": minutes,
+        "agents": agents,
+        "calls_per_s": round(len(load.answered.calls) / (ended - began), 1),
+        "end_bytes": end_sizes,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "windows": window_figures(began, window_s, runs, load, trainer, samples),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--window-s", type=float, default=60.0)
+    parser.add_argument("--agents", type=int, default=8)
+    parser.add_argument("--calls-per-s", type=float, default=25.0, help="all agents together")
+    parser.add_argument("--quick", action="store_true", help="20 s of load in 10 s windows")
+    parser.add_argument("--workdir", help="keep the stack's folder (logs, lake) here")
+    args = parser.parse_args()
+    if args.quick:
+        args.minutes, args.window_s = 20 / 60, 10.0
+    with tempfile.TemporaryDirectory(prefix="claw-soak-") as folder:
+        workdir = Path(args.workdir or folder)
+        workdir.mkdir(parents=True, exist_ok=True)
+        result = soak(workdir, args.minutes, args.window_s, args.agents, args.calls_per_s)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
