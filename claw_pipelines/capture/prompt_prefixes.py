@@ -110,58 +110,68 @@ def _shared_tokens(previous: bytes | None, call: SpooledCall, prompt_len: int) -
     return shared if shared >= MIN_SHARED else None
 
 
+KEEP = 2
+"""Calls remembered per trajectory: the last, and the one before it, which the next call
+continues when the last was a side call (a summary, a sub-agent's first call)."""
+
+
 class PromptPrefixes:
-    """Per trajectory, the last call this process spooled, within ``max_bytes`` of memory."""
+    """Per trajectory, the last ``KEEP`` calls this process spooled, within ``max_bytes`` of
+    memory (least recently used trajectory forgotten first)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._calls: OrderedDict[str, SpooledCall] = OrderedDict()
+        self._calls: OrderedDict[str, tuple[SpooledCall, ...]] = OrderedDict()
         self._bytes = 0
 
     def compact(self, turn: Turn, call: SpooledCall) -> Turn:
-        """``turn`` (``call`` is its ``spooled_call``) as it is stored: what it shares with its
-        trajectory's last spooled call (one that started no later) left out and named."""
-        previous = self._calls.get(turn.trajectory_id) if turn.trajectory_id else None
-        if previous is None or previous.started_at > turn.started_at:
-            return self._whole(turn)
-        update: dict[str, Any] = {"prompt_len": _length(turn.prompt_token_ids)}
-        shared = _shared_tokens(previous.sequence, call, len(turn.prompt_token_ids or ()))
-        if shared is not None:
-            update |= {
-                "prompt_prefix_len": shared,
-                "prompt_token_ids": turn.prompt_token_ids[shared:],
-            }
-        for name in TEXT_COLUMNS:
-            text = _shared_text(previous.texts[name], getattr(turn, name))
-            if text is not None:
-                update |= {f"{name}_shared": text[0], name: text[1]}
-        if len(update) == 1:
-            return self._whole(turn)
-        self._calls.move_to_end(turn.trajectory_id)
-        return turn.model_copy(update={**update, "prompt_prefix_turn_id": previous.turn_id})
-
-    @staticmethod
-    def _whole(turn: Turn) -> Turn:
-        return turn.model_copy(update={"prompt_len": _length(turn.prompt_token_ids)})
+        """``turn`` (``call`` is its ``spooled_call``) as it is stored: what it shares with the
+        remembered call of its trajectory (one that started no later) it shares most with, left
+        out and named. A call that extends the last one whole is not compared further."""
+        best: tuple[int, dict[str, Any]] = (0, {})
+        for previous in reversed(self._calls.get(turn.trajectory_id, ())):
+            if previous.started_at <= turn.started_at:
+                best = max(best, _shared(previous, turn, call), key=lambda found: found[0])
+                if best[1].get("prompt_prefix_len") == len(previous.sequence or b"") // TOKEN_BYTES:
+                    break
+        update = {"prompt_len": _length(turn.prompt_token_ids), **best[1]}
+        if best[0]:
+            self._calls.move_to_end(turn.trajectory_id)
+        return turn.model_copy(update=update)
 
     def remember(self, turn: Turn, call: SpooledCall) -> None:
         """``turn`` (whole, as the engine answered it; ``call`` its ``spooled_call``) was
-        spooled: the next call of its trajectory is compared with it. A failed call is not: the
-        agent retries what it sent."""
-        if turn.trajectory_id is None or turn.status != "success":
+        spooled: the next calls of its trajectory are compared with it. A failed call is not:
+        the agent retries what it sent."""
+        if turn.trajectory_id is None or turn.status != "success" or call.size > self.max_bytes:
             return
+        kept = (*self._calls.get(turn.trajectory_id, ()), call)[-KEEP:]
         self._forget(turn.trajectory_id)
-        if call.size > self.max_bytes:
-            return
-        self._calls[turn.trajectory_id] = call
-        self._bytes += call.size
+        self._calls[turn.trajectory_id] = kept
+        self._bytes += sum(c.size for c in kept)
         while self._bytes > self.max_bytes:
             self._forget(next(iter(self._calls)))
 
     def _forget(self, trajectory_id: str) -> None:
-        call = self._calls.pop(trajectory_id, None)
-        if call is not None:
-            self._bytes -= call.size
+        calls = self._calls.pop(trajectory_id, ())
+        self._bytes -= sum(call.size for call in calls)
+
+
+def _shared(previous: SpooledCall, turn: Turn, call: SpooledCall) -> tuple[int, dict[str, Any]]:
+    """(bytes saved, the columns ``turn`` stores) when stored against ``previous``."""
+    saved, update = 0, {}
+    shared = _shared_tokens(previous.sequence, call, len(turn.prompt_token_ids or ()))
+    if shared is not None:
+        saved += shared * TOKEN_BYTES
+        update |= {"prompt_prefix_len": shared, "prompt_token_ids": turn.prompt_token_ids[shared:]}
+    for name in TEXT_COLUMNS:
+        text = _shared_text(previous.texts[name], call.texts[name])
+        if text is not None:
+            saved += sum(text[0])
+            update |= {f"{name}_shared": text[0], name: text[1]}
+    if update:
+        update["prompt_prefix_turn_id"] = previous.turn_id
+    return saved, update
 
 
 def _length(values: list[int] | None) -> int | None:

@@ -1,0 +1,169 @@
+"""Turns stored as what they add to their trajectory's last call (``capture.prompt_prefixes``)
+read back whole through every reader: ``with_turn_columns``, the export's chunked reader and
+the step extractor's new turns; a reference that cannot be followed exactly fails the read."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from claw_pipelines.capture.prompt_prefixes import PromptPrefixes, spooled_call
+from claw_pipelines.derived_schemas import with_turn_columns
+from claw_pipelines.incremental.increment import Increment
+from claw_pipelines.incremental.turn_chunks import turn_chunks
+from claw_pipelines.lake import Lake
+from claw_pipelines.landed_turns import chunks_with_turn_columns
+from claw_pipelines.schemas import Turn, rows_to_arrow
+from claw_pipelines.turn_prompts import BrokenReference, prompt_additions, whole_turns
+
+START = datetime(2026, 12, 1, tzinfo=UTC)
+COLUMNS = ["prompt_token_ids", "request_messages", "request_tools", "api_request"]
+TOOLS = json.dumps([{"type": "function", "function": {"name": "shell", "description": "é" * 90}}])
+
+
+def _session(rng: random.Random, trajectory: str, calls: int, offset: int) -> list[Turn]:
+    """A growing conversation with a context edit at call 5 and a side call at call 8."""
+    prompt = [rng.randrange(5000) for _ in range(300)]
+    messages = [{"role": "system", "content": "Rules. " * 40}, {"role": "user", "content": "go"}]
+    turns = []
+    for call in range(calls):
+        if call == 5:
+            prompt, messages = prompt[:120] + prompt[200:], messages[:1] + messages[3:]
+        asked, sent = (prompt[:150], messages[:1]) if call == 8 else (prompt, messages)
+        response = [rng.randrange(5000) for _ in range(rng.randrange(1, 40))]
+        at = START + timedelta(seconds=offset + 3 * call)
+        turns.append(
+            Turn(
+                turn_id=f"{trajectory}-{call:03d}",
+                trajectory_id=trajectory,
+                model="m",
+                started_at=at,
+                ended_at=at + timedelta(seconds=1),
+                token_source="engine",
+                prompt_token_ids=list(asked),
+                response_token_ids=response,
+                request_messages=json.dumps(sent, ensure_ascii=False),
+                request_tools=TOOLS,
+                api="responses",
+                api_request=json.dumps({"input": sent, "tools": TOOLS, "model": "m"}),
+            )
+        )
+        if call != 8:
+            prompt = [*prompt, *response, *(rng.randrange(5000) for _ in range(50))]
+            messages = [*messages, {"role": "assistant", "content": f"{call}"}]
+            messages.append({"role": "tool", "content": "out " * rng.randrange(20, 40)})
+    return turns
+
+
+@pytest.fixture
+def landed(tmp_path: Path) -> tuple[Lake, pl.DataFrame]:
+    """Three trajectories of 14 calls, interleaved, stored as one proxy process stores them and
+    landed in four commits; with the whole turns."""
+    rng = random.Random(7)
+    turns = [t for i in range(3) for t in _session(rng, f"traj-{i}", 14, i)]
+    turns.sort(key=lambda turn: turn.started_at)
+    prefixes = PromptPrefixes(max_bytes=1 << 30)
+    stored = []
+    for turn in turns:
+        call = spooled_call(turn)
+        stored.append(prefixes.compact(turn, call).model_dump())
+        prefixes.remember(turn, call)
+    lake = Lake(str(tmp_path / "lake"))
+    for part in np.array_split(np.arange(len(stored)), 4):
+        lake.append("turns", rows_to_arrow(Turn, [stored[i] for i in part]))
+    whole = pl.from_arrow(rows_to_arrow(Turn, [t.model_dump() for t in turns]))
+    return lake, whole
+
+
+def _rows(whole: pl.DataFrame, picked: list[int]) -> pl.DataFrame:
+    return whole[picked].select("turn_id", "started_at")
+
+
+def test_most_turns_are_stored_as_what_they_add(landed: tuple[Lake, pl.DataFrame]) -> None:
+    lake, whole = landed
+    raw = lake.scan("turns").collect()
+    assert raw["prompt_prefix_turn_id"].null_count() == 3  # each trajectory's first call
+    stored = raw["prompt_token_ids"].list.len().sum()
+    assert stored < 0.2 * whole["prompt_token_ids"].list.len().sum()
+    assert (
+        raw["request_tools"].str.len_chars().sum()
+        < 0.1 * whole["request_tools"].str.len_chars().sum()
+    )
+    added = prompt_additions(lake.scan("turns")).collect()
+    assert added["added_token_ids"].to_list() == raw["prompt_token_ids"].to_list()
+
+
+@pytest.mark.parametrize(
+    "picked",
+    [list(range(42)), list(range(41, -1, -1)), [40], [2, 30, 31]],
+)
+def test_turn_columns_are_whole(landed: tuple[Lake, pl.DataFrame], picked: list[int]) -> None:
+    lake, whole = landed
+    completed = with_turn_columns(_rows(whole, picked), lake.scan_landed("turns"), COLUMNS)
+    assert completed.select(COLUMNS).equals(whole[picked].select(COLUMNS))
+
+
+@pytest.mark.parametrize("chunk_rows", [5, 1000])
+def test_export_chunks_are_whole(landed: tuple[Lake, pl.DataFrame], chunk_rows: int) -> None:
+    lake, whole = landed
+    rows = _rows(whole, list(range(42)))
+    chunks = chunks_with_turn_columns(
+        rows,
+        lake.open("turns"),
+        COLUMNS,
+        chunk_starts=np.arange(0, 42, 3),
+        chunk_rows=chunk_rows,
+    )
+    assert pl.concat(list(chunks)).select(COLUMNS).equals(whole.select(COLUMNS))
+
+
+def test_the_step_extractors_new_turns_are_whole(landed: tuple[Lake, pl.DataFrame]) -> None:
+    """A run that reads only the last commit rebuilds from the turns landed before it."""
+    lake, whole = landed
+    increment = Increment.begin(lake, "steps", "steps", ["turns"])
+    last = replace(increment, after={"turns": increment.upto["turns"] - 1})
+    for run in (increment, last):
+        (chunk,) = turn_chunks(run).chunks
+        read = chunk.read(run)
+        expected = whole.join(read.select("turn_id"), on="turn_id", how="semi").sort("turn_id")
+        assert read.sort("turn_id").select(COLUMNS[:3]).equals(expected.select(COLUMNS[:3]))
+    assert read.height < whole.height
+
+
+def test_a_reference_that_cannot_be_followed_exactly_fails(
+    landed: tuple[Lake, pl.DataFrame],
+) -> None:
+    lake, _ = landed
+    raw = lake.scan("turns").collect()
+    lost = raw.filter(pl.col("turn_id") != "traj-0-003")
+    with pytest.raises(BrokenReference, match="not found"):
+        whole_turns(lost)
+    wrong = raw.with_columns(
+        pl.when(pl.col("turn_id") == "traj-1-006")
+        .then(pl.col("prompt_len") + 1)
+        .otherwise(pl.col("prompt_len"))
+        .alias("prompt_len")
+    )
+    with pytest.raises(BrokenReference, match="length"):
+        whole_turns(wrong)
+
+
+def test_memory_is_bounded_least_recently_used_first() -> None:
+    rng = random.Random(3)
+    sessions = [_session(rng, f"t{i}", 2, i) for i in range(3)]
+    first = sessions[0][0]
+    size = spooled_call(first).size
+    prefixes = PromptPrefixes(max_bytes=2 * size + size // 2)
+    for session in sessions:
+        prefixes.remember(session[0], spooled_call(session[0]))
+    kept = [prefixes.compact(s[1], spooled_call(s[1])).prompt_prefix_turn_id for s in sessions]
+    assert kept == [None, "t1-000", "t2-000"]
+    earlier = sessions[2][1].model_copy(update={"started_at": START - timedelta(seconds=1)})
+    assert prefixes.compact(earlier, spooled_call(earlier)).prompt_prefix_turn_id is None
