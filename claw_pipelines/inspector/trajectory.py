@@ -11,7 +11,6 @@ import contextlib
 
 import polars as pl
 
-from claw_pipelines.derived_schemas import TURN_COLUMNS, with_turn_columns
 from claw_pipelines.inspector import render
 from claw_pipelines.inspector.api_models import (
     FullPrompt,
@@ -25,6 +24,7 @@ from claw_pipelines.inspector.api_models import (
 from claw_pipelines.inspector.summary import latest_labels
 from claw_pipelines.inspector.tables import LakeState
 from claw_pipelines.lake import Lake, sql_in
+from claw_pipelines.turn_prompts import with_whole_prompts
 
 
 def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
@@ -32,8 +32,8 @@ def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
 
     Rows not found in their commit are found by a filtered scan instead: the commit's files
     were vacuumed away, or the version is only an upper bound (``lake.changes`` read a vacuumed
-    table from its snapshot). The heavy columns come through ``with_turn_columns``, the one
-    reader that makes a turn's stored columns into its full prompt and messages.
+    table from its snapshot). Prompts and request texts stored as what they add to an earlier
+    turn come whole (``turn_prompts``: the trajectory's earlier turns are read when needed).
     """
     table = lake.open("turns")
     if table is None or located.is_empty():
@@ -57,7 +57,7 @@ def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
         scan = lake.scan("turns").filter(pl.col("turn_id").is_in(wanted))
         frames.append(scan.select(columns).collect())
     stored = pl.concat(frames, how="vertical_relaxed").unique("turn_id", keep="first")
-    return with_turn_columns(stored, stored, TURN_COLUMNS)
+    return with_whole_prompts(stored, pl.scan_delta(table))
 
 
 def prefix_check(steps: pl.LazyFrame) -> pl.LazyFrame:
