@@ -55,16 +55,25 @@ def assert_batch_matches(rows: pl.DataFrame, landed: Rollouts, group_size: int) 
 def assert_tokens_stored_once(lake: Lake, landed: Rollouts, batch_id: str) -> None:
     """Only ``turns`` holds the token lists and messages in the lake's tables: steps and batch
     rows point at their turns. The export is self-contained: its rollouts file alone carries
-    each step's token IDs as landed."""
+    each trajectory's token IDs as landed, one sequence per prefix-consistent trajectory (the
+    shipped grpo layout): its first prompt, then every reply and observation, the replies
+    under ``env_mask``."""
     for table in (*CHAIN, "batches/grpo"):
         names = lake.scan(table).collect_schema().names()
         assert not set(TURN_COLUMNS) & set(names), table
     export = Path(lake.uri(f"exports/grpo/{batch_id}"))
     rollouts = pq.read_table(export / "trl/rollouts.parquet").to_pylist()
-    assert len(rollouts) == 32
-    for row, turn_id in zip(rollouts, _batch_rows(lake, batch_id)["turn_id"], strict=True):
-        assert row["prompt_ids"] == landed.turns[turn_id]["prompt_token_ids"]
-        assert row["completion_ids"] == landed.turns[turn_id]["response_token_ids"]
+    steps = (
+        _batch_rows(lake, batch_id).group_by("trajectory_id", maintain_order=True).agg("turn_id")
+    )
+    assert len(rollouts) == steps.height == 16
+    for row, turn_ids in zip(rollouts, steps["turn_id"], strict=True):
+        first, last = landed.turns[turn_ids[0]], landed.turns[turn_ids[-1]]
+        assert row["prompt_ids"] == first["prompt_token_ids"]
+        sequence = last["prompt_token_ids"] + last["response_token_ids"]
+        assert row["prompt_ids"] + row["completion_ids"] == sequence
+        replies = sum(len(landed.turns[t]["response_token_ids"]) for t in turn_ids)
+        assert sum(row["env_mask"]) == replies
 
 
 @pytest.mark.parametrize("compact_after_files", [64, 1], ids=["shipped", "compacting-each-run"])
@@ -119,7 +128,8 @@ def _first_batch_exported(
     manifest = json.loads(
         (Path(bound.lake.uri(f"exports/grpo/{batch_id}")) / "manifest.json").read_text()
     )
-    assert manifest["batch_id"] == batch_id and manifest["rows"] == 32
+    assert manifest["batch_id"] == batch_id and manifest["layout"] == "sequence"
+    assert manifest["rows"] == 16  # 16 two-step trajectories, one sequence each
     assert_tokens_stored_once(bound.lake, landed, batch_id)
     return batch_id, rows
 
