@@ -30,7 +30,7 @@ from claw_pipelines.capture.bridge import BRIDGES, BridgeRequestError
 from claw_pipelines.capture.identity import IdentityError, identity_from_request
 from claw_pipelines.capture.native import NativeStream, answer_json
 from claw_pipelines.capture.policy import stamp_served_version
-from claw_pipelines.capture.prompt_prefixes import PromptPrefixes, spooled_call
+from claw_pipelines.capture.prompt_prefixes import PromptPrefixes
 from claw_pipelines.capture.request_context import RequestContext, current_request
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.stream_turns import StreamAccumulator
@@ -45,6 +45,12 @@ from claw_pipelines.capture.turns import (
     turns_from_response,
 )
 from claw_pipelines.schemas import AgentApi, Turn
+
+UNREADABLE_ANSWER = "Invalid response object"
+"""LiteLLM's error when a backend answer does not convert to its response type (a choice without
+a ``message``). Its status guess then matches any ``429`` in the answer it quotes, a token ID
+say, and answers a rate limit: an agent retrying on 429 would repeat a failure that repeats. The
+failure hook answers such a call 502, as any answer that cannot be stored."""
 
 
 def _request_headers(data: dict[str, Any]) -> dict[str, str]:
@@ -63,7 +69,7 @@ class CaptureLogger(CustomLogger):
     async def _land(self, turns: list[Turn]) -> None:
         """Spool ``turns`` as stored (only what each adds to its trajectory's last call), then
         remember them whole for the next call."""
-        calls = [spooled_call(turn) for turn in turns]
+        calls = [self.prefixes.observe(turn) for turn in turns]
         stored = [self.prefixes.compact(t, c) for t, c in zip(turns, calls, strict=True)]
         await self.runtime.land_durably(stored)
         for turn, call in zip(turns, calls, strict=True):
@@ -200,13 +206,19 @@ class CaptureLogger(CustomLogger):
         user_api_key_dict,
         traceback_str=None,
     ):
+        unreadable = UNREADABLE_ANSWER in str(original_exception)
+        failure = UnusableAnswer("it does not parse as a chat answer") if unreadable else None
         pending = self.runtime.pending.pop(str(request_data.get("litellm_call_id")), None)
-        if pending is None:
-            return None
-        row = error_turn(
-            pending, original_exception, self.runtime.redactor, self.runtime.writer.writer_id
-        )
-        await self._land([row])
+        if pending is not None:
+            row = error_turn(
+                pending,
+                failure or original_exception,
+                self.runtime.redactor,
+                self.runtime.writer.writer_id,
+            )
+            await self._land([row])
+        if failure is not None:
+            return HTTPException(status_code=failure.status_code, detail=failure.message)
         return None
 
 

@@ -6,7 +6,8 @@ answers no row can be made of).
 ``return_token_ids``; ``echo error``: a 400 whose message repeats the API key the request came
 with and the user's message, as careless servers do; ``no choices``: an answer with
 ``choices: []``; ``token id <json>``: that value among the answer's token IDs; ``nan logprob``: a
-``NaN`` logprob; anything else: a short answer. A request with ``stream: true`` gets the same
+``NaN`` logprob; ``no message``: a choice without its ``message``, among whose token IDs is a
+``429``; anything else: a short answer. A request with ``stream: true`` gets the same
 answer as vLLM's event stream.
 
 Run as ``python fake_backend.py <port>``; it serves ``/v1/models`` and ``/v1/chat/completions``.
@@ -53,13 +54,17 @@ def _choice(asked: str) -> dict[str, Any]:
     ]
     if asked == "nan logprob":
         entries[-1]["logprob"] = float("nan")
-    return {
+    choice = {
         "index": 0,
         "message": {"role": "assistant", "content": content},
         "logprobs": {"content": entries},
         "finish_reason": "stop",
         "token_ids": token_ids,
     }
+    if asked == "no message":
+        del choice["message"]
+        token_ids[0] = 429
+    return choice
 
 
 def _answer(asked: str) -> dict[str, Any]:
@@ -81,7 +86,7 @@ def _events(answer: dict[str, Any]) -> list[bytes]:
     for choice in answer["choices"]:
         delta = {
             "index": 0,
-            "delta": {"role": "assistant", "content": choice["message"]["content"]},
+            "delta": {"role": "assistant", "content": choice.get("message", {}).get("content")},
         }
         chunks.append(
             {

@@ -94,6 +94,21 @@ def test_a_passthrough_stream_ends_with_the_error_and_lands_its_row(
 
 
 @pytest.mark.parametrize("route", ["chat", "responses", "messages"])
+def test_an_answer_without_a_message_is_never_a_429(
+    fake_backend_stack: FakeBackendStack, route: str
+) -> None:
+    """LiteLLM guesses a rate limit from a ``429`` anywhere in an error's text, here a token ID
+    of the answer it could not read: an agent retrying on 429 would retry a failure that
+    repeats."""
+    path, body = _body(route, "policy", "no message", stream=False)
+    response = post(fake_backend_stack, path, json.dumps(body).encode())
+    assert response.status_code == 502, response.text[:500]
+    assert not [text for text in INTERNALS if text in response.text], response.text
+    row = _error_row(fake_backend_stack, response.headers["x-litellm-call-id"], route)
+    assert response.json()["error"]["message"] in row["error"]
+
+
+@pytest.mark.parametrize("route", ["chat", "responses", "messages"])
 def test_a_usable_answer_still_lands_one_success_row(
     fake_backend_stack: FakeBackendStack, route: str
 ) -> None:
