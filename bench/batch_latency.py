@@ -174,6 +174,10 @@ def measure(
     }
 
 
+QUICK = {"batches": 1, "warmup": 0, "pause_s": 1.0}
+"""``--quick``: one batch of the real stack, for the suite (tests/bench)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=10, help="batches measured")
@@ -183,7 +187,10 @@ def main() -> None:
         help="CLAW_DAGSTER_SENSOR_INTERVAL_S (default: claw up's own default)",
     )  # fmt: skip
     parser.add_argument("--pause-s", type=float, default=20.0, help="pause between demo rounds")
+    parser.add_argument("--quick", action="store_true", help=f"a tiny run: {QUICK}")
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(QUICK)
     with tempfile.TemporaryDirectory(prefix="claw-latency-") as folder:
         result = measure(
             args.batches, args.warmup, Path(folder), args.sensor_interval, args.pause_s

@@ -207,6 +207,10 @@ def summary(load: dict, latency: dict[str, list[list[float]]]) -> dict[str, floa
     }
 
 
+QUICK = {"requests": 16, "concurrency": 4, "latency_requests": 8, "rounds": 1}
+"""``--quick``: both proxies on every route, a few calls each, for the suite (tests/bench)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=600, help="per throughput round")
@@ -218,7 +222,10 @@ def main() -> None:
         "--rounds", type=int, default=4, help="rounds per proxy, who goes first alternating"
     )
     parser.add_argument("--routes", nargs="+", choices=list(ROUTES), default=list(ROUTES))
+    parser.add_argument("--quick", action="store_true", help=f"a tiny run: {QUICK}")
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(QUICK)
     workdir = Path(tempfile.mkdtemp(prefix="claw-bench-capture-"))
     key = "sk-bench-" + secrets.token_hex(16)
     env = {

@@ -74,11 +74,18 @@ def timed(call: Callable[[], object], repeat: int) -> float:
     return statistics.median(times)
 
 
+QUICK = {"chars": 60_000, "repeat": 1}
+"""``--quick``: a short prompt once, for the suite (tests/bench)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--chars", type=int, default=220_000, help="prompt size (~55k BPE tokens)")
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help=f"a tiny run: {QUICK}")
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(QUICK)
     body = agent_request(args.chars)
     request = ChatCompletionRequest.model_validate(body)
     text = render(request.messages, request.tools)

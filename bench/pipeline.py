@@ -381,6 +381,10 @@ def measure_rounds(lake: Lake, root: Path, turns: int, rounds: int) -> tuple[lis
     return measured, built
 
 
+QUICK = {"turns": 800, "rounds": 1, "refresh_runs": 1, "floor_runs": 1}
+"""``--quick``: every phase once on a tiny lake, for the suite (tests/bench)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=100_000)
@@ -392,7 +396,12 @@ def main() -> None:
     parser.add_argument("--groups", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--compare", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--refresh-runs", type=int, default=REFRESH_RUNS)
+    parser.add_argument("--floor-runs", type=int, default=FLOOR_RUNS)
+    parser.add_argument("--quick", action="store_true", help=f"a tiny run: {QUICK}")
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(QUICK)
     if args.phase:
         lake = Lake(args.lake)
         phases = {
@@ -414,16 +423,16 @@ def main() -> None:
         land_s = time.perf_counter() - started
         rounds, lake = measure_rounds(landed, Path(root), turns, max(1, args.rounds))
         refreshes, floors = [], []
-        for index in range(REFRESH_RUNS):
+        for index in range(args.refresh_runs):
             land(lake, turns + index * extra, extra, seed=1 + index)
             refreshes.append(
                 run_phase(["--phase", "pipeline", "--lake", lake.root,
                            "--groups", str(extra // GROUP_SIZE)])
             )  # fmt: skip
         refresh = _middle(refreshes)
-        landed_turns = turns + REFRESH_RUNS * extra
-        for index in range(FLOOR_RUNS):
-            seed = 1 + REFRESH_RUNS + index
+        landed_turns = turns + args.refresh_runs * extra
+        for index in range(args.floor_runs):
+            seed = 1 + args.refresh_runs + index
             land(lake, landed_turns + index * GROUP_SIZE, GROUP_SIZE, seed=seed)
             floors.append(run_phase(["--phase", "pipeline", "--lake", lake.root, "--groups", "1"]))
         floor = _middle(floors)

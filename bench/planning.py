@@ -82,6 +82,10 @@ def phase_preview(lake: Lake) -> dict:
     return {"seconds": time.perf_counter() - started, "batch_rows": planned.plan.planned.height}
 
 
+QUICK = {"turns": 800}
+"""``--quick``: every phase on a tiny lake, for the suite (tests/bench)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=100_000)
@@ -91,7 +95,10 @@ def main() -> None:
     parser.add_argument("--batch-id", help=argparse.SUPPRESS)
     parser.add_argument("--groups", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--unretired", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help=f"a tiny run: {QUICK}")
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(QUICK)
     if args.phase:
         lake = Lake(args.lake)
         if args.phase == "chain":

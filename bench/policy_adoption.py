@@ -97,10 +97,17 @@ def _measure(root: Path, announces: int) -> tuple[list, list]:
             service.stop()
 
 
+QUICK = {"announces": 3}
+"""``--quick``: the same proxies, three announces, for the suite (tests/bench)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--announces", type=int, default=40)
+    parser.add_argument("--quick", action="store_true", help=f"a tiny run: {QUICK}")
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(QUICK)
     with tempfile.TemporaryDirectory(prefix="claw-policy-bench-") as tmp:
         adoption, round_trip = _measure(Path(tmp), args.announces)
         bare = _bare_commits(Path(tmp), args.announces)

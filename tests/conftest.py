@@ -33,10 +33,14 @@ ONE_WORKER_FILES = {
 the fleet's three, the fake backend's one. ``capture_stack`` serves every area: it starts in
 both workers rather than holding most of the suite on one."""
 UNIT_OF_FILE = {file: service for service, files in ONE_WORKER_FILES.items() for file in files}
+TEST_UNIT_FILES = {"tests/bench/test_benches_quick.py"}
+"""Files whose tests are each a unit of their own, spread over both workers: each runs a
+benchmark in its own process, up to minutes each."""
 
 
 class SharedServiceScheduling(LoadFileScheduling):
-    """``--dist loadfile``, with the files of a ``ONE_WORKER_FILES`` service as one unit.
+    """``--dist loadfile``, with the files of a ``ONE_WORKER_FILES`` service as one unit and
+    each test of a ``TEST_UNIT_FILES`` file as one.
 
     Scheduled by node id: the ``xdist_group`` marks of ``--dist loadgroup`` reach the scheduler
     as a node id suffix, which pytest 9.2's node ids no longer take (pytest-xdist #1386).
@@ -44,6 +48,8 @@ class SharedServiceScheduling(LoadFileScheduling):
 
     def _split_scope(self, nodeid: str) -> str:
         file = nodeid.split("::")[0]
+        if file in TEST_UNIT_FILES:
+            return nodeid
         return UNIT_OF_FILE.get(file, file)
 
 
