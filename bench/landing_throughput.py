@@ -93,13 +93,20 @@ def bare_writes(
     return time.perf_counter() - began
 
 
+QUICK = {"turns": 256, "batch": 64}
+"""``--quick``: every path at a tiny size, for the suite (tests/bench)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--response-tokens", type=int, default=256)
+    parser.add_argument("--quick", action="store_true", help=f"a tiny run: {QUICK}")
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(QUICK)
     workdir = Path(tempfile.mkdtemp(prefix="claw-bench-landing-"))
     turns = synthetic_turns(args.turns, args.prompt_tokens, args.response_tokens)
     bare_s = bare_writes(turns, args.batch, workdir)
