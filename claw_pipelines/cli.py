@@ -151,9 +151,20 @@ def demo(
     online_timeout_s: Annotated[
         float, typer.Option(help="With --online: give up after this long without a batch.")
     ] = 300.0,
+    long: Annotated[
+        bool,
+        typer.Option(
+            help="Long sessions: a long system prompt and a tool call per file of a workspace "
+            "(dozens per trajectory), the shape of real CLI agents and of sequence batches."
+        ),
+    ] = False,
+    files: Annotated[int, typer.Option(help="With --long: files per workspace.")] = 30,
+    system_tokens: Annotated[
+        int, typer.Option(help="With --long: tokens of the system prompt.")
+    ] = 27_000,
 ) -> None:
     """Drive a tool-using agent through the proxy: real traffic for the pipeline."""
-    from claw_pipelines.demo import Online, run_demo
+    from claw_pipelines.demo import LongSessions, Online, run_demo
 
     summary = run_demo(
         prompts=prompts,
@@ -161,6 +172,7 @@ def demo(
         proxy_url=proxy_url,
         concurrency=concurrency,
         online=Online(train_steps, online_timeout_s, train_s) if online else None,
+        long=LongSessions(files, system_tokens) if long else None,
     )
     if summary.errors == summary.trajectories:
         raise typer.Exit(code=1)

@@ -4,7 +4,9 @@ Each task is asked ``rollouts`` times (one group); each rollout is a tool-using 
 against the plain ``openai`` SDK whose only integration is its ``base_url``
 (``/t/<trajectory>/<group>/v1``), which is the zero-code-change path the proxy must support. The
 agent runs the calculator locally, scores its final answer with a rule reward and reports the
-trajectory as complete, so every stage of the pipeline gets data.
+trajectory as complete, so every stage of the pipeline gets data. With ``--long`` each task is a
+long session instead (``demo_workspace``): a long system prompt and dozens of tool calls that
+read a workspace, the shape of real CLI agents' sessions and of sequence batches.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ from rich.progress import Progress
 from rich.table import Table
 
 from claw_pipelines.demo_trainer import CONSUMER, TrainerRun, play_trainer
+from claw_pipelines.demo_workspace import (
+    LONG_SYSTEM_TOKENS,
+    TOOLS,
+    WORKSPACE_FILES,
+    Workspace,
+    generate_workspaces,
+    handbook,
+)
 from claw_pipelines.engine.tasks import Task, evaluate, generate_tasks, parse_final_answer
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import new_id
@@ -61,12 +71,58 @@ CALCULATOR_TOOL: dict[str, Any] = {
 }
 
 
+LONG_AGENT = "demo-long-session"
+LONG_DATA_SOURCE = "workspace"
+LONG_MAX_TURNS = 80
+"""Above the engine's own bound on tool calls in one user turn (64)."""
+
+
+@dataclass(frozen=True)
+class Agent:
+    """What the agent is given for a task: its name, prompt, tools and how it runs them."""
+
+    name: str
+    data_source: str
+    system: str
+    tools: list[dict[str, Any]]
+    run_tool: Callable[[str, str], str]
+    """A tool's answer from its name and JSON arguments."""
+    max_turns: int
+
+
 def calculator(arguments: str) -> str:
     """Run one calculator call from its JSON arguments; failures become the tool's answer."""
     try:
         return str(evaluate(str(json.loads(arguments)["expression"])))
     except (ValueError, KeyError, TypeError) as exc:
         return f"error: {exc}"
+
+
+CALCULATOR_AGENT = Agent(
+    AGENT,
+    DATA_SOURCE,
+    SYSTEM_PROMPT,
+    [CALCULATOR_TOOL],
+    lambda _, arguments: calculator(arguments),
+    MAX_TURNS,
+)
+
+
+@dataclass(frozen=True)
+class LongSessions:
+    """``--long``: each task a workspace of ``files`` files read under a system prompt of about
+    ``system_tokens`` tokens."""
+
+    files: int = WORKSPACE_FILES
+    system_tokens: int = LONG_SYSTEM_TOKENS
+
+    def tasks(self, count: int, seed: int) -> list[Workspace]:
+        return generate_workspaces(count, seed, self.files)
+
+    def agent(self, workspace: Workspace, system: str) -> Agent:
+        return Agent(
+            LONG_AGENT, LONG_DATA_SOURCE, system, TOOLS, workspace.run_tool, LONG_MAX_TURNS
+        )
 
 
 def reward(final_text: str | None, ground_truth: int) -> float:
@@ -76,30 +132,46 @@ def reward(final_text: str | None, ground_truth: int) -> float:
 
 @dataclass(frozen=True)
 class Rollout:
-    """One trajectory to play: its task and its identity (group shared by the task's rollouts)."""
+    """One trajectory to play: its task, its identity (group shared by the task's rollouts) and
+    the agent that plays it."""
 
-    task: Task
+    task: Task | Workspace
     group_id: str
     trajectory_id: str
+    agent: Agent = CALCULATOR_AGENT
 
     def claw_metadata(self) -> dict[str, str]:
         return {
             "ground_truth": str(self.task.answer),
-            "data_source": DATA_SOURCE,
+            "data_source": self.agent.data_source,
             "task_id": self.task.task_id,
-            "agent": AGENT,
+            "agent": self.agent.name,
         }
 
 
 def plan_rollouts(
-    tasks: Sequence[Task], rollouts: int, make_id: Callable[[], str] = new_id
+    tasks: Sequence[Task | Workspace],
+    rollouts: int,
+    make_id: Callable[[], str] = new_id,
+    agent_of: Callable[[Task | Workspace], Agent] = lambda _: CALCULATOR_AGENT,
 ) -> list[Rollout]:
-    """``rollouts`` trajectories per task, one group per task."""
+    """``rollouts`` trajectories per task, one group per task, played by ``agent_of(task)``."""
     plan = []
     for task in tasks:
-        group_id = make_id()
-        plan.extend(Rollout(task, group_id, make_id()) for _ in range(rollouts))
+        group_id, agent = make_id(), agent_of(task)
+        plan.extend(Rollout(task, group_id, make_id(), agent) for _ in range(rollouts))
     return plan
+
+
+def plan_round(prompts: int, rollouts: int, long: LongSessions | None) -> list[Rollout]:
+    """One round of rollouts on fresh tasks: arithmetic, or long-session workspaces."""
+    seed = secrets.randbits(31)
+    if long is None:
+        return plan_rollouts(generate_tasks(prompts, seed=seed), rollouts)
+    system = handbook(long.system_tokens)
+    return plan_rollouts(
+        long.tasks(prompts, seed), rollouts, agent_of=lambda task: long.agent(task, system)
+    )
 
 
 @dataclass(frozen=True)
@@ -134,25 +206,34 @@ def assistant_message(message: ChatCompletionMessage) -> dict[str, Any]:
     return turn
 
 
-def tool_results(message: ChatCompletionMessage) -> list[dict[str, Any]]:
+def tool_results(message: ChatCompletionMessage, agent: Agent) -> list[dict[str, Any]]:
     return [
-        {"role": "tool", "tool_call_id": call.id, "content": calculator(call.function.arguments)}
+        {
+            "role": "tool",
+            "tool_call_id": call.id,
+            "content": agent.run_tool(call.function.name, call.function.arguments),
+        }
         for call in message.tool_calls or []
         if isinstance(call, ChatCompletionMessageFunctionToolCall)
     ]
 
 
-async def play(client: AsyncOpenAI, task: Task, extra_body: dict[str, Any]) -> Episode:
-    """The agent loop: ask, run the calculator when the model calls it, stop at a plain answer."""
+async def play(
+    client: AsyncOpenAI,
+    task: Task | Workspace,
+    extra_body: dict[str, Any],
+    agent: Agent = CALCULATOR_AGENT,
+) -> Episode:
+    """The agent loop: ask, run the tools the model calls, stop at a plain answer."""
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "system", "content": agent.system},
         {"role": "user", "content": task.question},
     ]
-    for turn in range(1, MAX_TURNS + 1):
+    for turn in range(1, agent.max_turns + 1):
         response = await client.chat.completions.create(
             model=MODEL,
             messages=messages,  # type: ignore[arg-type]
-            tools=[CALCULATOR_TOOL],  # type: ignore[list-item]
+            tools=agent.tools,  # type: ignore[arg-type]
             logprobs=True,
             max_tokens=MAX_TOKENS,
             extra_body=extra_body,
@@ -161,8 +242,8 @@ async def play(client: AsyncOpenAI, task: Task, extra_body: dict[str, Any]) -> E
         messages.append(assistant_message(message))
         if not message.tool_calls:
             return Episode(turn, message.content)
-        messages.extend(tool_results(message))
-    return Episode(MAX_TURNS, None)
+        messages.extend(tool_results(message, agent))
+    return Episode(agent.max_turns, None)
 
 
 async def run_rollout(
@@ -174,7 +255,7 @@ async def run_rollout(
     )
     extra_body = {"return_token_ids": True, "metadata": {"claw": rollout.claw_metadata()}}
     try:
-        episode = await play(agent, rollout.task, extra_body)
+        episode = await play(agent, rollout.task, extra_body, rollout.agent)
     except Exception as exc:  # counted and reported; one failed rollout must not stop the demo
         await _complete(http, proxy_url, rollout, None, "aborted")
         return Outcome(rollout, 0, None, f"{type(exc).__name__}: {exc}")
@@ -286,6 +367,7 @@ async def _run_online(
     console: Console,
     online: Online,
     lake: Lake,
+    long: LongSessions | None,
 ) -> tuple[list[Outcome], TrainerRun]:
     """Rounds of rollouts back to back while the trainer thread takes batches."""
     stop = threading.Event()
@@ -299,7 +381,7 @@ async def _run_online(
         outcomes: list[Outcome] = []
         try:
             while not trainer.done():
-                plan = plan_rollouts(generate_tasks(prompts, seed=secrets.randbits(31)), rollouts)
+                plan = plan_round(prompts, rollouts, long)
                 outcomes += await _run_all(plan, proxy_url, key, concurrency, console)
         finally:
             stop.set()
@@ -335,9 +417,10 @@ def run_demo(
     key: str | None = None,
     lake: Lake | None = None,
     online: Online | None = None,
+    long: LongSessions | None = None,
 ) -> Summary:
     """Play ``prompts`` x ``rollouts`` trajectories through the proxy and print a summary; with
-    ``online``, rounds of them until the pretend trainer is done.
+    ``online``, rounds of them until the pretend trainer is done; with ``long``, long sessions.
 
     ``key`` defaults to LITELLM_MASTER_KEY (else the local key), ``lake`` to the configured one.
     """
@@ -347,11 +430,11 @@ def run_demo(
     proxy_url, concurrency = proxy_url.rstrip("/"), max(1, concurrency)
     trainer = None
     if online is None:
-        plan = plan_rollouts(generate_tasks(prompts, seed=secrets.randbits(31)), rollouts)
+        plan = plan_round(prompts, rollouts, long)
         outcomes = asyncio.run(_run_all(plan, proxy_url, key, concurrency, console))
     else:
         outcomes, trainer = asyncio.run(
-            _run_online(prompts, rollouts, proxy_url, key, concurrency, console, online, lake)
+            _run_online(prompts, rollouts, proxy_url, key, concurrency, console, online, lake, long)
         )
     errors = Counter(outcome.error for outcome in outcomes if outcome.error)
     for error, count in errors.most_common(MAX_ERRORS_SHOWN):

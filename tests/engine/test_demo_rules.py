@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,6 +20,7 @@ from claw_pipelines.demo import (
     summarize,
     summary_table,
 )
+from claw_pipelines.demo_workspace import generate_workspaces, handbook
 from claw_pipelines.engine.tasks import (
     Task,
     evaluate,
@@ -27,6 +29,7 @@ from claw_pipelines.engine.tasks import (
     parse_final_answer,
     parse_question,
 )
+from claw_pipelines.engine.tokenizer import encode
 from claw_pipelines.lake import Lake
 
 
@@ -121,3 +124,24 @@ def test_count_batches(tmp_path: Path) -> None:
     assert count_batches(lake) is None
     lake.append("batches/grpo", pa.table({"batch_id": ["a", "a", "b"], "step_index": [0, 1, 0]}))
     assert count_batches(lake) == 2
+
+
+def test_long_session_workspaces_are_reproducible_and_answer_their_tools() -> None:
+    workspaces = generate_workspaces(3, seed=5, files=7)
+    assert workspaces == generate_workspaces(3, seed=5, files=7)
+    assert workspaces != generate_workspaces(3, seed=6, files=7)
+    workspace = workspaces[0]
+    names = workspace.run_tool("list_files", '{"path": "."}').splitlines()
+    assert names == list(workspace.files) and len(names) == 7
+    read = [workspace.run_tool("read_file", json.dumps({"path": name})) for name in names]
+    assert sum(len(text.splitlines()) for text in read) == workspace.answer
+    assert workspace.run_tool("read_file", '{"path": "nope.md"}').startswith("error:")
+    assert workspace.run_tool("rm", '{"path": "."}').startswith("error:")
+    assert workspace.run_tool("read_file", "not json").startswith("error:")
+
+
+@pytest.mark.parametrize("tokens", [500, 27_000])
+def test_the_long_system_prompt_is_as_long_as_asked_and_asks_nothing(tokens: int) -> None:
+    text = handbook(tokens)
+    assert tokens <= len(encode(text)) < tokens + 150  # one section more at most
+    assert parse_question(text) is None
