@@ -124,12 +124,21 @@ class PromptPrefixes:
         self._calls: OrderedDict[str, tuple[SpooledCall, ...]] = OrderedDict()
         self._bytes = 0
 
-    def compact(self, turn: Turn, call: SpooledCall) -> Turn:
-        """``turn`` (``call`` is its ``spooled_call``) as it is stored: what it shares with the
-        remembered call of its trajectory (one that started no later) it shares most with, left
-        out and named. A call that extends the last one whole is not compared further."""
+    def observe(self, turn: Turn) -> SpooledCall | None:
+        """What ``turn`` is compared by, and remembered as; None for a turn that is neither (no
+        trajectory, or no memory), which then costs nothing."""
+        if turn.trajectory_id is None or not self.max_bytes:
+            return None
+        return spooled_call(turn)
+
+    def compact(self, turn: Turn, call: SpooledCall | None) -> Turn:
+        """``turn`` (``call`` is what ``observe`` made of it) as it is stored: what it shares
+        with the remembered call of its trajectory (one that started no later) it shares most
+        with, left out and named. A call that extends the last one whole is not compared
+        further."""
         best: tuple[int, dict[str, Any]] = (0, {})
-        for previous in reversed(self._calls.get(turn.trajectory_id, ())):
+        remembered = () if call is None else self._calls.get(turn.trajectory_id, ())
+        for previous in reversed(remembered):
             if previous.started_at <= turn.started_at:
                 best = max(best, _shared(previous, turn, call), key=lambda found: found[0])
                 if best[1].get("prompt_prefix_len") == len(previous.sequence or b"") // TOKEN_BYTES:
@@ -139,11 +148,11 @@ class PromptPrefixes:
             self._calls.move_to_end(turn.trajectory_id)
         return turn.model_copy(update=update)
 
-    def remember(self, turn: Turn, call: SpooledCall) -> None:
-        """``turn`` (whole, as the engine answered it; ``call`` its ``spooled_call``) was
+    def remember(self, turn: Turn, call: SpooledCall | None) -> None:
+        """``turn`` (whole, as the engine answered it; ``call`` what ``observe`` made of it) was
         spooled: the next calls of its trajectory are compared with it. A failed call is not:
         the agent retries what it sent."""
-        if turn.trajectory_id is None or turn.status != "success" or call.size > self.max_bytes:
+        if call is None or turn.status != "success" or call.size > self.max_bytes:
             return
         kept = (*self._calls.get(turn.trajectory_id, ()), call)[-KEEP:]
         self._forget(turn.trajectory_id)
