@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -134,6 +135,8 @@ RSS_SHAPE = Shape(
     reply=256,
     observation=500,
 )
+RSS_LAND_WORKERS = 2
+"""Processes landing the 256 sessions (a two-worker proxy): landing is not what is measured."""
 CAPTURE_PROMPT_CHARS = {"full": 59_000, "quick": 2_000}
 """Characters of the capture comparison's request: ~50k tokens of the embedded engine's
 tokenizer at full size (the bench reports the count the engine returned)."""
@@ -207,14 +210,14 @@ def session(shape: Shape, index: int, text: str) -> Iterator[tuple[int, dict, di
         ]
 
 
-async def _land_sessions(shape: Shape, last_only: bool) -> int:
+async def _land_sessions(shape: Shape, last_only: bool, worker: int, workers: int) -> int:
     """Each call through capture's LiteLLM hooks, as the proxy runs them: the pre-call hook
     (identity from the headers, the pending call), then the success hook with the engine's
     answer (the row built, compacted against the trajectory's previous call, spooled)."""
     from claw_pipelines.capture.callback import capture_logger
 
     text, calls = corpus(), 0
-    for index in range(shape.trajectories):
+    for index in range(worker, shape.trajectories, workers):
         trajectory = f"{shape.name}-t{index:04d}"
         group = f"{shape.name}-g{index // GROUP_SIZE:04d}"
         headers = {
@@ -241,14 +244,14 @@ async def _land_sessions(shape: Shape, last_only: bool) -> int:
     return calls
 
 
-def phase_land(shape: Shape, last_only: bool) -> dict:
+def phase_land(shape: Shape, last_only: bool, worker: int, workers: int) -> dict:
     """Land the shape's sessions (lake and spool from ``CLAW_*``): every call and a completion
     with a reward per trajectory, or with ``last_only`` each trajectory's last call alone (the
     reference a full row is measured by), then commit what the spool holds."""
     from claw_pipelines.capture.runtime import CaptureRuntime
 
     started = time.perf_counter()
-    calls = asyncio.run(_land_sessions(shape, last_only))
+    calls = asyncio.run(_land_sessions(shape, last_only, worker, workers))
     CaptureRuntime.shutdown_current()
     return {"seconds": round(time.perf_counter() - started, 2), "calls": calls}
 
@@ -292,28 +295,43 @@ def run_capped(args: list[str], cap_bytes: int) -> dict:
     return {**json.loads(out.strip().splitlines()[-1]), "exceeded_cap": False}
 
 
-def _phase_env(root: Path) -> dict[str, str]:
+def _phase_env(root: Path, worker: int) -> dict[str, str]:
     return {
         **os.environ,
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "CLAW_LAKE_URI": str(root / "lake"),
-        "CLAW_SPOOL_DIR": str(root / "spool"),
+        "CLAW_SPOOL_DIR": str(root / f"spool-{worker}"),
     }
 
 
-def land(shape: Shape, root: Path, last_only: bool = False) -> dict:
-    """``phase_land`` in a fresh process whose capture runtime writes under ``root``."""
-    args = ["--phase", "land", "--shape", shape.model_dump_json()]
-    done = subprocess.run(
-        [sys.executable, __file__, *args, *(["--last-only"] if last_only else [])],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=_phase_env(root),
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"landing {shape.name} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def land(shape: Shape, root: Path, last_only: bool = False, workers: int = 1) -> dict:
+    """``phase_land`` in ``workers`` fresh processes (as a proxy's workers, each with its own
+    spool, a trajectory on one of them) whose capture runtimes write the lake under ``root``."""
+    args = ["--phase", "land", "--shape", shape.model_dump_json(), "--workers", str(workers)]
+    started = time.perf_counter()
+    children = [
+        subprocess.Popen(
+            [sys.executable, __file__, *args, "--worker", str(worker)]
+            + (["--last-only"] if last_only else []),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_phase_env(root, worker),
+        )
+        for worker in range(workers)
+    ]
+    landed = []
+    for child in children:
+        out, err = child.communicate()
+        if child.returncode != 0:
+            raise RuntimeError(f"landing {shape.name} failed:\n{err[-4000:]}")
+        landed.append(json.loads(out.strip().splitlines()[-1]))
+    return {
+        "seconds": round(time.perf_counter() - started, 2),
+        "calls": sum(one["calls"] for one in landed),
+        "workers": workers,
+        "peak_rss_mib": max(one["peak_rss_mib"] for one in landed),
+    }
 
 
 def tree_bytes(root: Path) -> int:
@@ -413,7 +431,7 @@ def measure_shape(shape: Shape, workdir: Path) -> dict:
 def measure_rss(workdir: Path, cap_bytes: int) -> dict:
     """The build's peak RSS at ``RSS_SHAPE``, landed as the other shapes are."""
     root = workdir / RSS_SHAPE.name
-    landed = land(RSS_SHAPE, root)
+    landed = land(RSS_SHAPE, root, workers=RSS_LAND_WORKERS)
     groups = str(RSS_SHAPE.trajectories // GROUP_SIZE)
     build = run_capped(
         ["--phase", "build", "--lake", str(root / "lake"), "--groups", groups], cap_bytes
@@ -500,6 +518,7 @@ def capture_cpu(size: str) -> dict:
     finally:
         for service in reversed(services):
             service.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     keep = (
         "cpu_ratio",
         "cpu_ms_per_call_with",
@@ -509,6 +528,12 @@ def capture_cpu(size: str) -> dict:
         "p99_added_ms",
     )
     return {"prompt_tokens": prompt_tokens, **runs, **{k: summary[k] for k in keep}}
+
+
+def progress(measured: dict) -> dict:
+    """``measured``, also written to stderr at once: a long run's parts outlive a failed end."""
+    print(json.dumps(measured), file=sys.stderr, flush=True)
+    return measured
 
 
 def _worst(values: list[float | None]) -> float | None:
@@ -525,12 +550,15 @@ def main() -> None:
     parser.add_argument("--phase", choices=["land", "build"], help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--last-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--lake", help=argparse.SUPPRESS)
     parser.add_argument("--groups", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
         if args.phase == "land":
-            measured = phase_land(Shape.model_validate_json(args.shape), args.last_only)
+            shape = Shape.model_validate_json(args.shape)
+            measured = phase_land(shape, args.last_only, args.worker, args.workers)
         else:
             measured = phase_build(args.lake, args.groups)
         print(json.dumps({**measured, "peak_rss_mib": round(peak_rss_mib(), 1)}))
@@ -539,13 +567,12 @@ def main() -> None:
     size = "quick" if args.quick else "full"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="claw-bench-long-") as workdir:
-        shapes = {
-            shape.name: measure_shape(shape, Path(workdir))
-            for shape in (QUICK if args.quick else FULL)
-        }
+        shapes = {}
+        for shape in QUICK if args.quick else FULL:
+            shapes[shape.name] = progress(measure_shape(shape, Path(workdir)))
         rss = None
         if not (args.quick or args.skip_rss):
-            rss = measure_rss(Path(workdir), int(args.rss_cap_gib * GIB))
+            rss = progress(measure_rss(Path(workdir), int(args.rss_cap_gib * GIB)))
     capture = None if args.skip_capture else capture_cpu(size)
     from claw_pipelines import config_files
 
