@@ -5,7 +5,11 @@
 - ``/t/<trajectory>/<group>/...`` is rewritten to ``/...`` with ``x-claw-*`` identity headers, so a
   black-box agent only changes its ``base_url``.
 - ``GET``/``HEAD /`` answer 200 without a key (agents such as Claude Code probe the base URL).
-- Request bodies are checked before LiteLLM sees them: size limit (413), UTF-8 and JSON (400).
+- Request bodies are checked before LiteLLM sees them: size limit (413), UTF-8 and JSON (400);
+  Responses and Messages requests against their APIs' rules (``api_requests``, 400 naming the
+  field).
+- A text completion's token-ID prompt goes to its model's token-prompt twin (``token_prompts``),
+  or is refused with a 400 naming the field.
 - Responses and Messages requests to models with ``api_mode: bridge`` are served through the
   engine's chat completions call (bridge.py), so their turns carry the engine's token IDs.
 - Streamed chat and text completion requests to exact-capture models are served from a
@@ -34,6 +38,7 @@ from urllib.parse import unquote
 from litellm.proxy.proxy_server import app as litellm_app
 from litellm.types.utils import ModelResponse
 
+from claw_pipelines.capture.api_requests import RequestShapeError, check_request
 from claw_pipelines.capture.apis import api_for_path
 from claw_pipelines.capture.bridge import BRIDGES, Bridge, BridgeRequestError
 from claw_pipelines.capture.claw_r1.config import BIND_HOST_ENV
@@ -59,6 +64,7 @@ from claw_pipelines.capture.request_body import (
 from claw_pipelines.capture.request_context import context_from_body, current_request
 from claw_pipelines.capture.restream import sse_from_completion, sse_from_text_completion
 from claw_pipelines.capture.runtime import CaptureRuntime, ModelCapture
+from claw_pipelines.capture.token_prompts import TokenPromptError, TokenPrompts
 from claw_pipelines.settings import get_settings
 
 Scope = dict[str, Any]
@@ -133,10 +139,12 @@ class CaptureApp:
         max_body_bytes: int,
         claw_r1: ClawR1Config | None = None,
         bind_host: str | None = None,
+        token_prompts: TokenPrompts | None = None,
     ) -> None:
         self.inner = PolicyGate(inner, lambda: CaptureRuntime.current().policy)
         self.control = build_control_app()
         self.max_body_bytes = max_body_bytes
+        self.token_prompts = token_prompts or TokenPrompts({})
         self.claw_r1 = None if claw_r1 is None else ClawR1Edge(claw_r1, self.inner, bind_host)
 
     async def __call__(self, scope: Scope, receive, send) -> None:
@@ -180,6 +188,18 @@ class CaptureApp:
     ) -> None:
         """Route a call by the API it speaks and the capture options of its model."""
         api = api_for_path(scope["path"])
+        try:
+            request, body = self._checked(api, request, body)
+        except (RequestShapeError, TokenPromptError) as error:
+            message = f"invalid {api} request: {error}"
+            native = BRIDGES.get(api)
+            payload = (
+                native.error_body(400, message)
+                if native
+                else _error(message, "invalid_request_error")
+            )
+            await _send_json(send, 400, payload)
+            return
         options = _options(request)
         stream = request is not None and request.get("stream") is True
         if api in BRIDGES and options.api_mode == "bridge":
@@ -192,6 +212,21 @@ class CaptureApp:
             await self._buffered_stream(scope, request, send, restream)
             return
         await self.inner(scope, replay(body), send)
+
+    def _checked(
+        self, api: str | None, request: dict[str, Any] | None, body: bytes
+    ) -> tuple[dict[str, Any] | None, bytes]:
+        """The request and body to serve: a Responses or Messages request checked against its
+        API's rules, a token-ID text completion sent to its model's twin."""
+        if request is None:
+            return request, body
+        if api in BRIDGES:
+            check_request(api, request)
+        if api == "completions":
+            routed = self.token_prompts.routed(request)
+            if routed is not request:
+                return routed, json.dumps(routed).encode()
+        return request, body
 
     def _watch_shutdown(self, receive):
         async def wrapped() -> dict[str, Any]:
@@ -320,4 +355,5 @@ app = CaptureApp(
     get_settings().max_body_bytes,
     ClawR1Config.load(os.environ.get("CONFIG_FILE_PATH")),
     os.environ.get(BIND_HOST_ENV),
+    TokenPrompts.load(os.environ.get("CONFIG_FILE_PATH")),
 )

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from claw_pipelines.access import key_refusal
 from claw_pipelines.capture.claw_r1.config import BIND_HOST_ENV, COMPAT_NAME, with_claw_r1
+from claw_pipelines.capture.token_prompts import with_token_prompt_twins
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import probe_bind
@@ -100,7 +101,8 @@ def render_config(
 ) -> Path:
     """Write the config the proxy runs with: ``backend`` replaces the default model's server and
     ``model`` the name it is called by there; ``compat="claw-r1"`` switches Claw-R1's gateway
-    protocol on (``claw_r1.config``).
+    protocol on (``claw_r1.config``). Each ``hosted_vllm/`` model gets its token-prompt twin
+    (``token_prompts``).
 
     Without capture the callback is removed, leaving the plain LiteLLM proxy (for comparisons;
     it runs without the capture edge too, ``frozen_heap.plain_litellm``).
@@ -117,7 +119,7 @@ def render_config(
                 entry["litellm_params"]["api_base"] = backend
             if model:
                 entry["litellm_params"]["model"] = f"hosted_vllm/{model}"
-    config = with_claw_r1(config, enable=compat == COMPAT_NAME)
+    config = with_token_prompt_twins(with_claw_r1(config, enable=compat == COMPAT_NAME))
     run_dir.mkdir(parents=True, exist_ok=True)
     target = run_dir / f"litellm-{port}.yaml"
     target.write_text(yaml.safe_dump(config, sort_keys=False))

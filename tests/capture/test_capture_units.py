@@ -391,9 +391,10 @@ def test_the_plain_proxy_runs_without_the_capture_callback(
 def test_backend_model_names_the_default_model_without_asking_the_backend(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
     rendered = render_config(DEFAULT_CONFIG, tmp_path, port=1, backend=dead, model="qwen3-8b")
-    (policy,) = yaml.safe_load(rendered.read_text())["model_list"]
-    assert policy["litellm_params"]["api_base"] == dead
+    policy, twin = yaml.safe_load(rendered.read_text())["model_list"]
+    assert policy["litellm_params"]["api_base"] == twin["litellm_params"]["api_base"] == dead
     assert policy["litellm_params"]["model"] == "hosted_vllm/qwen3-8b"
+    assert twin["litellm_params"]["model"] == "text-completion-openai/qwen3-8b"
 
 
 def test_a_backend_that_does_not_answer_is_not_given_a_made_up_model(tmp_path: Path) -> None:

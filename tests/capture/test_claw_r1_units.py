@@ -33,7 +33,8 @@ def _rendered(tmp_path: Path, source: Path = DEFAULT_CONFIG, compat: str | None 
 def test_the_switch_adds_hidden_aliases_and_the_token_prompt_twin(tmp_path: Path) -> None:
     _, off = _rendered(tmp_path, compat=None)
     assert "model_group_alias" not in off["router_settings"]
-    assert [entry["model_name"] for entry in off["model_list"]] == ["policy"]
+    twins = ["policy", "policy-token-prompts"]  # every hosted_vllm model has its twin
+    assert [entry["model_name"] for entry in off["model_list"]] == twins
 
     path, on = _rendered(tmp_path)
     assert on["claw_compat"]["claw_r1"]["enabled"] is True

@@ -7,9 +7,8 @@ LiteLLM itself must know:
 - the model aliases, as ``router_settings.model_group_alias`` entries to the default model,
   hidden from ``/v1/models`` (LiteLLM's router resolves them; Claw-R1 agents send ``default``);
 - for a vLLM-protocol default model (``hosted_vllm/``), its token-prompt twin
-  ``<default>-token-prompts``: the same server as a ``text-completion-openai/`` model, because
-  LiteLLM 1.108.7 passes a token-ID prompt through only for OpenAI text completions, and
-  Claw-R1's ``/generate`` sends token IDs.
+  ``<default>-token-prompts`` (``capture.token_prompts``), which Claw-R1's ``/generate`` calls
+  with token IDs.
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from claw_pipelines.capture.token_prompts import token_prompt_twin
+
 BIND_HOST_ENV = "CLAW_PROXY_HOST"
 """The interface ``claw proxy`` binds, set by the launcher; unset counts as not loopback."""
 COMPAT_BLOCK = "claw_compat"
@@ -26,9 +27,6 @@ COMPAT_NAME = "claw-r1"
 """The value of ``claw proxy --compat``."""
 HERMES_LAYOUT = "<tool_call>\n{call}\n</tool_call>"
 """How Qwen2.5/Qwen3 (Hermes-style) chat templates write a tool call in the token stream."""
-TOKEN_PROMPT_SUFFIX = "-token-prompts"
-VLLM_PREFIX = "hosted_vllm/"
-TEXT_COMPLETION_PREFIX = "text-completion-openai/"
 
 
 class ClawR1Settings(BaseModel):
@@ -97,11 +95,4 @@ def with_claw_r1(config: dict[str, Any], enable: bool) -> dict[str, Any]:
 
 def _token_prompt_twin(models: list[dict[str, Any]], default_model: str) -> dict[str, Any] | None:
     (entry,) = [e for e in models if e.get("model_name") == default_model]
-    upstream = str((entry.get("litellm_params") or {}).get("model", ""))
-    if not upstream.startswith(VLLM_PREFIX):
-        return None
-    twin = copy.deepcopy(entry)
-    twin["model_name"] = default_model + TOKEN_PROMPT_SUFFIX
-    twin["litellm_params"]["model"] = TEXT_COMPLETION_PREFIX + upstream.removeprefix(VLLM_PREFIX)
-    twin["model_info"] = {"claw": {"return_token_ids": True}}
-    return twin
+    return token_prompt_twin(entry)

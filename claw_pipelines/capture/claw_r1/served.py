@@ -10,10 +10,10 @@ from pydantic import BaseModel
 
 from claw_pipelines.capture.claw_r1.config import (
     HERMES_LAYOUT,
-    TOKEN_PROMPT_SUFFIX,
     ClawR1Settings,
     compat_settings,
 )
+from claw_pipelines.capture.token_prompts import TOKEN_PROMPT_SUFFIX
 
 
 class ClawR1Config(BaseModel):
