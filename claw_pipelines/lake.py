@@ -63,12 +63,15 @@ def stats_columns(table: str) -> list[str]:
 
 def table_configuration(table: str) -> dict[str, str]:
     """The properties ``table`` is created with: a landing table's checkpoint cadence and
-    statistics columns (``delta.dataSkippingStatsColumns``) are its own."""
+    statistics columns (``delta.dataSkippingStatsColumns``) are its own, and its expired log is
+    deleted by maintenance only, which keeps what a lagging reader needs (delta-rs would
+    otherwise delete it after each checkpoint a commit writes)."""
     if table not in LANDING_MODELS:
         return TABLE_CONFIGURATION
     return TABLE_CONFIGURATION | {
         "delta.checkpointInterval": str(LANDING_CHECKPOINT_INTERVAL),
         "delta.dataSkippingStatsColumns": ",".join(stats_columns(table)),
+        "delta.enableExpiredLogCleanup": "false",
     }
 
 
@@ -201,8 +204,11 @@ class Lake:
         delta_table = self.open(table)
         return None if delta_table is None else delta_table.version()
 
-    def ensure(self, table: str, schema: pa.Schema) -> DeltaTable:
-        """Create the table (empty, change data feed on) if it does not exist yet.
+    def ensure(
+        self, table: str, schema: pa.Schema, configuration: Mapping[str, str] | None = None
+    ) -> DeltaTable:
+        """Create the table (empty, with ``configuration``, by default ``table_configuration``)
+        if it does not exist yet.
 
         Several processes may race to create it; whoever loses re-opens the winner's table.
         """
@@ -215,7 +221,7 @@ class Lake:
                     self.uri(table),
                     schema,
                     mode="ignore",
-                    configuration=table_configuration(table),
+                    configuration=dict(configuration or table_configuration(table)),
                     storage_options=self._options(),
                 )
             except (CommitFailedError, DeltaError):

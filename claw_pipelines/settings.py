@@ -61,6 +61,30 @@ class ClawSettings(BaseSettings):
         "closing within it land together in the window's commit.",
     )
     max_commit_retries: int = Field(default=100, ge=0)
+    maintenance_interval_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="Each proxy worker tries a maintenance pass of the landing tables this "
+        "often; a lease in the lake lets one process run at a time. 0: never (Dagster's "
+        "landing_maintenance schedule only).",
+    )
+    vacuum_retention_hours: int = Field(
+        default=168,
+        ge=0,
+        description="Files compaction merged away are deleted this long after; a reader may "
+        "lag this much (longer: the vacuum waits for the slowest reader).",
+    )
+    vacuum_enforce_retention: bool = Field(
+        default=True,
+        description="Refuse a vacuum retention shorter than the table's "
+        "delta.deletedFileRetentionDuration (7 days unless set).",
+    )
+    log_retention_hours: int = Field(
+        default=4,
+        ge=1,
+        description="Log entries and checkpoints are deleted this long after (the landing "
+        "tables' delta.logRetentionDuration); older versions can no longer be read by version.",
+    )
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024,
         ge=1024,

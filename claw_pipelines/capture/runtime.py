@@ -24,6 +24,7 @@ from claw_pipelines.capture.spool import SpoolErrorsLoggedOnce, SpoolWriter
 from claw_pipelines.capture.spool_flusher import SpoolFlusher
 from claw_pipelines.capture.turns import PendingCall
 from claw_pipelines.lake import Lake
+from claw_pipelines.maintenance import Maintainer, Retention
 from claw_pipelines.schemas import LandingRow
 from claw_pipelines.settings import ClawSettings, get_settings
 
@@ -113,6 +114,14 @@ class CaptureRuntime:
         self.flusher.start()
         self.policy = ServedPolicy(self.lake, self.writer.writer_id, settings.pause_max_hold_s)
         self.policy.start()
+        self.maintainer = Maintainer(
+            self.lake,
+            Retention.from_settings(settings),
+            self.writer.writer_id,
+            settings.maintenance_interval_s,
+        )
+        if settings.maintenance_interval_s > 0:
+            self.maintainer.start()
 
     @classmethod
     def current(cls) -> CaptureRuntime:
@@ -127,6 +136,7 @@ class CaptureRuntime:
         with cls._instance_lock:
             if cls._instance is not None:
                 cls._instance.policy.stop()
+                cls._instance.maintainer.stop()
                 cls._instance.flusher.stop()
                 cls._instance.writer.close()
                 cls._instance = None

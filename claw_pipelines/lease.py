@@ -1,0 +1,93 @@
+"""A lease in the lake: which one of many processes (proxy workers on many machines, a Dagster
+run) may maintain the lake's tables now.
+
+The lease is the one row of a small Delta table, ``maintenance_lease``: its holder and until when
+it holds. Taking or renewing it is an overwrite of that row from the snapshot it was read in,
+carrying the app transaction ``claw/maintenance/lease`` = one more than the snapshot's. Two
+processes that read the same snapshot commit the same transaction version, and delta-rs rejects
+the second commit (a concurrent transaction), on a local disk and on an object store alike, as
+every Delta commit is a create-if-absent of its log entry (``lake_store``). So at most one
+process takes a lease that is free or expired, and a holder that finds it taken stops.
+
+A holder renews before each step of its work and stops when it cannot, so it holds the lease
+while it works as long as no step outlasts the lease; the expiry is compared with each
+process's clock, so the machines' clocks must agree to well within the lease.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import polars as pl
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from claw_pipelines.lake import TABLE_CONFIGURATION, Lake
+from claw_pipelines.schemas import utc_now
+
+LEASE_TABLE = "maintenance_lease"
+LEASE_APP = "claw/maintenance/lease"
+LEASE_SCHEMA = pa.schema(
+    [
+        pa.field("holder", pa.string(), nullable=False),
+        pa.field("expires_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+LEASE_CONFIGURATION = TABLE_CONFIGURATION | {"delta.logRetentionDuration": "interval 1 hours"}
+"""Every take and renewal is a commit; the holder cleans up the lease table's own log and files
+after an hour (``maintenance.maintain_lake``)."""
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Who holds the lease and until when, as one snapshot of the lease table says."""
+
+    holder: str | None
+    expires_at: datetime | None
+
+    def free_for(self, holder: str, now: datetime) -> bool:
+        return self.holder in (None, holder) or self.expires_at is None or self.expires_at <= now
+
+
+@dataclass
+class Lease:
+    """The maintenance lease as ``holder`` asks for it, for ``duration_s`` at a time."""
+
+    lake: Lake
+    holder: str
+    duration_s: float
+
+    def table(self) -> DeltaTable:
+        return self.lake.ensure(LEASE_TABLE, LEASE_SCHEMA, LEASE_CONFIGURATION)
+
+    def holding(self, table: DeltaTable | None = None) -> Holding:
+        """The lease as the latest snapshot (or ``table``) says."""
+        rows = pl.scan_delta(table or self.table()).collect()
+        if rows.is_empty():
+            return Holding(None, None)
+        return Holding(rows["holder"][0], rows["expires_at"][0])
+
+    def acquire(self) -> bool:
+        """Take the lease (free, expired or ours already: then this renews it) until
+        ``duration_s`` from now; False when another process holds it or took it first."""
+        table = self.table()
+        now = utc_now()
+        if not self.holding(table).free_for(self.holder, now):
+            return False
+        taken = table.transaction_version(LEASE_APP) or 0
+        row = pa.table(
+            {"holder": [self.holder], "expires_at": [now + timedelta(seconds=self.duration_s)]},
+            schema=LEASE_SCHEMA,
+        )
+        try:
+            write_deltalake(
+                table,
+                row,
+                mode="overwrite",
+                commit_properties=self.lake.commit_properties({LEASE_APP: taken + 1}),
+            )
+        except CommitFailedError:
+            return False
+        return True

@@ -1,0 +1,222 @@
+"""Maintenance of the landing tables, which the proxies append to: compaction, checkpoints, log
+cleanup and vacuum, one process at a time across the fleet.
+
+A proxy commits each landing table about once per commit window, so a table gains thousands of
+small files and log entries a day, and every open, checkpoint and scan slows down as it ages.
+One pass (``maintain_lake``) per table, in this order:
+
+1. sets its retention and statistics properties when they differ (a lake made before them);
+2. merges its small files once it has more than ``compact_after_files`` (Delta OPTIMIZE: no
+   data change, so change-data-feed readers skip it, and appends running meanwhile stand);
+3. writes a checkpoint at the version after the merge, which lists the few merged files, so an
+   open reads that and the commits after it, however old the table;
+4. deletes the log entries and checkpoints older than ``log_retention_hours`` and than that
+   checkpoint (``cleanup_metadata``);
+5. vacuums the files merged away more than ``vacuum_retention_hours`` ago.
+
+Each derived asset reads the landing tables by Delta version, from the change data feed after
+its watermark (``incremental.increment``): the feed reads the log entries of those versions and
+the small files they added. So a pass keeps both for the slowest reader (``LANDING_READERS``):
+the vacuum's retention is stretched to the first version it has yet to read, and the log cleanup
+waits until that version is older than the log retention (a pipeline that lagged, Dagster
+stopped or an asset failing for days, catches up). A read from the start (a new derived table,
+the inspector) takes the table's snapshot instead. A vacuum done outside this module that
+deletes them makes that reader fail with ``lake.VersionsVacuumed``.
+
+Who runs it: every proxy worker (``Maintainer``, every ``maintenance_interval_s``) and Dagster's
+``landing_maintenance`` schedule, all through the lease in the lake (``lease.Lease``), so only
+one pass runs at a time. Nothing a pass does can lose a row: each step is a Delta commit or
+deletes only what no version from the latest checkpoint on refers to, so a pass killed at any
+point leaves the table as the last step it finished left it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from deltalake import DeltaTable
+from pydantic import BaseModel, ConfigDict, Field
+
+from claw_pipelines.lake import (
+    Lake,
+    compact,
+    data_commits,
+    landing_writer,
+    table_configuration,
+    watermark_app,
+)
+from claw_pipelines.lease import LEASE_TABLE, Lease
+from claw_pipelines.schemas import LANDING_MODELS, utc_now
+from claw_pipelines.settings import ClawSettings
+
+log = logging.getLogger(__name__)
+
+LANDING_READERS: dict[str, list[str]] = {
+    "turns": ["steps"],
+    "trajectory_events": ["steps", "trajectories", "rewarded_steps"],
+    "rewards": ["rewarded_steps"],
+    "trajectory_registrations": ["rewarded_steps"],
+    "labels": ["curated_steps"],
+    "policy_versions": [],
+}
+"""The incremental assets that read each landing table by Delta version: each records how far it
+read as the app transaction ``claw/<asset>/<table>`` on its own output table (``Increment``), and
+a pass keeps what the slowest of them has yet to read."""
+
+
+class Retention(BaseModel):
+    """How long what maintenance removes stays (``ClawSettings``, or the Dagster job's config)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    vacuum_retention_hours: int = Field(default=168, ge=0)
+    enforce_retention_duration: bool = True
+    log_retention_hours: int = Field(default=4, ge=1)
+    compact_after_files: int = Field(default=64, ge=1)
+
+    @classmethod
+    def from_settings(cls, settings: ClawSettings) -> Retention:
+        return cls(
+            vacuum_retention_hours=settings.vacuum_retention_hours,
+            enforce_retention_duration=settings.vacuum_enforce_retention,
+            log_retention_hours=settings.log_retention_hours,
+        )
+
+    def properties(self, table: str) -> dict[str, str]:
+        """The properties a pass sets on ``table``: its creation ones and the log retention."""
+        return table_configuration(table) | {
+            "delta.logRetentionDuration": f"interval {self.log_retention_hours} hours"
+        }
+
+
+@dataclass(frozen=True)
+class TablePass:
+    """What one pass did to one table."""
+
+    table: str
+    files_before: int
+    files_after: int
+    vacuumed: int
+    log_cleaned: bool
+    unread_since: datetime | None
+
+
+def first_unread_commit(lake: Lake, name: str, table: DeltaTable) -> datetime | None:
+    """When the first rows of landing table ``name`` that one of its readers has yet to read were
+    committed (None when all are up to date). A reader that never read it reads its snapshot
+    from the start, which neither vacuum nor log cleanup can break, so it does not count."""
+    read = [
+        version
+        for reader in LANDING_READERS[name]
+        if (version := lake.committed_app_version(reader, watermark_app(reader, name))) is not None
+    ]
+    unread = data_commits(table, min(read)) if read else []
+    if not unread:
+        return None
+    return datetime.fromtimestamp(min(c["timestamp"] for c in unread) / 1000, UTC)
+
+
+def retention_hours(configured: int, unread_since: datetime | None, now: datetime) -> int:
+    """The configured retention, stretched (plus an hour for clock skew between writers) to keep
+    everything since ``unread_since``: a file or log entry a reader still needs was written
+    after the last version it read, so it was merged, and its removal stamped, after that."""
+    if unread_since is None:
+        return configured
+    return max(configured, math.ceil((now - unread_since).total_seconds() / 3600) + 1)
+
+
+def maintain_table(lake: Lake, name: str, retention: Retention, renew: Lease | None) -> TablePass:
+    """One pass over landing table ``name`` (the module's five steps)."""
+    table = lake.open(name)
+    wanted = retention.properties(name)
+    configured = table.metadata().configuration
+    if any(configured.get(key) != value for key, value in wanted.items()):
+        table.alter.set_table_properties(wanted, commit_properties=lake.commit_properties())
+    before = len(table.file_uris())
+    compact(table, max_files=retention.compact_after_files, writer_properties=landing_writer(name))
+    table.create_checkpoint()
+    unread_since = first_unread_commit(lake, name, table)
+    now = utc_now()
+    keep_log = retention_hours(retention.log_retention_hours, unread_since, now)
+    if keep_log == retention.log_retention_hours:
+        table.cleanup_metadata()
+    _renewed(renew)
+    deleted = lake.vacuum(
+        name,
+        retention_hours(retention.vacuum_retention_hours, unread_since, now),
+        enforce_retention_duration=retention.enforce_retention_duration,
+    )
+    return TablePass(
+        name,
+        before,
+        len(table.file_uris()),
+        len(deleted),
+        keep_log == retention.log_retention_hours,
+        unread_since,
+    )
+
+
+class LeaseLost(RuntimeError):
+    """Another process took the maintenance lease while this one worked: it stops."""
+
+
+def _renewed(lease: Lease | None) -> None:
+    if lease is not None and not lease.acquire():
+        raise LeaseLost(f"{lease.holder} lost the maintenance lease")
+
+
+def maintain_lake(lake: Lake, retention: Retention, lease: Lease) -> list[TablePass] | None:
+    """A pass over every landing table while holding ``lease``; None when another process
+    holds it. The lease is renewed before each table and each vacuum (``LeaseLost`` when it
+    cannot be). The lease table's own superseded rows and log are cleaned up last."""
+    if not lease.acquire():
+        return None
+    passes = []
+    for name in LANDING_MODELS:
+        if lake.open(name) is None:
+            continue
+        _renewed(lease)
+        passes.append(maintain_table(lake, name, retention, lease))
+        log.info("maintenance of %s: %s", name, passes[-1])
+    lease_table = lake.open(LEASE_TABLE)
+    lease_table.create_checkpoint()
+    lease_table.cleanup_metadata()
+    lease_table.vacuum(retention_hours=1, enforce_retention_duration=False, dry_run=False)
+    return passes
+
+
+@dataclass
+class Maintainer:
+    """The proxy's maintenance: a pass every ``interval_s`` (jittered, so a fleet started
+    together does not ask at once), in a background thread, whenever it gets the lease."""
+
+    lake: Lake
+    retention: Retention
+    holder: str
+    interval_s: float
+
+    def __post_init__(self) -> None:
+        self.lease = Lease(self.lake, self.holder, self.interval_s)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="claw-maintenance", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s * random.uniform(0.5, 1.0)):
+            try:
+                maintain_lake(self.lake, self.retention, self.lease)
+            except Exception:
+                log.exception("lake maintenance failed; the next pass retries")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)  # a pass under way is safe to abandon

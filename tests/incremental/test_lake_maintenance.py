@@ -1,0 +1,239 @@
+"""Maintenance without Dagster (``claw_pipelines.maintenance``): a pass compacts, checkpoints and
+cleans up the landing tables and keeps every row, even killed part-way; one process at a time
+holds the lease; a refresh's reads do not grow with the table's age."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from claw_pipelines.lake import Lake, changes, data_commits, watermark_app
+from claw_pipelines.lease import Lease
+from claw_pipelines.maintenance import LeaseLost, Retention, maintain_lake, maintain_table
+from claw_pipelines.schemas import Turn, rows_to_arrow, utc_now
+
+NOW = Retention(
+    vacuum_retention_hours=0,
+    enforce_retention_duration=False,
+    log_retention_hours=1,
+    compact_after_files=16,
+)
+"""Vacuum at once; log entries go after an hour (the tests age them with ``_age_log``)."""
+
+
+def _land(lake: Lake, commits: int, first: int = 0) -> None:
+    """``commits`` commits of one turn each, as a proxy under steady traffic makes them."""
+    writer, now = lake.writer("turns"), utc_now()
+    for index in range(first, first + commits):
+        turn = Turn(
+            turn_id=f"turn-{index:06d}",
+            trajectory_id=f"traj-{index // 3:06d}",
+            model="m",
+            started_at=now,
+            ended_at=now,
+            prompt_token_ids=[1, 2, 3],
+        )
+        writer.append(rows_to_arrow(Turn, [turn.model_dump()]))
+
+
+def _age_log(lake: Lake, hours: float = 2) -> None:
+    """Date the log entries written so far ``hours`` back (log cleanup goes by their age)."""
+    then = time.time() - hours * 3600
+    for entry in Path(lake.uri("turns"), "_delta_log").iterdir():
+        os.utime(entry, (then, then))
+
+
+def _log_bytes(lake: Lake) -> int:
+    return sum(entry.stat().st_size for entry in Path(lake.uri("turns"), "_delta_log").iterdir())
+
+
+def _data_files(lake: Lake) -> int:
+    return len(list(Path(lake.uri("turns")).glob("*.parquet")))
+
+
+def _turn_ids(lake: Lake) -> list[str]:
+    return sorted(lake.scan("turns").collect().get_column("turn_id"))
+
+
+def test_a_pass_compacts_checkpoints_and_cleans_up_and_keeps_every_row(tmp_path: Path) -> None:
+    """The first pass merges the files and deletes the aged log before the last checkpoint,
+    which lists every small file: it goes once the commits after it are as old (second pass)."""
+    lake = Lake(str(tmp_path / "lake"))
+    _land(lake, 120)
+    _age_log(lake)
+    landed, log_bytes, files = _turn_ids(lake), _log_bytes(lake), _data_files(lake)
+    lease = Lease(lake, "proxy-1", 60)
+    passes = maintain_lake(lake, NOW, lease)
+    assert [(p.table, p.files_before, p.files_after) for p in passes] == [("turns", 120, 1)]
+    assert passes[0].log_cleaned and passes[0].vacuumed == 120
+    assert _data_files(lake) == 1 < files
+    assert _log_bytes(lake) < log_bytes * 0.75
+    _age_log(lake)
+    maintain_lake(lake, NOW, lease)
+    assert _log_bytes(lake) < log_bytes / 10
+    assert _turn_ids(lake) == landed
+    _land(lake, 2, first=120)  # the proxies append on
+    assert len(_turn_ids(lake)) == 122
+
+
+def test_the_log_and_files_a_lagging_reader_has_yet_to_read_are_kept(tmp_path: Path) -> None:
+    """``steps`` read turns up to version 10: the pass compacts, but neither deletes the log
+    entries after it nor vacuums the files they added, so the reader reads on by version."""
+    lake = Lake(str(tmp_path / "lake"))
+    _land(lake, 40)
+    lake.append("steps", pa.table({"step_id": ["s"]}), app_id=watermark_app("steps", "turns"),
+                app_version=10)  # fmt: skip
+    _age_log(lake)
+    (done,) = maintain_lake(lake, NOW, Lease(lake, "proxy-1", 60))
+    assert done.files_after == 1 and not done.log_cleaned and done.vacuumed == 0
+    turns = lake.open("turns")
+    new = changes(turns, 10, turns.version(), ["turn_id"])
+    assert new.height == 30
+
+
+def _rchar() -> int:
+    """Bytes this process has read through read(2) and friends so far."""
+    io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(io["rchar"])
+
+
+def _refresh_reads(lake: Lake, after: int) -> int:
+    """The bytes a refresh's reads of ``turns`` take: open it, tell whether data changed since
+    ``after`` (the ingest sensor) and read the rows inserted since (an ``Increment``)."""
+    before = _rchar()
+    turns = lake.open("turns")
+    assert data_commits(turns, after)
+    assert changes(turns, after, turns.version(), ["turn_id"]).height == 5
+    return _rchar() - before
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="counts reads in /proc/self/io")
+def test_a_refresh_after_hundreds_of_commits_reads_no_more_than_after_ten(tmp_path: Path) -> None:
+    """With the passes, opening a table reads its last (small) checkpoint and the few commits
+    after it: a refresh of five new commits reads as much after 300 commits as after 10 (without
+    the pass, about twice as much)."""
+    young, old = Lake(str(tmp_path / "young")), Lake(str(tmp_path / "old"))
+    _land(young, 10)
+    _land(old, 300)
+    _age_log(old)
+    maintain_lake(old, NOW, Lease(old, "proxy-1", 60))
+    reads = {}
+    for name, lake in (("young", young), ("old", old)):
+        after = lake.version("turns")
+        _land(lake, 5, first=1000)
+        _refresh_reads(lake, after)  # the first read of a process loads more than the table
+        reads[name] = _refresh_reads(lake, after)
+    assert reads["old"] <= 1.25 * reads["young"], reads
+
+
+KILLED_PASS = """
+import sys
+from claw_pipelines.lake import Lake
+from claw_pipelines.lease import Lease
+from claw_pipelines.maintenance import Retention, maintain_lake
+lake = Lake(sys.argv[1])
+retention = Retention(vacuum_retention_hours=0, enforce_retention_duration=False,
+                      log_retention_hours=1, compact_after_files=2)
+print("maintaining", flush=True)
+maintain_lake(lake, retention, Lease(lake, "doomed", 1))
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay_s", [0.05, 0.3])
+def test_a_pass_killed_part_way_loses_nothing(tmp_path: Path, delay_s: float) -> None:
+    """``kill -9`` a pass ``delay_s`` into it (during compaction, checkpoint, cleanup or vacuum):
+    every row is still there, the table takes appends, and the next pass (its lease expired)
+    finishes the work."""
+    lake = Lake(str(tmp_path / "lake"))
+    _land(lake, 60)
+    _age_log(lake)
+    landed = _turn_ids(lake)
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLED_PASS, lake.root_uri],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout.readline().strip() == "maintaining"
+        time.sleep(delay_s)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert _turn_ids(lake) == landed
+    _land(lake, 1, first=60)
+    time.sleep(1)  # the killed holder's lease expires
+    (done,) = maintain_lake(lake, NOW, Lease(lake, "proxy-2", 60))
+    assert done.files_after == 1
+    assert _turn_ids(lake) == [*landed, "turn-000060"]
+
+
+def test_one_process_holds_the_lease_at_a_time(tmp_path: Path) -> None:
+    """Four proxies ask at the same moment: one gets it; the others are refused while it holds
+    it, and one of them takes it once it expired; the old holder then finds it lost."""
+    lake = Lake(str(tmp_path / "lake"))
+    leases = [Lease(lake, f"proxy-{i}", 1.0) for i in range(4)]
+    leases[0].table()
+    start, taken = threading.Barrier(4), {}
+
+    def ask(lease: Lease) -> None:
+        start.wait()
+        taken[lease.holder] = lease.acquire()
+
+    threads = [threading.Thread(target=ask, args=(lease,)) for lease in leases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(taken.values()) == 1, taken
+    holder = next(lease for lease in leases if taken[lease.holder])
+    others = [lease for lease in leases if lease is not holder]
+    assert not any(lease.acquire() for lease in others)
+    assert holder.acquire()  # renewed
+    time.sleep(1.1)
+    assert others[0].acquire()
+    assert not holder.acquire()
+    _land(lake, 3)
+    with pytest.raises(LeaseLost):
+        maintain_table(lake, "turns", NOW, holder)
+    assert maintain_lake(lake, NOW, holder) is None
+
+
+def test_passes_of_two_proxies_never_overlap(tmp_path: Path) -> None:
+    """Two proxies' maintainers run passes in a loop while a writer appends: their passes
+    (from taking the lease to the end) never overlap, and every row stays."""
+    lake = Lake(str(tmp_path / "lake"))
+    _land(lake, 20)
+    spans: list[tuple[float, float, str]] = []
+    stop_at = time.monotonic() + 3
+
+    def proxy(name: str) -> None:
+        lease = Lease(lake, name, 0.5)
+        while time.monotonic() < stop_at:
+            began = time.monotonic()
+            if maintain_lake(lake, NOW, lease) is not None:
+                spans.append((began, time.monotonic(), name))
+            time.sleep(0.6)  # as a maintainer waits between passes: the lease lapses
+
+    threads = [threading.Thread(target=proxy, args=(f"proxy-{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    _land(lake, 30, first=20)
+    for thread in threads:
+        thread.join()
+    spans.sort()
+    assert len(spans) >= 2
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
+    assert len(_turn_ids(lake)) == 50
+    assert pl.Series(_turn_ids(lake)).n_unique() == 50
