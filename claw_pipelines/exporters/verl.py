@@ -73,7 +73,8 @@ def fitted(rows: pl.DataFrame, layout: VerlLayout) -> pl.DataFrame:
     """``rows`` cut to the layout's widths by its truncation rule ("left" keeps a prompt's last
     tokens, "right" its first; a response keeps its first), its per-token lists cut together,
     with ``truncated`` saying what was cut (null: nothing); "error" raises, naming the first
-    row too long. Logprobs not aligned with their reply are dropped first (null)."""
+    row too long. Logprobs not aligned with their reply are dropped first (null). Rows fitted
+    already keep their ``truncated``."""
     width_p, width_r = _widths(rows, layout)
     prompt_len = pl.col("prompt_token_ids").list.len()
     response_len = pl.col("response_token_ids").list.len()
@@ -83,6 +84,8 @@ def fitted(rows: pl.DataFrame, layout: VerlLayout) -> pl.DataFrame:
     )
     too_long = (prompt_len > width_p) | (response_len > width_r)
     if not rows.select(too_long.fill_null(False).any()).item():
+        if "truncated" in rows.columns:
+            return rows
         return rows.with_columns(pl.lit(None, pl.String).alias("truncated"))
     if layout.truncation == "error":
         row = rows.filter(too_long).row(0, named=True)
@@ -175,6 +178,7 @@ def verl_tensors(rows: pl.DataFrame, layout: VerlLayout | None = None) -> dict[s
 def verl_non_tensors(rows: pl.DataFrame, layout: VerlLayout | None = None) -> pl.DataFrame:
     """The DataProto ``non_tensor_batch`` of ``rows``, row-aligned with ``verl_tensors``."""
     truncated = fitted(rows, layout or VerlLayout()).get_column("truncated")
+    rows = rows.drop("truncated", strict=False)
     uid = pl.coalesce("group_id", "trajectory_id")
     session = pl.col("trajectory_id").rank("dense").over(uid) - 1
     if is_sequence(rows):
@@ -251,6 +255,7 @@ def padded(
     """The tensors and the non-tensor frame of ``rows``, padded to ``layout.pad_to_multiple``
     rows with rows that carry no loss."""
     layout = layout or VerlLayout()
+    rows = fitted(rows, layout)  # once: the tensors and the non-tensors take the rows as cut
     tensors = verl_tensors(rows, layout)
     non_tensors = verl_non_tensors(rows, layout)
     extra = -rows.height % layout.pad_to_multiple
