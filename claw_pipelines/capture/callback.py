@@ -30,7 +30,7 @@ from claw_pipelines.capture.bridge import BRIDGES, BridgeRequestError
 from claw_pipelines.capture.identity import IdentityError, identity_from_request
 from claw_pipelines.capture.native import NativeStream, answer_json
 from claw_pipelines.capture.policy import stamp_served_version
-from claw_pipelines.capture.prompt_prefixes import PromptPrefixes
+from claw_pipelines.capture.prompt_prefixes import land_turns
 from claw_pipelines.capture.request_context import RequestContext, current_request
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.stream_turns import StreamAccumulator
@@ -64,16 +64,6 @@ class CaptureLogger(CustomLogger):
     def __init__(self) -> None:
         super().__init__()
         self.runtime = CaptureRuntime.current()
-        self.prefixes = PromptPrefixes(self.runtime.settings.prompt_cache_mb * 2**20)
-
-    async def _land(self, turns: list[Turn]) -> None:
-        """Spool ``turns`` as stored (only what each adds to its trajectory's last call), then
-        remember them whole for the next call."""
-        calls = [self.prefixes.observe(turn) for turn in turns]
-        stored = [self.prefixes.compact(t, c) for t, c in zip(turns, calls, strict=True)]
-        await self.runtime.land_durably(stored)
-        for turn, call in zip(turns, calls, strict=True):
-            self.prefixes.remember(turn, call)
 
     async def async_pre_call_hook(self, user_api_key_dict, cache, data: dict, call_type):
         api = CALL_TYPE_APIS.get(call_type)
@@ -154,7 +144,7 @@ class CaptureLogger(CustomLogger):
             turns = self._answer_turns(pending, response)
         except UnusableAnswer as error:
             await self._land_unusable(pending, error)
-        await self._land(turns)
+        await land_turns(self.runtime, turns)
         return None
 
     def _answer_turns(self, pending: PendingCall, response: object) -> list[Turn]:
@@ -170,7 +160,7 @@ class CaptureLogger(CustomLogger):
     async def _land_unusable(self, pending: PendingCall, error: UnusableAnswer) -> NoReturn:
         """Land the error row of an answer no row can be made of, then fail the call."""
         row = error_turn(pending, error, self.runtime.redactor, self.runtime.writer.writer_id)
-        await self._land([row])
+        await land_turns(self.runtime, [row])
         raise error
 
     async def async_post_call_streaming_iterator_hook(
@@ -195,7 +185,7 @@ class CaptureLogger(CustomLogger):
             turns = collect.turns(pending, self.runtime.redactor, self.runtime.writer.writer_id)
         except UnusableAnswer as error:
             await self._land_unusable(pending, error)
-        await self._land(turns)
+        await land_turns(self.runtime, turns)
         for chunk in held:
             yield chunk
 
@@ -216,7 +206,7 @@ class CaptureLogger(CustomLogger):
                 self.runtime.redactor,
                 self.runtime.writer.writer_id,
             )
-            await self._land([row])
+            await land_turns(self.runtime, [row])
         if failure is not None:
             return HTTPException(status_code=failure.status_code, detail=failure.message)
         return None

@@ -29,6 +29,7 @@ from claw_pipelines.capture.identity import (
     identity_from_request,
 )
 from claw_pipelines.capture.policy import policy_router, with_announced_version
+from claw_pipelines.capture.prompt_prefixes import land_turns
 from claw_pipelines.capture.redact import NotSecret
 from claw_pipelines.capture.request_body import (
     BodyRejected,
@@ -221,7 +222,7 @@ def build_control_app(max_body_bytes: int | None = None) -> _CheckedBodies:
         except IdentityError as error:
             raise HTTPException(400, str(error)) from error
         row = white_box_turn(runtime, body, identity, utc_now())
-        await runtime.land_durably([row])
+        await land_turns(runtime, [row])
         response.headers["x-litellm-call-id"] = row.turn_id
         return {"turn_id": row.turn_id}
 

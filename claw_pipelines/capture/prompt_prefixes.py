@@ -18,9 +18,13 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-from claw_pipelines.schemas import Turn
+from claw_pipelines.schemas import LandingRow, Turn
+
+if TYPE_CHECKING:
+    from claw_pipelines.capture.runtime import CaptureRuntime
 
 TEXT_COLUMNS = ("request_messages", "request_tools", "api_request")
 """The request texts stored as a difference from the referenced turn's."""
@@ -131,22 +135,48 @@ class PromptPrefixes:
             return None
         return spooled_call(turn)
 
-    def compact(self, turn: Turn, call: SpooledCall | None) -> Turn:
+    def compact(
+        self,
+        turn: Turn,
+        call: SpooledCall | None,
+        before: dict[str, tuple[SpooledCall, ...]] | None = None,
+    ) -> Turn:
         """``turn`` (``call`` is what ``observe`` made of it) as it is stored: what it shares
-        with the remembered call of its trajectory (one that started no later) it shares most
-        with, left out and named. A call that extends the last one whole is not compared
-        further."""
+        with the remembered call of its trajectory (one that started no later; ``before``: the
+        calls spooled ahead of it in the same write, by trajectory) it shares most with, left
+        out and named. A call that extends the last one whole is not compared further."""
         best: tuple[int, dict[str, Any]] = (0, {})
-        remembered = () if call is None else self._calls.get(turn.trajectory_id, ())
+        trajectory = turn.trajectory_id
+        remembered = (
+            () if call is None else (before or {}).get(trajectory, self._calls.get(trajectory, ()))
+        )
         for previous in reversed(remembered):
             if previous.started_at <= turn.started_at:
                 best = max(best, _shared(previous, turn, call), key=lambda found: found[0])
                 if best[1].get("prompt_prefix_len") == len(previous.sequence or b"") // TOKEN_BYTES:
                     break
         update = {"prompt_len": _length(turn.prompt_token_ids), **best[1]}
-        if best[0]:
-            self._calls.move_to_end(turn.trajectory_id)
+        if best[0] and trajectory in self._calls:
+            self._calls.move_to_end(trajectory)
         return turn.model_copy(update=update)
+
+    async def land(self, runtime: CaptureRuntime, rows: list[LandingRow]) -> None:
+        """Spool ``rows`` with each turn as stored (a turn may refer to one ahead of it in
+        ``rows``: it is spooled first), then remember the turns whole: only once they are
+        spooled, so a reference never names a turn that is not."""
+        stored, spooled, before = [], [], {}
+        for row in rows:
+            if isinstance(row, Turn):
+                turn, call = row, self.observe(row)
+                row = self.compact(turn, call, before)
+                spooled.append((turn, call))
+                if call is not None and turn.status == "success":
+                    kept = before.get(turn.trajectory_id, self._calls.get(turn.trajectory_id, ()))
+                    before[turn.trajectory_id] = (*kept, call)[-KEEP:]
+            stored.append(row)
+        await runtime.land_durably(stored)
+        for turn, call in spooled:
+            self.remember(turn, call)
 
     def remember(self, turn: Turn, call: SpooledCall | None) -> None:
         """``turn`` (whole, as the engine answered it; ``call`` what ``observe`` made of it) was
@@ -164,6 +194,18 @@ class PromptPrefixes:
     def _forget(self, trajectory_id: str) -> None:
         calls = self._calls.pop(trajectory_id, ())
         self._bytes -= sum(call.size for call in calls)
+
+
+@cache
+def _process_prefixes(max_bytes: int) -> PromptPrefixes:
+    return PromptPrefixes(max_bytes)
+
+
+async def land_turns(runtime: CaptureRuntime, rows: list[LandingRow]) -> None:
+    """Spool ``rows`` through this process's memory of calls (``CLAW_PROMPT_CACHE_MB``), one for
+    every route that lands turns (model calls, white-box steps), so each compares with the
+    calls the others spooled."""
+    await _process_prefixes(runtime.settings.prompt_cache_mb * 2**20).land(runtime, rows)
 
 
 def _shared(previous: SpooledCall, turn: Turn, call: SpooledCall) -> tuple[int, dict[str, Any]]:

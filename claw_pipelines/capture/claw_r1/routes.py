@@ -46,6 +46,7 @@ from claw_pipelines.capture.claw_r1.served import ClawR1Config
 from claw_pipelines.capture.control import invalid_request
 from claw_pipelines.capture.identity import IdentityValue
 from claw_pipelines.capture.inner import CapturedResponse, inner_scope
+from claw_pipelines.capture.prompt_prefixes import land_turns
 from claw_pipelines.capture.request_body import replay
 from claw_pipelines.capture.request_context import context_from_body, current_request
 from claw_pipelines.capture.restream import sse_from_completion
@@ -216,7 +217,7 @@ async def submit_steps(
     body: SubmitSteps, channel: IdentityValue = DEFAULT_CHANNEL
 ) -> SubmitStepsAnswer:
     runtime = CaptureRuntime.current()
-    await runtime.land_durably(step_rows(runtime, body.steps, channel, utc_now()))
+    await land_turns(runtime, step_rows(runtime, body.steps, channel, utc_now()))
     return SubmitStepsAnswer(accepted=len(body.steps))
 
 
