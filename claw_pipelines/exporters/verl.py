@@ -9,10 +9,12 @@ replies and observations), ``input_ids`` = cat(prompts, responses), ``attention_
 real tokens), ``position_ids`` (cumsum of the attention mask - 1, 0 on padding),
 ``response_mask`` (1 on the policy's tokens: a sequence's replies, 0 on its observations; every
 response token of a step), ``rollout_log_probs`` [B, R] (0.0 on observations and padding; only
-when every row has aligned logprobs), ``rm_scores`` and ``token_level_scores`` [B, R] with each
-step's credited reward at the last token of its reply, and, when the recipe takes group
-statistics per trajectory, ``advantages`` and ``returns`` [B, R] (the row's advantage on every
-policy token). Token tensors are int64, the rest float32, as verl's agent loop makes them.
+when every row has aligned logprobs), ``rm_scores`` and ``token_level_scores`` [B, R] with the
+row's credited reward (a sequence's: its last step's) at its last policy token, so verl's
+outcome estimators count it once (a sequence's per-step rewards are in ``spans``), and, when
+the recipe takes group statistics per trajectory, ``advantages`` and ``returns`` [B, R] (the
+row's advantage on every policy token). Token tensors are int64, the rest float32, as verl's
+agent loop makes them.
 
 Non-tensor (``non_tensor.parquet``, one row per tensor row): ``uid`` (= group_id, the GRPO/RLOO
 group key; trajectory_id when a row has no group), ``trajectory_uids``, ``segment_indices``,
@@ -114,24 +116,15 @@ def fitted(rows: pl.DataFrame, layout: VerlLayout) -> pl.DataFrame:
     )
 
 
-def _scores(rows: pl.DataFrame, width_r: int) -> np.ndarray:
-    """[B, R] with each step's credited reward at the last kept token of its reply."""
-    scores = np.zeros((rows.height, width_r), dtype=np.float32)
-    if is_sequence(rows):
-        spans = (
-            rows.select(pl.int_range(pl.len()).alias("_row"), "spans")
-            .explode("spans", empty_as_null=False, keep_nulls=False)
-            .unnest("spans")
-            .filter((pl.col("start") < width_r) & (pl.col("end") > pl.col("start")))
-        )
-        at = np.minimum(spans["end"].to_numpy(), width_r) - 1
-        rewards = spans["reward"].fill_null(0.0).to_numpy().astype(np.float32)
-        np.add.at(scores, (spans["_row"].to_numpy(), at), rewards)
-        return scores
-    response_len = lengths(rows["response_token_ids"])
-    has_tokens = response_len > 0
+def _scores(rows: pl.DataFrame, response_mask: np.ndarray) -> np.ndarray:
+    """[B, R] with the row's credited reward at its last policy token: the token-level scores
+    verl's outcome estimators sum to a row's score, so each row counts its reward once (a
+    sequence's per-step rewards are its ``spans``)."""
+    scores = np.zeros(response_mask.shape, dtype=np.float32)
+    has_tokens = response_mask.any(axis=1)
+    last = response_mask.shape[1] - 1 - np.argmax(response_mask[:, ::-1], axis=1)
     reward = rows["reward"].fill_null(0.0).to_numpy().astype(np.float32)
-    scores[np.flatnonzero(has_tokens), response_len[has_tokens] - 1] = reward[has_tokens]
+    scores[np.flatnonzero(has_tokens), last[has_tokens]] = reward[has_tokens]
     return scores
 
 
@@ -154,7 +147,7 @@ def verl_tensors(rows: pl.DataFrame, layout: VerlLayout | None = None) -> dict[s
     else:
         response_mask = attended
     attention = np.concatenate([left_mask(prompt_len, width_p), attended], axis=1)
-    scores = _scores(rows, width_r)
+    scores = _scores(rows, response_mask)
     tensors = {
         "prompts": prompt_ids,
         "responses": response_ids,

@@ -131,7 +131,9 @@ def _check_against_rows(tensors: dict, non_tensors: dict, rows: pl.DataFrame, wi
         replies = np.zeros(tensors["response_mask"].shape[1], dtype=np.int64)
         for span in row["spans"]:
             replies[span["start"] : span["end"]] = 1
-            assert tensors["rm_scores"][i, span["end"] - 1] == pytest.approx(span["reward"])
+        last_reply_end = row["spans"][-1]["end"]  # the row's reward, counted once
+        assert tensors["rm_scores"][i, last_reply_end - 1] == pytest.approx(row["reward"])
+        assert tensors["rm_scores"][i].sum() == pytest.approx(row["reward"])
         assert tensors["response_mask"][i].tolist() == replies.tolist()
         logprobs = tensors["rollout_log_probs"][i, : len(response)]
         assert np.allclose(logprobs, row["response_logprobs"])

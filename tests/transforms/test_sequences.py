@@ -134,11 +134,10 @@ def test_a_sequence_batch_becomes_arrays_of_fixed_widths_that_concatenate_and_ch
             width = len(row["response_mask"])
             assert tensors["response_mask"][i, :width].tolist() == row["response_mask"]
             assert tensors["response_mask"][i, width:].sum() == 0
-            for span in row["spans"]:
-                assert tensors["rm_scores"][i, span["end"] - 1] == pytest.approx(span["reward"])
-            assert tensors["rm_scores"][i].sum() == pytest.approx(
-                sum(s["reward"] for s in row["spans"])
-            )
+            last_reply_end = row["spans"][-1]["end"]  # the row's reward counts once
+            assert tensors["rm_scores"][i, last_reply_end - 1] == pytest.approx(row["reward"])
+            assert tensors["rm_scores"][i].sum() == pytest.approx(row["reward"])
+            assert row["reward"] == row["spans"][-1]["reward"]
         pads = non_tensors["is_pad"]
         assert pads.sum() == len(pads) - rows.height
         assert tensors["response_mask"][pads].sum() == 0
