@@ -1,5 +1,6 @@
 """Secrets reach no table, no Delta log (file statistics quote values) and no log: keys glued to
-other characters, a white-box step's finish reason, a backend error that echoes a key."""
+other characters, a white-box step's finish reason, a backend error that echoes a key, and each
+credential shape the scrubber knows planted on every route (ordinary look-alikes kept)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import secrets
 from pathlib import Path
 
+import httpx
 import openai
 import polars as pl
 import pytest
@@ -113,3 +115,85 @@ def test_a_backend_error_that_echoes_keys_lands_scrubbed(fake_backend_stack) -> 
     assert "cannot serve" in row["error"] and "[REDACTED]" in row["error"]
     needles = [fake_backend_stack.backend_key, key_material(glued)]
     assert_nowhere(fake_backend_stack.lake, fake_backend_stack.workdir / "logs", needles)
+
+
+def credential_shapes() -> dict[str, tuple[str, str]]:
+    """Each shape with random material, as (text to plant, needle that must land nowhere)."""
+    jwt_payload, aws_id = secrets.token_hex(12), "ASIA" + secrets.token_hex(8).upper()
+    github, pat, aws_secret = secrets.token_hex(18), secrets.token_hex(20), secrets.token_hex(20)
+    upper, key_key = secrets.token_hex(10), secrets.token_hex(12)
+    jwt = f"eyJhbGciOiJIUzI1NiJ9.eyJ{jwt_payload}.{secrets.token_hex(8)}"
+    return {
+        "lower-case bearer JWT": (f"Authorization: bearer {jwt}", jwt_payload),
+        "upper-case bearer": (f"AUTHORIZATION: BEARER {upper}", upper),
+        "AWS temporary key id": (f"id {aws_id}", aws_id),
+        "GitHub token": (f"ghp_{github}", github),
+        "GitHub fine-grained token": (f"github_pat_11{pat}", pat),
+        "AWS secret access key": (f"aws_secret_access_key={aws_secret}", aws_secret),
+        "key used as a JSON key": (f"sk-proj-{key_key}", key_key),
+    }
+
+
+KEPT = "3fa85f64-5717-4562-b3fc-2c963f66afa6, and bearer tokens expire"
+
+
+def _post(stack: CaptureStack, path: str, **body: object) -> httpx.Response:
+    return post(stack, path, json.dumps(body).encode())
+
+
+def test_each_credential_shape_lands_nowhere_from_any_route(capture_stack: CaptureStack) -> None:
+    shapes = credential_shapes()
+    said = " ; ".join(text for text, _ in shapes.values()) + " ; " + KEPT
+    as_key = shapes["key used as a JSON key"][0]
+    schema = {"type": "object", "properties": {as_key: {"type": "string", "description": said}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    chat = client_for(capture_stack).chat.completions.with_raw_response.create(
+        model="policy",
+        messages=[{"role": "user", "content": said}],
+        tools=tools,
+        extra_body={"metadata": {as_key: said, "note": {said: [said]}}},
+    )
+    responses = _post(capture_stack, "/v1/responses", model="policy", instructions=said, input=said)
+    tool_use = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {as_key: said}}
+    tool_result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": said}
+    messages = [
+        {"role": "user", "content": said},
+        {"role": "assistant", "content": [tool_use]},
+        {"role": "user", "content": [tool_result]},
+    ]
+    messages_call = _post(
+        capture_stack, "/v1/messages", model="policy", max_tokens=16, system=said, messages=messages
+    )
+    trajectory = f"shapes-{secrets.token_hex(4)}"
+    step = {
+        "prompt_token_ids": [1],
+        "response_token_ids": [2],
+        "finish_reason": said,
+        "response_text": said,
+        "messages": [{"role": "user", "content": said}],
+        "metadata": {as_key: said},
+    }
+    metadata = {as_key: said}
+    answers = [
+        _post(capture_stack, "/claw/v1/steps", **step),
+        _post(
+            capture_stack, "/claw/v1/rewards", trajectory_id=trajectory, value=1, metadata=metadata
+        ),
+        _post(capture_stack, f"/claw/v1/trajectories/{trajectory}/complete", metadata=metadata),
+    ]
+    for answer in [responses, messages_call, *answers]:
+        assert answer.status_code == 200, answer.text
+    turn_ids = [
+        chat.headers["x-litellm-call-id"],
+        responses.headers["x-litellm-call-id"],
+        messages_call.headers["x-litellm-call-id"],
+        answers[0].json()["turn_id"],
+    ]
+    rows = landed(capture_stack, turn_ids)
+    assert rows.height == 4
+    for row in rows.iter_rows(named=True):
+        assert KEPT in (row["request_messages"] or "") + (row["response_text"] or ""), row["api"]
+    for table in ("rewards", "trajectory_events"):
+        capture_stack.wait_for_rows(lambda df: trajectory in set(df["trajectory_id"]), table)
+    needles = [needle for _, needle in shapes.values()]
+    assert_nowhere(capture_stack.lake, capture_stack.workdir / "logs", needles)

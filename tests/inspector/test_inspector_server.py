@@ -177,11 +177,15 @@ def test_label_notes_are_scrubbed_and_secret_shaped_labels_refused(client, lake)
     rollouts = land_rollouts(lake, groups=1, rollouts=1)
     refresh(client)
     key = "api_key_sk-" + "0f" * 20
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fw"
+    note = f"leaked {key} here, bearer {jwt} and ASIAIOSFODNN7EXAMPLE; bearer tokens expire"
     label = {"target_kind": "trajectory", "target_ids": rollouts.trajectories, "author": "ann"}
-    saved = client.post("/api/labels", json={**label, "note": f"leaked {key} here"})
+    saved = client.post("/api/labels", json={**label, "note": note})
     assert saved.status_code == 200, saved.text
     (row,) = lake.scan("labels").collect().iter_rows(named=True)
-    assert row["note"] == "leaked api_key_[REDACTED] here"
+    assert row["note"] == (
+        "leaked api_key_[REDACTED] here, [REDACTED] and [REDACTED]; bearer tokens expire"
+    )
     for field, value in [("quality_label", key), ("tags", [key]), ("author", key)]:
         refused = client.post("/api/labels", json={**label, "trainable": False, field: value})
         assert refused.status_code == 422, (field, refused.text)
