@@ -16,10 +16,13 @@ new version added (``lake.changes``); a row is *readable* when a poll first sees
 writers stop gracefully and the tables are read whole.
 
 Per fleet size: ``rows_per_s`` (rows landed / seconds from the start of the load to the last
-row readable), ``readable_p50_s``/``readable_p99_s`` (landed -> readable), ``data_commits`` and
-``commits_per_s`` per table (versions that added rows), ``versions`` per table (maintenance
-included), ``conflicts`` per table (log entries a writer tried to create and the store refused
-with 412: each is a retry of a commit, counted in the S3 server's request log), ``errors``
+row readable), ``readable_p50_s``/``readable_p99_s`` (landed -> readable), per table
+``data_commits`` (the appends in its history), ``commits_per_s`` (over the same span as rows/s,
+in all and per writer), ``commit_ms_p50``/``commit_ms_p99`` (an append's
+``execution_time_ms``, retries included) and ``retries`` (its ``num_retries``), ``versions``
+(maintenance included), ``conflicts`` (log entries a writer tried to create and the store
+refused with 412, counted in the S3 server's request log; ``ensure``'s creation races
+included), ``errors``
 (records the writers logged at ERROR: failed flushes), ``lost`` (landed, never in the table),
 ``duplicated`` (rows past the first of a key), ``log_bytes``/``data_bytes`` per table at the end.
 Top level: ``scaling_16`` (rows/s at 16 writers / at 1; null when 16 was not run),
@@ -309,14 +312,18 @@ def _figures(writers, lake, s3, reader, expected, began, loads, stops, conflicts
         lost += wanted.join(final, on=key, how="anti").height
         duplicated += final.height - final[key].n_unique()
         rows += final.height
-        commits = seen[table]["_commit_version"].n_unique() if seen[table].height else 0
+        writes = [c for c in lake.open(table).history() if c["operation"] == "WRITE"]
+        times = pl.Series([c["operationMetrics"]["execution_time_ms"] for c in writes])
         per_table[table] = {
             "rows": final.height,
-            "data_commits": commits,
-            "commits_per_s": round(commits / args.seconds, 2),
-            "commits_per_s_per_writer": round(commits / args.seconds / writers, 2),
+            "data_commits": len(writes),
+            "commits_per_s": round(len(writes) / (last_seen - began), 2),
+            "commits_per_s_per_writer": round(len(writes) / (last_seen - began) / writers, 2),
             "versions": lake.version(table) + 1,
             "conflicts": conflicts[table],
+            "retries": sum(c["operationMetrics"]["num_retries"] for c in writes),
+            "commit_ms_p50": times.quantile(0.5),
+            "commit_ms_p99": times.quantile(0.99),
             **sizes[table],
         }
     return {
