@@ -196,3 +196,17 @@ def test_exported_sequences_match_the_rows_and_the_manifest_says_so(tmp_path):
     non_tensor = pl.read_parquet(tmp_path / "verl/non_tensor.parquet")
     spans = json.loads(non_tensor["spans"][0])
     assert [s["turn_id"] for s in spans] == ["a-0", "a-1", "a-2"]
+
+
+def test_group_statistics_stay_per_trajectory_across_its_segments():
+    recipe = _recipe(group_statistics="per_trajectory", credit_assignment={"method": "broadcast"})
+    rows = in_layout(recipe, _plan(recipe, GROUP, {"a": 1.0, "b": 0.0}).rows)
+    advantage = dict(rows.group_by("trajectory_id").agg(pl.col("advantage").unique()).iter_rows())
+    scores = np.array([1.0, 0.0])  # one per trajectory, whatever its segments
+    expected = (scores - scores.mean()) / (scores.std(ddof=1) + 1e-6)
+    assert advantage == {"a": [pytest.approx(expected[0])], "b": [pytest.approx(expected[1])]}
+    tensors, _ = verl_arrays(rows, verl_layout(recipe))
+    mask = tensors["response_mask"][: rows.height]
+    assert np.allclose(
+        tensors["advantages"][: rows.height], rows["advantage"].to_numpy()[:, None] * mask
+    )
