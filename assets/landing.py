@@ -1,6 +1,6 @@
 """The landing tables (written by the capture proxy) and the sensor that notices new commits.
 
-Dagster never writes their rows (only ``assets.maintenance`` compacts and vacuums their files), so
+Dagster never writes their rows (only the maintenance pass compacts and vacuums their files), so
 they are external assets; the ingest sensor turns each new Delta version that changed data into a
 runless materialization, which is what declarative automation on the derived assets reacts to.
 It also launches the refresh run itself (steps to curated steps, then the batches they made
@@ -40,18 +40,6 @@ REFRESH = ["steps", "trajectories", "rewarded_steps", "scored_steps", "curated_s
 CLOSING_TABLES = ["trajectory_events", "rewards", "labels"]
 """Landing tables whose new rows can make a batch ready (a completion, a reward, a label): a
 waiting tick of the ingest sensor reports them the moment they land."""
-
-LANDING_READERS: dict[str, list[str]] = {
-    "turns": ["steps"],
-    "trajectory_events": ["steps", "trajectories", "rewarded_steps"],
-    "rewards": ["rewarded_steps"],
-    "trajectory_registrations": ["rewarded_steps"],
-    "labels": ["curated_steps"],
-    "policy_versions": [],
-}
-"""The incremental assets that read each landing table by Delta version: each records how far it
-read as the app transaction ``claw/<asset>/<table>`` on its own output table (``Increment``), and
-the landing tables' vacuum keeps what the slowest of them has yet to read."""
 
 LANDING_SPECS = [
     dg.AssetSpec(

@@ -1,116 +1,93 @@
-"""Lake maintenance: compaction and vacuum of the landing tables, which the proxies append to.
+"""Landing-table maintenance as a Dagster schedule: the pass the proxies run themselves
+(``claw_pipelines.maintenance``: compaction, checkpoint, log cleanup and vacuum, keeping what a
+lagging reader has yet to read), shown in the UI with its runs and logs.
 
-A proxy commits every second or so under load, so a landing table gains thousands of small files
-a day, and every open, checkpoint and scan of it slows down as it ages. The derived tables
-compact themselves after their commits; the landing tables are compacted here, by a scheduled
-job, so no proxy spends request-serving time on it. Compaction commits no data change: the
-change-data-feed readers skip it, and it is compatible with appends running at the same time.
-
-Compaction leaves the small files it merged on disk (older versions still refer to them), so a
-busy lake would hold its data twice over and more. The job then vacuums them once they were
-merged longer than the retention ago. Each derived asset reads the landing tables by Delta
-version, from the change data feed after its watermark (``incremental.increment``), and the feed
-reads the small files those versions added, not the merged ones. So the job stretches the
-retention to keep every file merged since the first version its slowest reader has yet to read
-(``LANDING_READERS``): a pipeline that lagged (Dagster stopped, an asset failing for days)
-catches up. A vacuum done outside this job that deletes them makes that reader fail with
-``lake.VersionsVacuumed`` (the rows are still in the table, but no longer by version). A read
-from the start (a new derived table, the inspector starting up) takes the table's snapshot
-instead. delta-rs refuses a retention shorter than the table's
-``delta.deletedFileRetentionDuration`` (7 days unless set) unless enforcement is turned off.
+It takes the same lease in the lake as the proxies, so a pass never runs beside theirs: while a
+proxy holds it, the run logs who does and does nothing. It releases the lease when done, as the
+schedule spaces its passes.
 """
 
-import math
-from datetime import UTC, datetime
-
 import dagster as dg
-from deltalake import DeltaTable
 from pydantic import Field
 
-from assets.landing import LANDING_READERS, LANDING_TABLES
-from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER
-from claw_pipelines.lake import Lake, compact, data_commits, watermark_app
-from claw_pipelines.schemas import utc_now
+from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES
+from claw_pipelines.lease import Lease
+from claw_pipelines.maintenance import Retention, maintain_lake
+from claw_pipelines.settings import get_settings
 from resources.lake import LakeResource
 
 MAINTENANCE_CRON = "*/10 * * * *"
+LEASE_S = 600.0
+"""How long a run holds the lease at a time (renewed before each table)."""
 
 
 class LandingMaintenanceConfig(dg.Config):
-    """How long merged files stay on disk (editable in the launchpad)."""
+    """How long what the pass removes stays (editable in the launchpad); unset: the
+    ``CLAW_*`` settings the proxies use."""
 
-    vacuum_retention_hours: int = Field(
-        default=168,
+    vacuum_retention_hours: int | None = Field(
+        default=None,
         ge=0,
-        description="Vacuum files merged away longer ago than this; readers may lag this much.",
+        description="Vacuum files merged away longer ago than this; readers may lag this much "
+        "(default CLAW_VACUUM_RETENTION_HOURS).",
     )
-    enforce_retention_duration: bool = Field(
-        default=True,
-        description="Refuse a retention shorter than delta.deletedFileRetentionDuration.",
+    enforce_retention_duration: bool | None = Field(
+        default=None,
+        description="Refuse a retention shorter than delta.deletedFileRetentionDuration "
+        "(default CLAW_VACUUM_ENFORCE_RETENTION).",
+    )
+    log_retention_hours: int | None = Field(
+        default=None,
+        ge=1,
+        description="Delete log entries and checkpoints older than this "
+        "(default CLAW_LOG_RETENTION_HOURS).",
     )
 
-
-def first_unread_commit(lake: Lake, name: str, table: DeltaTable) -> datetime | None:
-    """When the first rows of landing table ``name`` that one of its readers has yet to read were
-    committed (None when all are up to date). A reader that never read it reads its snapshot
-    from the start, which a vacuum cannot break, so it does not count."""
-    read = [
-        version
-        for reader in LANDING_READERS[name]
-        if (version := lake.committed_app_version(reader, watermark_app(reader, name))) is not None
-    ]
-    unread = data_commits(table, min(read)) if read else []
-    if not unread:
-        return None
-    return datetime.fromtimestamp(min(c["timestamp"] for c in unread) / 1000, UTC)
-
-
-def retention_hours(configured: int, unread_since: datetime | None, now: datetime) -> int:
-    """The configured retention, stretched (plus an hour for clock skew between writers) to keep
-    every file merged away since ``unread_since``: a file a reader still needs was added after
-    the last version it read, so it was merged, and its removal stamped, after that version's
-    commit. The job thus never deletes what a reader lagging behind has yet to read."""
-    if unread_since is None:
-        return configured
-    return max(configured, math.ceil((now - unread_since).total_seconds() / 3600) + 1)
+    def retention(self) -> Retention:
+        chosen = {
+            "vacuum_retention_hours": self.vacuum_retention_hours,
+            "enforce_retention_duration": self.enforce_retention_duration,
+            "log_retention_hours": self.log_retention_hours,
+        }
+        defaults = Retention.from_settings(get_settings())
+        return defaults.model_copy(
+            update={k: v for k, v in chosen.items() if v is not None}
+            | {"compact_after_files": COMPACT_AFTER_FILES}
+        )
 
 
 @dg.op(
-    description="Compact each landing table holding more than COMPACT_AFTER_FILES files, then "
-    "vacuum the files merged away longer than the retention ago."
+    description="Compact each landing table holding more than COMPACT_AFTER_FILES files, write "
+    "a checkpoint, delete the expired log and vacuum the files merged away longer than the "
+    "retention ago, under the lake's maintenance lease."
 )
 def maintain_landing_tables(
     context: dg.OpExecutionContext, config: LandingMaintenanceConfig, lake: LakeResource
 ) -> None:
     the_lake = lake.lake()
-    for name in LANDING_TABLES:
-        table = the_lake.open(name)
-        if table is None:
-            continue
-        before = len(table.file_uris())
-        compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
-        unread_since = first_unread_commit(the_lake, name, table)
-        retention = retention_hours(config.vacuum_retention_hours, unread_since, utc_now())
-        if retention > config.vacuum_retention_hours:
-            context.log.info(
-                "%s: a reader has yet to read versions committed since %s: vacuum keeps %d h",
-                name,
-                unread_since,
-                retention,
-            )
-        deleted = the_lake.vacuum(
-            name, retention, enforce_retention_duration=config.enforce_retention_duration
-        )
+    lease = Lease(the_lake, f"dagster-{context.run_id}", LEASE_S)
+    try:
+        passes = maintain_lake(the_lake, config.retention(), lease)
+    finally:
+        lease.release()
+    if passes is None:
+        holding = lease.holding()
+        context.log.info("%s holds the maintenance lease until %s", holding.holder,
+                         holding.expires_at)  # fmt: skip
+        return
+    for done in passes:
         context.log.info(
-            "%s: %d files, %d after compaction, %d merged files vacuumed",
-            name,
-            before,
-            len(table.file_uris()),
-            len(deleted),
+            "%s: %d files, %d after compaction, %d merged files vacuumed; log %s%s",
+            done.table,
+            done.files_before,
+            done.files_after,
+            done.vacuumed,
+            "cleaned up" if done.log_cleaned else "kept",
+            "" if done.unread_since is None else f" (a reader has yet to read {done.unread_since})",
         )
 
 
-@dg.job(description="Compacts the landing tables' small files and vacuums the merged ones.")
+@dg.job(description="The landing tables' maintenance pass (the proxies run it too).")
 def landing_maintenance():
     maintain_landing_tables()
 

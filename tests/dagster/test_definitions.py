@@ -54,7 +54,8 @@ def test_definitions_load_and_read_as_the_lifecycle() -> None:
 def test_the_vacuum_knows_every_reader_of_each_landing_table() -> None:
     """``LANDING_READERS`` (whose watermarks the vacuum keeps) names the assets that depend on
     each landing table: a new reader left out would have its unread versions vacuumed."""
-    from assets.landing import LANDING_READERS, LANDING_TABLES
+    from assets.landing import LANDING_TABLES
+    from claw_pipelines.maintenance import LANDING_READERS
 
     graph = defs.resolve_asset_graph()
     for table in LANDING_TABLES:

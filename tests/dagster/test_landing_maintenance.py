@@ -11,6 +11,7 @@ from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
 from claw_pipelines.lake import Lake, VersionsVacuumed, changes, compact
+from claw_pipelines.lease import Lease
 
 VACUUM_NOW = {
     "ops": {
@@ -127,3 +128,22 @@ def test_a_reader_whose_versions_were_vacuumed_elsewhere_fails_clearly(
     assert result.failure_data_for_node("steps").error.cause.cls_name == "VersionsVacuumed"
     rows = changes(turns, None, turns.version(), ["turn_id"], with_version=True)
     assert rows.height == 6 and set(rows["_commit_version"]) == {turns.version()}
+
+
+def test_the_job_waits_while_a_proxy_holds_the_lease(driver: Driver, bound, monkeypatch) -> None:
+    """The job and the proxies' maintainers take one lease in the lake: while a proxy holds
+    it the job does nothing; once it is free, the job's pass runs and lets it go."""
+    import assets.maintenance
+
+    monkeypatch.setattr(assets.maintenance, "COMPACT_AFTER_FILES", 2)
+    for seed in range(3):
+        land_rollouts(bound.lake, groups=1, group_size=2, steps=1, seed=seed)
+    proxy = Lease(bound.lake, "proxy-worker", 600)
+    assert proxy.acquire()
+    job = bound.defs.resolve_job_def("landing_maintenance")
+    assert job.execute_in_process(instance=driver.instance).success
+    assert len(bound.lake.open("turns").file_uris()) == 3  # untouched
+    proxy.release()
+    assert job.execute_in_process(instance=driver.instance).success
+    assert len(bound.lake.open("turns").file_uris()) == 1
+    assert proxy.acquire()  # released by the job
