@@ -1,4 +1,8 @@
-"""Materialization metadata that renders well in the Dagster UI (markdown, not polars reprs)."""
+"""Materialization metadata that renders well in the Dagster UI (markdown, not polars reprs).
+
+Dagster keeps it in its run storage, outside the lake: a sample's cells are scrubbed as capture
+scrubs rows (rows landed before a credential shape was known may still hold one), before they
+are cut to length, so no part of a credential is kept either."""
 
 from __future__ import annotations
 
@@ -9,9 +13,11 @@ import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from claw_pipelines.capture.redact import Redactor
 from claw_pipelines.incremental.increment import SAMPLE_ROWS, Increment
 
 CELL_CHARS = 80
+_REDACTOR = Redactor.from_environment()
 
 
 def _cell(value: Any) -> str:
@@ -23,7 +29,7 @@ def _cell(value: Any) -> str:
         text = f"[{len(value)} items]"
     else:
         text = str(value)
-    text = " ".join(text.split()).replace("|", "\\|")
+    text = _REDACTOR.text(" ".join(text.split())).replace("|", "\\|")
     return text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 1] + "…"
 
 
