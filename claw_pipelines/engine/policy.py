@@ -156,7 +156,10 @@ def respond_chat(
     the agent's turn, which every agent handles.
     """
     toolbox = Toolbox.of(tools, tool_choice)
-    latest = _latest_task(messages)
+    # With tools to explore, only a question of the current user turn counts: a new request
+    # after an answer is not the earlier task again.
+    asked = exploring.current_turn(messages) if toolbox.can_explore else messages
+    latest = _latest_task(asked)
     if latest is None:
         return _explore(messages, toolbox, rng)
     task, calls = latest

@@ -194,6 +194,17 @@ def test_odd_names_are_never_passed_to_the_shell(tmp_path: Path) -> None:
     assert not (cwd / "x").exists()
 
 
+def test_a_new_request_after_an_answer_is_explored_not_the_old_task(tmp_path: Path) -> None:
+    answered = [*QUESTION, Message(role="assistant", content="The answer is 82.")]
+    for seed in range(10):
+        look = [*answered, Message(role="user", content=LOOK)]
+        draft = respond_chat(look, tools(BASH), None, 200, random.Random(seed))
+        assert draft.tool_call is not None and '"pwd"' in draft.tool_call.arguments
+        again = [*answered, Message(role="user", content="And what is 2 + 3?")]
+        draft = respond_chat(again, tools(BASH), "required", 200, random.Random(seed))
+        assert draft.tool_call is not None and "$((2 + 3))" in draft.tool_call.arguments
+
+
 def test_asked_for_a_sub_agent_it_delegates_once_and_reports() -> None:
     declared = tools(BASH, READ, AGENT)
     ask = [Message(role="user", content="Use a sub-agent to look around.")]
