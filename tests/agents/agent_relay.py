@@ -9,9 +9,11 @@ something other than the capture code under test. ``OutboundGuard`` is the CLIs'
 
 from __future__ import annotations
 
+import asyncio
 import socketserver
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -39,11 +41,16 @@ class Exchange:
 
 @dataclass
 class Relay:
-    """A loopback HTTP relay to ``target`` that records every exchange (use as a context)."""
+    """A loopback HTTP relay to ``target`` that records every exchange (use as a context).
+
+    ``before_forward(n)`` runs (in a thread) before the ``n``-th request (from 0) is forwarded,
+    while the agent waits for its answer: a test restarts the proxy there, mid-session."""
 
     target: str
     exchanges: list[Exchange] = field(default_factory=list)
     port: int = field(default_factory=free_port)
+    before_forward: Callable[[int], object] | None = None
+    received: int = 0
 
     @property
     def url(self) -> str:
@@ -60,6 +67,9 @@ class Relay:
         if scope["query_string"]:
             path += "?" + scope["query_string"].decode()
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in SET_BY_CLIENT]
+        index, self.received = self.received, self.received + 1
+        if self.before_forward is not None:
+            await asyncio.to_thread(self.before_forward, index)
         async with httpx.AsyncClient(timeout=None) as client:
             request = client.build_request(
                 scope["method"], self.target + path, headers=headers, content=body

@@ -170,7 +170,8 @@ def run_offline(
     base = {"PATH": cli.path, "HOME": str(home), "TERM": "dumb", **guard.proxy_env()}
     done = _run([str(cli.executable), *arguments], CLI_TIMEOUT_S, env=base | env, cwd=cwd)
     assert done.returncode == 0, (
-        f"{cli.executable.name} exited {done.returncode}:\n{done.stderr[-4000:]}"
+        f"{cli.executable.name} exited {done.returncode}:\n{done.stderr[-4000:]}\n"
+        f"{done.stdout[-2000:]}"
     )
     return done
 

@@ -2,8 +2,11 @@
 
 Its only changes are the ones docs/agents.md gives a user: the base URL, the key and the model
 names (``policy``), identity as ``ANTHROPIC_CUSTOM_HEADERS``, and the switches that keep it off
-the internet. Two prompts of one session (``--continue``): each call must land engine-exact, and
-the second call's prompt must extend the first call's prompt and answer token for token.
+the internet. A prompt answered after running Claude Code's ``Bash`` (``pwd``, ``ls -p``) and
+``Read`` tools, the proxy killed with -9 and restarted while Claude Code waits for its third
+call, the first two still in the spool: every call must land engine-exact, each prompt must
+extend the previous prompt and answer token for token, and the session must become one sequence
+equal to the engine's answer log.
 """
 
 from __future__ import annotations
@@ -17,14 +20,20 @@ import pytest
 from agent_relay import OutboundGuard, Relay
 from agent_runs import (
     AGENT_TEST_TIMEOUT_S,
+    LOOK,
     InstalledCli,
     NpmCli,
     assert_conversation_extends,
+    assert_explored,
     assert_landed_engine_exact,
+    assert_sequences_match_answer_log,
+    kill_9_and_restart,
     model_calls,
     run_offline,
+    session_stack,
+    tool_calls,
+    work_folder,
 )
-from stack_fixtures import CaptureStack
 
 pytestmark = pytest.mark.timeout(AGENT_TEST_TIMEOUT_S)
 
@@ -54,27 +63,35 @@ def claude_env(base_url: str, key: str, trajectory: str, group: str) -> dict[str
     }
 
 
-def test_claude_code_calls_land_engine_exact(
-    capture_stack: CaptureStack, npm_cli: Callable[[NpmCli], InstalledCli], tmp_path: Path
+def test_claude_code_session_with_tool_calls_lands_engine_exact_through_a_kill_9(
+    npm_cli: Callable[[NpmCli], InstalledCli], tmp_path: Path
 ) -> None:
     claude = npm_cli(CLAUDE_CODE)
     trajectory, group = f"cc-{uuid.uuid4().hex[:8]}", "g-claude-code"
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir(), work.mkdir()
-    with Relay(capture_stack.proxy_url) as relay, OutboundGuard() as guard:
-        env = claude_env(relay.url, capture_stack.key, trajectory, group)
-        answers = []
-        for prompt, more in (("What is 17 + 25?", []), ("What is 6 * 7?", ["--continue"])):
-            arguments = ["-p", prompt, *more, "--output-format", "json"]
-            answers.append(
-                json.loads(run_offline(claude, arguments, home, work, guard, env).stdout)
-            )
-    assert guard.attempts == []
-    calls = model_calls(relay, "/v1/messages")
-    rows = assert_landed_engine_exact(capture_stack, calls, trajectory, "messages")
-    assert rows.height == len(calls) == 2  # one call per prompt: no side calls offline
-    assert set(rows["group_id"]) == {group} and set(rows["agent"]) == {"claude-code"}
-    assert [answer["is_error"] for answer in answers] == [False, False]
-    assert len({answer["session_id"] for answer in answers}) == 1
-    assert [answer["result"] for answer in answers] == rows["response_text"].to_list()
-    assert_conversation_extends(rows)
+    home = tmp_path / "home"
+    home.mkdir()
+    work = work_folder(tmp_path / "work")
+    with (
+        session_stack(tmp_path / "stack") as stack,
+        Relay(
+            stack.proxy_url, before_forward=lambda n: n == 2 and kill_9_and_restart(stack)
+        ) as relay,
+        OutboundGuard() as guard,
+    ):
+        env = claude_env(relay.url, stack.key, trajectory, group)
+        arguments = ["-p", LOOK, "--output-format", "json"]
+        answer = json.loads(run_offline(claude, arguments, home, work, guard, env).stdout)
+        assert guard.attempts == []
+        calls = model_calls(relay, "/v1/messages")
+        rows = assert_landed_engine_exact(stack, calls, trajectory, "messages")
+        assert rows.height == len(calls)  # no side calls offline
+        assert set(rows["group_id"]) == {group} and set(rows["agent"]) == {"claude-code"}
+        assert (answer["is_error"], answer["permission_denials"]) == (False, [])
+        assert_explored(answer["result"], work)
+        tools = [json.loads(m or "{}").get("tool_calls") or [] for m in rows["response_message"]]
+        names = [call["function"]["name"] for calls_made in tools for call in calls_made]
+        assert names.count("Bash") >= 2 and "Read" in names  # pwd, ls -p, then Read
+        assert tool_calls(rows) == len(names) == rows.height - 1
+        assert rows["response_text"][-1] == answer["result"]
+        assert_conversation_extends(rows)
+        assert assert_sequences_match_answer_log(stack, rows).height == 1
