@@ -60,6 +60,14 @@ def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
     return with_whole_prompts(stored, pl.scan_delta(table))
 
 
+def _starts_with(ids: pl.Expr, prefix: pl.Expr) -> pl.Expr:
+    """Whether list ``ids`` begins with list ``prefix``: ``prefix`` + the rest of ``ids`` equals
+    ``ids``. A head of per-row length copies each list's head (40 ms over a 100-call session's
+    prompts); a slice to the end does not."""
+    rest = ids.list.slice(prefix.list.len().fill_null(0), ids.list.len())
+    return pl.concat_list(prefix, rest) == ids
+
+
 def prefix_check(steps: pl.LazyFrame) -> pl.LazyFrame:
     """Whether each step of one trajectory extends the previous step's prompt + response IDs.
 
@@ -74,8 +82,8 @@ def prefix_check(steps: pl.LazyFrame) -> pl.LazyFrame:
     prev_prompt = prompt.shift(1)
     prev_response = pl.col("response_token_ids").shift(1)
     expected = pl.concat_list(prev_prompt, prev_response)
-    extends_prompt = prompt.list.head(prev_prompt.list.len()) == prev_prompt
-    consistent = prompt.list.head(expected.list.len()) == expected
+    extends_prompt = _starts_with(prompt, prev_prompt)
+    consistent = _starts_with(prompt, expected)
     return steps.sort("step_index").with_columns(
         pl.when(pl.col("step_index") == 0)
         .then(None)
@@ -102,6 +110,11 @@ def prefix_check(steps: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
+BULKY = ["prompt_token_ids", "request_messages", "request_tools", "api_request", "api_response"]
+"""A long session's bulk: each call repeats the conversation so far. Joins and sorts run
+without it, and the page's columns of it are gathered once, in step order, at the end."""
+
+
 def step_frame(turns: pl.DataFrame, state: LakeState) -> pl.DataFrame:
     """The trajectory's steps with everything the page shows, in step order.
 
@@ -110,22 +123,26 @@ def step_frame(turns: pl.DataFrame, state: LakeState) -> pl.DataFrame:
     after the step before it); otherwise (open trajectories, or before Dagster ran) they are
     computed here the same way.
     The first step has no verdict (the pipeline calls it consistent; there is nothing to extend).
+    The prompt's token IDs stay out: a step carries their count and what it added.
     """
     ids = turns["turn_id"].implode()
     steps = (
         state["steps"].filter(pl.col("turn_id").is_in(ids)).drop("_commit_version", "trajectory_id")
     )
-    frame = _with_verdicts(turns.lazy().join(steps.lazy(), on="turn_id", how="left"))
+    bulky = [c for c in BULKY if c in turns.columns]
+    light = _indexed(turns.lazy().drop(bulky).join(steps.lazy(), on="turn_id", how="left"))
+    tokens = turns.lazy().select("turn_id", "prompt_token_ids", "response_token_ids")
+    verdicts = _token_verdicts(light, tokens)
+    frame = _with_verdicts(
+        light.drop("shared_prefix_tokens").join(verdicts, on="turn_id", how="left")
+    )
     for facts in _step_facts(state, ids):
         frame = frame.join(facts.lazy(), on="turn_id", how="left")
-    return (
+    ordered = (
         frame.with_columns(
             ((pl.col("ended_at") - pl.col("started_at")).dt.total_milliseconds()).alias(
                 "duration_ms"
-            ),
-            pl.col("prompt_token_ids")
-            .list.slice(pl.col("shared_prefix_tokens"))
-            .alias("added_token_ids"),
+            )
         )
         .sort("started_at", "turn_id")
         .with_columns(pl.col("step_index").forward_fill().fill_null(-1).alias("_order"))
@@ -133,41 +150,62 @@ def step_frame(turns: pl.DataFrame, state: LakeState) -> pl.DataFrame:
         .drop("_order")
         .collect()
     )
+    shown = [c for c in ("request_messages", "request_tools") if c in turns.columns]
+    return ordered.join(
+        turns.select("turn_id", *shown), on="turn_id", how="left", maintain_order="left"
+    )
+
+
+def _indexed(frame: pl.LazyFrame) -> pl.LazyFrame:
+    """Each step's index: the pipeline's, else its place in time."""
+    return frame.with_columns(
+        pl.when(pl.col("step_index").is_not_null().any())
+        .then(pl.col("step_index").cast(pl.Int64))
+        .otherwise(pl.col("started_at").rank("ordinal").cast(pl.Int64) - 1)
+        .alias("step_index")
+    )
+
+
+def _token_verdicts(steps: pl.LazyFrame, tokens: pl.LazyFrame) -> pl.LazyFrame:
+    """Per turn, from its token IDs: the computed prefix verdict, the prompt's length, the
+    prefix it shares with the previous step (the pipeline's count, else the computed one) and
+    the tokens it added after that prefix."""
+    prompt = pl.col("prompt_token_ids")
+    shared = pl.coalesce("shared_prefix_tokens", "shared_prefix_computed", pl.lit(0))
+    return (
+        steps.select("turn_id", "step_index", "shared_prefix_tokens")
+        .join(tokens, on="turn_id", how="left")
+        .pipe(prefix_check)
+        .with_columns(
+            pl.when(prompt.is_not_null())
+            .then(shared.clip(0, prompt.list.len()))
+            .alias("shared_prefix_tokens")
+        )
+        .select(
+            "turn_id",
+            "prefix_consistent_computed",
+            "prefix_break_reason_computed",
+            "shared_prefix_tokens",
+            prompt.list.len().fill_null(0).alias("prompt_token_count"),
+            prompt.list.slice(pl.col("shared_prefix_tokens")).alias("added_token_ids"),
+        )
+    )
 
 
 def _with_verdicts(frame: pl.LazyFrame) -> pl.LazyFrame:
-    """Each step's index and prefix verdict: the pipeline's, else computed here."""
-    return (
-        frame.with_columns(
-            pl.when(pl.col("step_index").is_not_null().any())
-            .then(pl.col("step_index").cast(pl.Int64))
-            .otherwise(pl.col("started_at").rank("ordinal").cast(pl.Int64) - 1)
-            .alias("step_index")
-        )
-        .pipe(prefix_check)
-        .with_columns(
-            pl.when((pl.col("step_index") == 0) | pl.col("step_index").is_null())
-            .then(None)
-            .otherwise(pl.coalesce("prefix_consistent", "prefix_consistent_computed"))
-            .alias("prefix_consistent"),
-            pl.when(pl.col("prefix_consistent").is_not_null())
-            .then(pl.col("prefix_break_reason"))
-            .when(pl.col("step_index").is_not_null())
-            .then(pl.col("prefix_break_reason_computed"))
-            .alias("prefix_break_reason"),
-            pl.col("prefix_consistent").is_not_null().alias("prefix_from_pipeline"),
-            pl.when(pl.col("prompt_token_ids").is_not_null())
-            .then(
-                pl.coalesce("shared_prefix_tokens", "shared_prefix_computed", pl.lit(0)).clip(
-                    0, pl.col("prompt_token_ids").list.len()
-                )
-            )
-            .alias("shared_prefix_tokens"),
-        )
-        .drop(
-            "prefix_consistent_computed", "prefix_break_reason_computed", "shared_prefix_computed"
-        )
-    )
+    """Each step's prefix verdict: the pipeline's, else the one computed here."""
+    return frame.with_columns(
+        pl.when((pl.col("step_index") == 0) | pl.col("step_index").is_null())
+        .then(None)
+        .otherwise(pl.coalesce("prefix_consistent", "prefix_consistent_computed"))
+        .alias("prefix_consistent"),
+        pl.when(pl.col("prefix_consistent").is_not_null())
+        .then(pl.col("prefix_break_reason"))
+        .when(pl.col("step_index").is_not_null())
+        .then(pl.col("prefix_break_reason_computed"))
+        .alias("prefix_break_reason"),
+        pl.col("prefix_consistent").is_not_null().alias("prefix_from_pipeline"),
+    ).drop("prefix_consistent_computed", "prefix_break_reason_computed")
 
 
 def _step_facts(state: LakeState, ids: pl.Series) -> list[pl.DataFrame]:
@@ -297,12 +335,9 @@ def to_steps(frame: pl.DataFrame) -> list[StepOut]:
     """
     tokens = render.tokens_by_step(frame, "response_token_ids", "response_logprobs")
     added = render.texts_by_step(frame, "added_token_ids")
-    rows = frame.with_columns(
-        pl.col("prompt_token_ids").list.len().fill_null(0).alias("prompt_token_count")
-    ).drop("prompt_token_ids")
     steps = []
     previous: tuple[str | None, list[dict], dict] | None = None
-    for row in rows.to_dicts():
+    for row in frame.to_dicts():
         response = render.parse_json(row["response_message"])
         response = response if isinstance(response, dict) else {}
         content = render.content_text(response.get("content")) or (row["response_text"] or "")
