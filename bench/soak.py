@@ -68,7 +68,7 @@ QUESTION = "What is 17 + 25? Think step by step."
 REFRESH_RUNS = """
 query Runs {
   runsOrError(limit: 100000) {
-    ... on Runs { results { runId creationTime startTime endTime assetSelection { path } } }
+    ... on Runs { results { status creationTime startTime endTime assetSelection { path } } }
   }
 }
 """
@@ -222,12 +222,13 @@ def new_commits(lake: Lake, seen: dict[str, int]) -> dict[str, dict]:
 
 
 def refresh_runs(dagster_url: str) -> pl.DataFrame:
-    """The finished refresh runs (those that materialize ``steps``) from Dagster's run storage."""
+    """The refresh runs (those that materialize ``steps``) that succeeded, from Dagster's run
+    storage."""
     runs = _graphql(dagster_url, REFRESH_RUNS, {})["runsOrError"]["results"]
     rows = [
         {"created": r["creationTime"], "started": r["startTime"], "ended": r["endTime"]}
         for r in runs
-        if r["endTime"] and ["steps"] in [key["path"] for key in r["assetSelection"] or []]
+        if r["status"] == "SUCCESS" and ["steps"] in [k["path"] for k in r["assetSelection"] or []]
     ]
     schema = {"created": pl.Float64, "started": pl.Float64, "ended": pl.Float64}
     return pl.DataFrame(rows, schema=schema).sort("started")
