@@ -12,6 +12,8 @@ the references existed) read as they are.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import polars as pl
 
 REFERENCE = "prompt_prefix_turn_id"
@@ -25,6 +27,9 @@ _INPUTS = {
     PROMPT: [PROMPT, PREFIX_LEN, "prompt_len", "response_token_ids"],
     **{text: [text, f"{text}_shared"] for text in TEXTS},
 }
+
+
+Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)
 
 
 class BrokenReference(RuntimeError):
@@ -60,8 +65,11 @@ def with_whole_prompts(
     chain = _earlier_turns(rows, landed, inputs)
     pool = own if chain.is_empty() else pl.concat([chain, own], how="vertical_relaxed")
     pool = pool.unique("turn_id", keep="first", maintain_order=True)
-    whole = _resolve(pool, rebuilt)
-    placed = rows.select("turn_id").join(whole, on="turn_id", how="left", maintain_order="left")
+    wanted = rows.get_column("turn_id").unique()
+    placed = rows.select("turn_id")
+    for name in rebuilt:
+        whole = _whole_column(pool, name, wanted)
+        placed = placed.join(whole, on="turn_id", how="left", maintain_order="left")
     return rows.with_columns(placed.get_column(name) for name in rebuilt)
 
 
@@ -90,78 +98,171 @@ def _earlier_turns(
     )
 
 
-def _resolve(pool: pl.DataFrame, rebuilt: list[str]) -> pl.DataFrame:
-    """``turn_id`` and the ``rebuilt`` columns whole, for every turn of ``pool``: first those
-    stored whole, then, a link of the reference chains at a time, the turns referring to the
-    ones just rebuilt."""
-    referring = pl.col(REFERENCE).is_not_null()
-    newest = pool.filter(~referring)
-    parts, waiting = [newest], pool.filter(referring)
+_PIECE = ["owner", "position", "source", "kind", "start", "length"]
+"""A stretch of a turn's whole value: ``length`` items from ``start`` of the stored value of
+turn ``source`` (``kind`` 1: its response IDs), the ``position``-th of turn ``owner``'s."""
+
+
+def _whole_column(pool: pl.DataFrame, name: str, wanted: pl.Series) -> pl.DataFrame:
+    """``turn_id`` and ``name`` whole for the ``wanted`` turns of ``pool``.
+
+    The references are followed a link of the chains at a time on the pieces each whole value
+    is made of (narrow rows), so only the wanted values are put together: a trajectory's last
+    prompt costs its own tokens, not those of every prompt before it."""
+    prompt = name == PROMPT
+    spec = PREFIX_LEN if prompt else f"{name}_shared"
+    size = pl.col(name).list.len() if prompt else pl.col(name).str.len_chars()
+    turns = pool.select(
+        "turn_id",
+        REFERENCE,
+        spec,
+        size.fill_null(0).alias("_stored"),
+        *(
+            [pl.col("response_token_ids").list.len().fill_null(0).alias("_response")]
+            if prompt
+            else []
+        ),
+        *([pl.col("prompt_len")] if prompt else []),
+    )
+    referring = pl.col(spec).is_not_null()
+    newest = _own_piece(turns.filter(~referring), 0)
+    kept, waiting = [], turns.filter(referring)
     while waiting.height:
-        earlier = newest.select(
-            pl.col("turn_id").alias(REFERENCE),
-            *(pl.col(c).alias(f"_ref_{c}") for c in _reference_inputs(rebuilt)),
+        linked = waiting.join(
+            newest.select(pl.col("owner").alias(REFERENCE)).unique(), on=REFERENCE
         )
-        linked = waiting.join(earlier, on=REFERENCE)
         if linked.is_empty():
             raise BrokenReference(f"turns refer to turns not found: {_some(waiting)}")
-        newest = _check(linked.with_columns(_rebuilt(rebuilt))).select(pool.columns)
-        parts.append(newest)
-        waiting = waiting.join(newest.select("turn_id"), on="turn_id", how="anti")
-    return pl.concat(parts).select("turn_id", *rebuilt)
+        newest = _linked_pieces(linked, newest, turns, spec, prompt)
+        kept.append(newest.join(wanted.to_frame("owner"), on="owner", how="semi"))
+        waiting = waiting.join(linked.select("turn_id"), on="turn_id", how="anti")
+    stored = pool.join(wanted.to_frame("turn_id"), on="turn_id", how="semi")
+    whole = stored.filter(pl.col(spec).is_null()).select("turn_id", name)
+    if kept:
+        whole = pl.concat([whole, _assembled(pl.concat(kept), pool, turns, name, prompt)])
+    return whole
 
 
-def _reference_inputs(rebuilt: list[str]) -> list[str]:
-    return [*rebuilt, *(["response_token_ids"] if PROMPT in rebuilt else [])]
+def _own_piece(turns: Frame, part: int) -> Frame:
+    """Each turn's stored value as one piece, in ``part`` of its value."""
+    return turns.select(
+        pl.col("turn_id").alias("owner"),
+        pl.lit(part, pl.Int64).alias("position"),
+        pl.col("turn_id").alias("source"),
+        pl.lit(0, pl.Int8).alias("kind"),
+        pl.lit(0, pl.Int64).alias("start"),
+        pl.col("_stored").cast(pl.Int64).alias("length"),
+    )
 
 
-def _rebuilt(rebuilt: list[str]) -> list[pl.Expr]:
-    exprs = []
-    if PROMPT in rebuilt:
-        empty = pl.lit([], dtype=pl.List(pl.Int32))
-        sequence = pl.concat_list(
-            f"_ref_{PROMPT}", pl.col("_ref_response_token_ids").fill_null(empty)
+def _linked_pieces(
+    linked: pl.DataFrame, earlier: pl.DataFrame, turns: pl.DataFrame, spec: str, prompt: bool
+) -> pl.DataFrame:
+    """The pieces of the ``linked`` turns: the stretches of their referenced turn's value
+    (``earlier``'s pieces; for a prompt, its pieces and then its response) they share, and
+    their own stored piece between the head and the tail they share. One lazy plan: a chain
+    is as many links as its trajectory has calls."""
+    linked, earlier = linked.lazy(), earlier.lazy()
+    if prompt:
+        responses = turns.lazy().join(
+            linked.select(pl.col(REFERENCE).alias("turn_id")).unique(), on="turn_id"
         )
-        prefix = pl.col(PREFIX_LEN)
-        exprs.append(
-            pl.when(prefix.is_null())
-            .then(pl.col(PROMPT))
-            .otherwise(pl.concat_list(sequence.list.head(prefix), PROMPT))
-            .alias(PROMPT)
+        earlier = pl.concat([earlier, _response_piece(responses)])
+    length = pl.col("length")
+    offsets = earlier.sort("owner", "position").with_columns(
+        (length.cum_sum().over("owner") - length).alias("_at"),
+        length.sum().over("owner").alias("_total"),
+    )
+    if prompt:
+        ranges = linked.select(
+            "turn_id", REFERENCE, pl.col(spec).alias("_head"), pl.lit(0).alias("_tail")
         )
-    for text in (name for name in TEXTS if name in rebuilt):
-        shared, earlier = pl.col(f"{text}_shared"), pl.col(f"_ref_{text}")
-        exprs.append(
-            pl.when(shared.is_null())
-            .then(pl.col(text))
-            .otherwise(
-                pl.concat_str(
-                    earlier.str.head(shared.list.get(0)),
-                    text,
-                    earlier.str.tail(shared.list.get(1)),
-                )
-            )
-            .alias(text)
+    else:
+        ranges = linked.select(
+            "turn_id",
+            REFERENCE,
+            pl.col(spec).list.get(0).alias("_head"),
+            pl.col(spec).list.get(1).alias("_tail"),
         )
-    return exprs
-
-
-def _check(linked: pl.DataFrame) -> pl.DataFrame:
-    """Rows whose rebuilt prompt has its stored length, and whose shared texts had an
-    earlier text to come from; else ``BrokenReference``."""
-    wrong = pl.lit(False)
-    if PROMPT in linked.columns and PREFIX_LEN in linked.columns:
-        rebuilt_len = pl.col(PROMPT).list.len()
-        wrong = wrong | (
-            pl.col(PREFIX_LEN).is_not_null()
-            & (pl.col(PROMPT).is_null() | rebuilt_len.ne_missing(pl.col("prompt_len")))
-        )
-    for text in (name for name in TEXTS if f"{name}_shared" in linked.columns):
-        wrong = wrong | (pl.col(f"{text}_shared").is_not_null() & pl.col(text).is_null())
-    broken = linked.filter(wrong)
+    shared = ranges.join(offsets, left_on=REFERENCE, right_on="owner")
+    head = _clipped(shared, pl.lit(0), pl.col("_head"), 0)
+    tail = _clipped(shared, pl.col("_total") - pl.col("_tail"), pl.col("_total"), 2)
+    own = _own_piece(linked, 1).with_columns(pl.lit(0, pl.Int64).alias("_order"))
+    pieces = (
+        pl.concat([head, own, tail])
+        .sort("owner", "position", "_order")
+        .with_columns(pl.int_range(pl.len()).over("owner").cast(pl.Int64).alias("position"))
+        .select(_PIECE)
+    )
+    pieces, broken = pl.collect_all([pieces, _broken(pieces, linked, ranges, prompt)])
     if broken.height:
         raise BrokenReference(f"rebuilt prompts differ from their stored length: {_some(broken)}")
-    return linked
+    return pieces
+
+
+def _response_piece(turns: pl.LazyFrame) -> pl.LazyFrame:
+    return turns.select(
+        pl.col("turn_id").alias("owner"),
+        pl.lit(2**40, pl.Int64).alias("position"),
+        pl.col("turn_id").alias("source"),
+        pl.lit(1, pl.Int8).alias("kind"),
+        pl.lit(0, pl.Int64).alias("start"),
+        pl.col("_response").cast(pl.Int64).alias("length"),
+    )
+
+
+def _clipped(shared: pl.LazyFrame, begin: pl.Expr, end: pl.Expr, part: int) -> pl.LazyFrame:
+    """The parts of the referenced turns' pieces within ``[begin, end)`` of its value, as
+    pieces of the referring turn, in ``part`` of its value (0 head, 2 tail; its own is 1)."""
+    at, length = pl.col("_at"), pl.col("length")
+    low, high = pl.max_horizontal(at, begin), pl.min_horizontal(at + length, end)
+    return shared.filter(high > low).select(
+        pl.col("turn_id").alias("owner"),
+        pl.lit(part, pl.Int64).alias("position"),
+        "source",
+        "kind",
+        (pl.col("start") + low - at).alias("start"),
+        (high - low).alias("length"),
+        pl.col("position").alias("_order"),
+    )
+
+
+def _broken(
+    pieces: pl.LazyFrame, linked: pl.LazyFrame, ranges: pl.LazyFrame, prompt: bool
+) -> pl.LazyFrame:
+    """The linked turns whose pieces do not add up to their whole length (a prompt's is
+    stored as ``prompt_len``): a referenced value shorter than what they share."""
+    expected = ranges.join(
+        linked.select("turn_id", "_stored", *(["prompt_len"] if prompt else [])), on="turn_id"
+    )
+    total = pl.col("_sum").fill_null(0)
+    whole = pl.col("prompt_len") if prompt else total
+    sums = pieces.group_by("owner").agg(pl.col("length").sum().alias("_sum"))
+    return expected.join(sums, left_on="turn_id", right_on="owner", how="left").filter(
+        total.ne_missing(pl.col("_head") + pl.col("_stored") + pl.col("_tail"))
+        | total.ne_missing(whole)
+    )
+
+
+def _assembled(
+    pieces: pl.DataFrame, pool: pl.DataFrame, turns: pl.DataFrame, name: str, prompt: bool
+) -> pl.DataFrame:
+    """The wanted turns' values put together from their pieces, in order."""
+    values = pool.select(
+        pl.col("turn_id").alias("source"), name, *(["response_token_ids"] if prompt else [])
+    )
+    joined = pieces.join(values, on="source", how="left").sort("owner", "position")
+    if prompt:
+        value = pl.when(pl.col("kind") == 1).then("response_token_ids").otherwise(name)
+        piece = value.list.slice(pl.col("start"), pl.col("length"))
+        whole = piece.list.explode(keep_nulls=False, empty_as_null=False)
+    else:
+        whole = pl.col(name).str.slice(pl.col("start"), pl.col("length")).str.join("")
+    return (
+        joined.group_by("owner", maintain_order=True)
+        .agg(whole.alias(name))
+        .rename({"owner": "turn_id"})
+    )
 
 
 def _some(frame: pl.DataFrame) -> str:
