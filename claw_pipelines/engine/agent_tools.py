@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -145,10 +144,6 @@ class Toolbox:
     def can_explore(self) -> bool:
         """Whether it can list a directory and read what it lists."""
         return Kind.SHELL in self.usable or {Kind.LIST, Kind.READ} <= self.usable.keys()
-
-
-def shell_line(*words: str) -> str:
-    return " ".join(shlex.quote(word) for word in words)
 
 
 def tool_output(result: str) -> str:

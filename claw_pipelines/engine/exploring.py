@@ -16,16 +16,15 @@ from __future__ import annotations
 import posixpath
 import random
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from claw_pipelines.engine.agent_tools import (
+    PLAIN_NAME,
     AgentTool,
     Kind,
     Toolbox,
     listed_files,
-    shell_line,
     tool_output,
 )
 from claw_pipelines.engine.protocol import FunctionCall, Message
@@ -37,6 +36,8 @@ FILES_NAMED = 6
 """How many of the files read the answer names before "and N more"."""
 PWD, LIST = "pwd", "ls -p"
 DELEGATE_RE = re.compile(r"\bsub-?agents?\b", re.IGNORECASE)
+CAT_RE = re.compile(rf"cat ({PLAIN_NAME.pattern})")
+"""The read it makes with a shell: ``cat`` of a plain name, which needs no quoting."""
 DELEGATED_PROMPT = "List the files in the working directory and read each of them."
 
 
@@ -65,8 +66,8 @@ class Progress:
             self.asked_cwd = True
             first = output.strip().splitlines()[:1]
             self.cwd = first[0] if first and first[0].startswith("/") else None
-        elif value.startswith("cat "):
-            self.read[shlex.split(value)[-1]] = output
+        elif (cat := CAT_RE.fullmatch(value)) is not None:
+            self.read[cat[1]] = output
 
 
 def current_turn(messages: Sequence[Message]) -> Sequence[Message]:
@@ -120,7 +121,7 @@ def next_call(
     if reader:
         return reader.call(posixpath.join(done.cwd or "", name), f"Read {name}"), done
     if shell:
-        return shell.call(shell_line("cat", name), f"Read {name}"), done
+        return shell.call(f"cat {name}", f"Read {name}"), done
     return None, done
 
 

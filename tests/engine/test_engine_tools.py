@@ -223,6 +223,18 @@ def test_asked_for_a_sub_agent_it_delegates_once_and_reports() -> None:
     assert final.tool_call is None and "I read 3 files." in final.text
 
 
+def test_calls_the_engine_did_not_make_are_not_read_as_its_progress() -> None:
+    """An agent's own earlier calls (an unbalanced quote, another command) neither count as a
+    read nor break the engine."""
+    made = {"id": "c1", "function": {"name": "Bash", "arguments": '{"command": "cat \'a b"}'}}
+    other = {"id": "c2", "function": {"name": "Bash", "arguments": '{"command": "git status"}'}}
+    messages = [Message(role="user", content=LOOK)]
+    messages += [Message(role="assistant", tool_calls=[made, other])]
+    messages += [Message(role="tool", tool_call_id=c, content="x") for c in ("c1", "c2")]
+    draft = respond_chat(messages, tools(BASH), None, 200, random.Random(0))
+    assert draft.tool_call is not None and '"pwd"' in draft.tool_call.arguments
+
+
 def test_outputs_are_read_without_the_agents_wrapping() -> None:
     codex = "Chunk ID: 1\nWall time: 0.01 seconds\nProcess exited with code 0\nOutput:\n82\n"
     assert tool_output(codex) == "82\n"
