@@ -1,10 +1,10 @@
 """The shape rules of Responses and Messages requests that the edge checks before serving them.
 
 A chat request the engine cannot take comes back a 400 naming the field; LiteLLM's translations
-of these two APIs accept malformed requests the providers refuse (a ``system`` role inside
-Messages ``messages``, a tool without its name or schema, a tool result answering no call) and
-serve them as something else. So the edge refuses them with a 400 naming the field, in both
-``api_mode``s. Fields these models do not name pass through unchecked.
+of these two APIs accept malformed requests the providers refuse (a ``tool`` role inside
+Messages ``messages``, ``system: 5``, a tool without its name or schema, a tool result answering
+no call) and serve them as something else. So the edge refuses them with a 400 naming the
+field, in both ``api_mode``s. Fields these models do not name pass through unchecked.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ class RequestShapeError(ValueError):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}" if field else problem)
         self.field = field
+
+
+MESSAGES_ROLES = ("user", "assistant", "system")
 
 
 class _Open(BaseModel):
@@ -56,12 +59,11 @@ class MessagesMessage(_Open):
 
     @field_validator("role")
     @classmethod
-    def _user_or_assistant(cls, role: str) -> str:
-        if role not in ("user", "assistant"):
-            raise ValueError(
-                f"must be 'user' or 'assistant', not {role!r} (a system prompt goes in the "
-                "top-level `system`)"
-            )
+    def _a_messages_role(cls, role: str) -> str:
+        """``system`` too: Claude Code sends mid-conversation system messages (its Agent tool's
+        agent types), which LiteLLM's adapter translates to chat system messages."""
+        if role not in MESSAGES_ROLES:
+            raise ValueError(f"must be one of {', '.join(MESSAGES_ROLES)}, not {role!r}")
         return role
 
 

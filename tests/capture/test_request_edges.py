@@ -68,10 +68,10 @@ def test_a_malformed_token_id_prompt_is_a_400_naming_the_item(
 
 MESSAGES = [{"role": "user", "content": QUESTION}]
 MALFORMED = {
-    "messages: system role in messages": (
+    "messages: a role Messages has not": (
         "/v1/messages",
-        {"messages": [{"role": "system", "content": "Be brief."}, *MESSAGES]},
-        "messages[0].role",
+        {"messages": [*MESSAGES, {"role": "tool", "content": "4"}]},
+        "messages[1].role",
     ),
     "messages: system not text": ("/v1/messages", {"system": 5, "messages": MESSAGES}, "system"),
     "messages: tool without input_schema": (
@@ -107,6 +107,17 @@ MALFORMED = {
         "tools[0].name",
     ),
 }
+
+
+def test_a_system_message_inside_messages_is_served(capture_stack: CaptureStack) -> None:
+    """Claude Code sends mid-conversation system messages in ``messages``; LiteLLM's adapter
+    hands them on as a user turn's operator note."""
+    system = {"role": "system", "content": "Be brief."}
+    body = {"model": "policy", "max_tokens": 16, "messages": [*MESSAGES, system, *MESSAGES]}
+    response = post(capture_stack, "/v1/messages", json.dumps(body).encode())
+    assert response.status_code == 200, response.text
+    (row,) = landed(capture_stack, [response.headers["x-litellm-call-id"]]).iter_rows(named=True)
+    assert "Be brief." in row["request_messages"]
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))
