@@ -140,7 +140,10 @@ def _unanswered_messages_result(request: dict[str, Any]) -> tuple | None:
 
 def _unanswered_responses_output(request: dict[str, Any]) -> tuple | None:
     """The path of the first ``function_call_output`` whose ``call_id`` no earlier
-    ``function_call`` has."""
+    ``function_call`` has; a request continuing a stored response (a native backend's
+    ``previous_response_id``) may answer the calls of that response."""
+    if request.get("previous_response_id") is not None:
+        return None
     items = request["input"] if isinstance(request["input"], list) else []
     calls: set[object] = set()
     for i, item in enumerate(items):
