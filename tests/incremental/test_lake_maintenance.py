@@ -19,7 +19,13 @@ import pytest
 
 from claw_pipelines.lake import Lake, changes, data_commits, watermark_app
 from claw_pipelines.lease import Lease
-from claw_pipelines.maintenance import LeaseLost, Retention, maintain_lake, maintain_table
+from claw_pipelines.maintenance import (
+    LeaseLost,
+    Maintainer,
+    Retention,
+    maintain_lake,
+    maintain_table,
+)
 from claw_pipelines.schemas import Turn, rows_to_arrow, utc_now
 
 NOW = Retention(
@@ -237,3 +243,21 @@ def test_passes_of_two_proxies_never_overlap(tmp_path: Path) -> None:
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
     assert len(_turn_ids(lake)) == 50
     assert pl.Series(_turn_ids(lake)).n_unique() == 50
+
+
+def test_a_proxy_maintainer_runs_passes_in_the_background(tmp_path: Path) -> None:
+    """The proxy's maintainer thread takes the lease and compacts what the writer committed
+    meanwhile, pass after pass, until stopped."""
+    lake = Lake(str(tmp_path / "lake"))
+    _land(lake, 20)
+    maintainer = Maintainer(lake, NOW, "proxy-1", interval_s=0.2)
+    maintainer.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(lake.open("turns").file_uris()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(lake.open("turns").file_uris()) == 1
+        assert maintainer.lease.holding().holder == "proxy-1"
+    finally:
+        maintainer.stop()
+    assert len(_turn_ids(lake)) == 20
