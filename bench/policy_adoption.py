@@ -30,20 +30,28 @@ from claw_pipelines.stack import start_engine, start_proxy
 
 WORKERS = 3
 DEADLINE_S = 30
+STARTUP_S = 300
 
 
-async def _adoption(client: httpx.AsyncClient, proxies: list[Service], version: int) -> float:
-    """Seconds from now until every worker was seen serving ``version``."""
+async def _adoption(
+    client: httpx.AsyncClient,
+    proxies: list[Service],
+    version: int | None,
+    deadline_s: float = DEADLINE_S,
+) -> float:
+    """Seconds from now until every worker was seen serving ``version`` (None: any version,
+    i.e. up: a proxy answers once its first worker is, and a loaded machine starts the second
+    one tens of seconds later)."""
     start = time.perf_counter()
     seen: set[str] = set()
     while len(seen) < WORKERS:
-        if time.perf_counter() - start > DEADLINE_S:
+        if time.perf_counter() - start > deadline_s:
             raise TimeoutError(f"only {len(seen)} workers adopted version {version}")
         targets = [proxies[0]] * 4 + [proxies[1]]
         answers = await asyncio.gather(
             *(client.get(f"{proxy.url}/claw/v1/policy") for proxy in targets)
         )
-        seen |= {a.json()["writer_id"] for a in answers if a.json()["version"] == version}
+        seen |= {a.json()["writer_id"] for a in answers if version in (None, a.json()["version"])}
     return time.perf_counter() - start
 
 
@@ -52,6 +60,7 @@ async def _announces(key: str, proxies: list[Service], count: int) -> tuple[list
     limits = httpx.Limits(max_keepalive_connections=0)
     headers = {"authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=30) as client:
+        await _adoption(client, proxies, None, STARTUP_S)
         for version in range(1, count + 1):
             via = proxies[version % 2]
             start = time.perf_counter()
