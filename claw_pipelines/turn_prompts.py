@@ -12,8 +12,6 @@ the references existed) read as they are.
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 import polars as pl
 
 REFERENCE = "prompt_prefix_turn_id"
@@ -27,9 +25,6 @@ _INPUTS = {
     PROMPT: [PROMPT, PREFIX_LEN, "prompt_len", "response_token_ids"],
     **{text: [text, f"{text}_shared"] for text in TEXTS},
 }
-
-
-Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)
 
 
 class BrokenReference(RuntimeError):
@@ -98,156 +93,179 @@ def _earlier_turns(
     )
 
 
-_PIECE = ["owner", "position", "source", "kind", "start", "length"]
-"""A stretch of a turn's whole value: ``length`` items from ``start`` of the stored value of
-turn ``source`` (``kind`` 1: its response IDs), the ``position``-th of turn ``owner``'s."""
+ANCHOR = 2
+"""``kind`` of a piece that is a stretch of the owner's anchor's whole value (not yet known);
+0 and 1 are a stored value and a response."""
 
 
 def _whole_column(pool: pl.DataFrame, name: str, wanted: pl.Series) -> pl.DataFrame:
     """``turn_id`` and ``name`` whole for the ``wanted`` turns of ``pool``.
 
-    The references are followed a link of the chains at a time on the pieces each whole value
-    is made of (narrow rows), so only the wanted values are put together: a trajectory's last
-    prompt costs its own tokens, not those of every prompt before it."""
+    Each value is a list of pieces (narrow rows): stretches of stored values and of the value
+    of an earlier turn, its anchor, at first the turn it refers to. Each round replaces the
+    anchor's stretches by the anchor's own pieces, so the anchors jump twice as far back each
+    round (a 100-call chain in 7 rounds) until they are turns stored whole; then only the
+    wanted values are put together."""
     prompt = name == PROMPT
     spec = PREFIX_LEN if prompt else f"{name}_shared"
-    size = pl.col(name).list.len() if prompt else pl.col(name).str.len_chars()
-    turns = pool.select(
-        "turn_id",
-        REFERENCE,
-        spec,
-        size.fill_null(0).alias("_stored"),
-        *(
-            [pl.col("response_token_ids").list.len().fill_null(0).alias("_response")]
-            if prompt
-            else []
-        ),
-        *([pl.col("prompt_len")] if prompt else []),
+    turns = _lengths(pool, name, spec, prompt)
+    pieces = _first_pieces(turns, spec, prompt)
+    anchors = turns.select("turn_id", pl.col(REFERENCE).alias("_anchor"))
+    roots = turns.filter(pl.col(REFERENCE).is_null()).select("turn_id")
+    lost = anchors.filter(pl.col("_anchor").is_not_null()).join(
+        anchors.select(pl.col("turn_id").alias("_anchor")), on="_anchor", how="anti"
     )
-    referring = pl.col(spec).is_not_null()
-    newest = _own_piece(turns.filter(~referring), 0)
-    kept, waiting = [], turns.filter(referring)
-    while waiting.height:
-        linked = waiting.join(
-            newest.select(pl.col("owner").alias(REFERENCE)).unique(), on=REFERENCE
+    if lost.height:
+        raise BrokenReference(f"turns refer to turns not found: {_some(lost)}")
+    while True:
+        jumping = anchors.join(roots.rename({"turn_id": "_anchor"}), on="_anchor", how="anti")
+        jumping = jumping.filter(pl.col("_anchor").is_not_null())
+        if jumping.is_empty():
+            break
+        pieces = _jumped(pieces, jumping)
+        further = jumping.join(
+            anchors.rename({"turn_id": "_anchor", "_anchor": "_next"}), on="_anchor"
         )
-        if linked.is_empty():
-            raise BrokenReference(f"turns refer to turns not found: {_some(waiting)}")
-        newest = _linked_pieces(linked, newest, turns, spec, prompt)
-        kept.append(newest.join(wanted.to_frame("owner"), on="owner", how="semi"))
-        waiting = waiting.join(linked.select("turn_id"), on="turn_id", how="anti")
+        anchors = anchors.join(further.select("turn_id", "_next"), on="turn_id", how="left")
+        anchors = anchors.select("turn_id", pl.coalesce("_next", "_anchor").alias("_anchor"))
+    mine = pieces.join(wanted.to_frame("owner"), on="owner", how="semi")
+    rooted = mine.join(anchors.rename({"turn_id": "owner"}), on="owner", how="left")
+    literal = rooted.with_columns(
+        pl.when(pl.col("kind") == ANCHOR).then("_anchor").otherwise("source").alias("source"),
+        pl.when(pl.col("kind") == ANCHOR).then(0).otherwise("kind").cast(pl.Int8).alias("kind"),
+    )
     stored = pool.join(wanted.to_frame("turn_id"), on="turn_id", how="semi")
     whole = stored.filter(pl.col(spec).is_null()).select("turn_id", name)
-    if kept:
-        whole = pl.concat([whole, _assembled(pl.concat(kept), pool, turns, name, prompt)])
+    referring = literal.join(whole.select(pl.col("turn_id").alias("owner")), on="owner", how="anti")
+    if referring.height:
+        assembled = _assembled(referring, pool, name, prompt)
+        whole = pl.concat([whole, _proven(assembled, turns, name, prompt)])
     return whole
 
 
-def _own_piece(turns: Frame, part: int) -> Frame:
-    """Each turn's stored value as one piece, in ``part`` of its value."""
-    return turns.select(
-        pl.col("turn_id").alias("owner"),
-        pl.lit(part, pl.Int64).alias("position"),
-        pl.col("turn_id").alias("source"),
-        pl.lit(0, pl.Int8).alias("kind"),
-        pl.lit(0, pl.Int64).alias("start"),
-        pl.col("_stored").cast(pl.Int64).alias("length"),
-    )
-
-
-def _linked_pieces(
-    linked: pl.DataFrame, earlier: pl.DataFrame, turns: pl.DataFrame, spec: str, prompt: bool
-) -> pl.DataFrame:
-    """The pieces of the ``linked`` turns: the stretches of their referenced turn's value
-    (``earlier``'s pieces; for a prompt, its pieces and then its response) they share, and
-    their own stored piece between the head and the tail they share. One lazy plan: a chain
-    is as many links as its trajectory has calls."""
-    linked, earlier = linked.lazy(), earlier.lazy()
+def _lengths(pool: pl.DataFrame, name: str, spec: str, prompt: bool) -> pl.DataFrame:
+    """Per turn, what its pieces are made of: its reference, the shared ``_head`` and
+    ``_tail``, the stored length and the whole one (its referrers' tails end there)."""
+    stored = (pl.col(name).list.len() if prompt else pl.col(name).str.len_chars()).fill_null(0)
     if prompt:
-        responses = turns.lazy().join(
-            linked.select(pl.col(REFERENCE).alias("turn_id")).unique(), on="turn_id"
-        )
-        earlier = pl.concat([earlier, _response_piece(responses)])
-    length = pl.col("length")
-    offsets = earlier.sort("owner", "position").with_columns(
-        (length.cum_sum().over("owner") - length).alias("_at"),
-        length.sum().over("owner").alias("_total"),
-    )
-    if prompt:
-        ranges = linked.select(
-            "turn_id", REFERENCE, pl.col(spec).alias("_head"), pl.lit(0).alias("_tail")
-        )
+        head, tail = pl.col(spec), pl.lit(0)
+        whole = pl.coalesce("prompt_len", stored)
     else:
-        ranges = linked.select(
-            "turn_id",
-            REFERENCE,
-            pl.col(spec).list.get(0).alias("_head"),
-            pl.col(spec).list.get(1).alias("_tail"),
+        head, tail = pl.col(spec).list.get(0), pl.col(spec).list.get(1)
+        whole = pl.when(pl.col(spec).is_null()).then(stored).otherwise(head + stored + tail)
+    return pool.select(
+        "turn_id",
+        pl.when(pl.col(spec).is_not_null()).then(REFERENCE).alias(REFERENCE),
+        head.cast(pl.Int64).alias("_head"),
+        tail.cast(pl.Int64).alias("_tail"),
+        stored.cast(pl.Int64).alias("_stored"),
+        whole.cast(pl.Int64).alias("_whole"),
+    )
+
+
+def _piece(owner: str, source: str, kind: int | pl.Expr, start: pl.Expr, length: pl.Expr) -> list:
+    return [
+        pl.col(owner).alias("owner"),
+        pl.col(source).alias("source"),
+        (kind if isinstance(kind, pl.Expr) else pl.lit(kind)).cast(pl.Int8).alias("kind"),
+        start.cast(pl.Int64).alias("start"),
+        length.cast(pl.Int64).alias("length"),
+    ]
+
+
+def _first_pieces(turns: pl.DataFrame, spec: str, prompt: bool) -> pl.DataFrame:
+    """Each turn's value as pieces around its own stored value: the head it shares with the
+    turn it refers to (for a prompt, the part beyond that turn's prompt is its response), its
+    stored value, the tail it shares."""
+    earlier = turns.select(
+        pl.col("turn_id").alias(REFERENCE),
+        pl.col("_whole").alias("_ref_whole"),
+    )
+    linked = turns.join(earlier, on=REFERENCE, how="left")
+    referring = pl.col(REFERENCE).is_not_null()
+    head = pl.min_horizontal("_head", "_ref_whole") if prompt else pl.col("_head")
+    parts = [
+        linked.filter(referring).select(*_piece("turn_id", REFERENCE, ANCHOR, pl.lit(0), head)),
+        linked.select(*_piece("turn_id", "turn_id", 0, pl.lit(0), pl.col("_stored"))),
+        linked.filter(referring).select(
+            *_piece(
+                "turn_id",
+                REFERENCE,
+                ANCHOR,
+                pl.col("_ref_whole") - pl.col("_tail"),
+                pl.col("_tail"),
+            )
+        ),
+    ]
+    if prompt:
+        beyond = pl.col("_head") - pl.col("_ref_whole")
+        parts.insert(
+            1,
+            linked.filter(referring & (beyond > 0)).select(
+                *_piece("turn_id", REFERENCE, 1, pl.lit(0), beyond)
+            ),
         )
-    shared = ranges.join(offsets, left_on=REFERENCE, right_on="owner")
-    head = _clipped(shared, pl.lit(0), pl.col("_head"), 0)
-    tail = _clipped(shared, pl.col("_total") - pl.col("_tail"), pl.col("_total"), 2)
-    own = _own_piece(linked, 1).with_columns(pl.lit(0, pl.Int64).alias("_order"))
-    pieces = (
-        pl.concat([head, own, tail])
-        .sort("owner", "position", "_order")
+    numbered = [
+        part.with_columns(pl.lit(index, pl.Int64).alias("position"))
+        for index, part in enumerate(parts)
+    ]
+    return pl.concat(numbered).filter(pl.col("length") > 0).select(_PIECE)
+
+
+_PIECE = ["owner", "position", "source", "kind", "start", "length"]
+"""A stretch of a turn's whole value, its ``position``-th: ``length`` items from ``start`` of
+the stored value of turn ``source`` (``kind`` 0), its response (1) or, with ``kind`` ``ANCHOR``,
+the whole value of the owner's anchor."""
+
+
+def _jumped(pieces: pl.DataFrame, jumping: pl.DataFrame) -> pl.DataFrame:
+    """``pieces`` with the anchor stretches of the ``jumping`` turns (turn_id, _anchor)
+    replaced by the parts of their anchor's pieces they cover."""
+    length = pl.col("length")
+    anchor_pieces = pieces.sort("owner", "position").with_columns(
+        (length.cum_sum().over("owner") - length).alias("_at")
+    )
+    on_anchor = (pl.col("kind") == ANCHOR) & pl.col("owner").is_in(
+        jumping.get_column("turn_id").implode()
+    )
+    replaced = (
+        pieces.filter(on_anchor)
+        .join(jumping.rename({"turn_id": "owner"}), on="owner")
+        .join(anchor_pieces, left_on="_anchor", right_on="owner", suffix="_a")
+    )
+    at, begin = pl.col("_at"), pl.col("start")
+    low = pl.max_horizontal(at, begin)
+    high = pl.min_horizontal(at + pl.col("length_a"), begin + length)
+    inner = replaced.filter(high > low).select(
+        "owner",
+        "position",
+        pl.col("position_a").alias("_inner"),
+        pl.col("source_a").alias("source"),
+        pl.col("kind_a").alias("kind"),
+        (pl.col("start_a") + low - at).alias("start"),
+        (high - low).alias("length"),
+    )
+    kept = pieces.filter(~on_anchor).with_columns(pl.lit(0, pl.Int64).alias("_inner"))
+    return (
+        pl.concat([kept, inner.select(kept.columns)])
+        .sort("owner", "position", "_inner")
         .with_columns(pl.int_range(pl.len()).over("owner").cast(pl.Int64).alias("position"))
         .select(_PIECE)
     )
-    pieces, broken = pl.collect_all([pieces, _broken(pieces, linked, ranges, prompt)])
+
+
+def _proven(assembled: pl.DataFrame, turns: pl.DataFrame, name: str, prompt: bool) -> pl.DataFrame:
+    """``assembled`` when every value has its whole length (a prompt's is stored as
+    ``prompt_len``); else ``BrokenReference``: what a turn shares was not all there."""
+    size = pl.col(name).list.len() if prompt else pl.col(name).str.len_chars()
+    broken = assembled.join(turns, on="turn_id").filter(size.ne_missing(pl.col("_whole")))
     if broken.height:
         raise BrokenReference(f"rebuilt prompts differ from their stored length: {_some(broken)}")
-    return pieces
+    return assembled
 
 
-def _response_piece(turns: pl.LazyFrame) -> pl.LazyFrame:
-    return turns.select(
-        pl.col("turn_id").alias("owner"),
-        pl.lit(2**40, pl.Int64).alias("position"),
-        pl.col("turn_id").alias("source"),
-        pl.lit(1, pl.Int8).alias("kind"),
-        pl.lit(0, pl.Int64).alias("start"),
-        pl.col("_response").cast(pl.Int64).alias("length"),
-    )
-
-
-def _clipped(shared: pl.LazyFrame, begin: pl.Expr, end: pl.Expr, part: int) -> pl.LazyFrame:
-    """The parts of the referenced turns' pieces within ``[begin, end)`` of its value, as
-    pieces of the referring turn, in ``part`` of its value (0 head, 2 tail; its own is 1)."""
-    at, length = pl.col("_at"), pl.col("length")
-    low, high = pl.max_horizontal(at, begin), pl.min_horizontal(at + length, end)
-    return shared.filter(high > low).select(
-        pl.col("turn_id").alias("owner"),
-        pl.lit(part, pl.Int64).alias("position"),
-        "source",
-        "kind",
-        (pl.col("start") + low - at).alias("start"),
-        (high - low).alias("length"),
-        pl.col("position").alias("_order"),
-    )
-
-
-def _broken(
-    pieces: pl.LazyFrame, linked: pl.LazyFrame, ranges: pl.LazyFrame, prompt: bool
-) -> pl.LazyFrame:
-    """The linked turns whose pieces do not add up to their whole length (a prompt's is
-    stored as ``prompt_len``): a referenced value shorter than what they share."""
-    expected = ranges.join(
-        linked.select("turn_id", "_stored", *(["prompt_len"] if prompt else [])), on="turn_id"
-    )
-    total = pl.col("_sum").fill_null(0)
-    whole = pl.col("prompt_len") if prompt else total
-    sums = pieces.group_by("owner").agg(pl.col("length").sum().alias("_sum"))
-    return expected.join(sums, left_on="turn_id", right_on="owner", how="left").filter(
-        total.ne_missing(pl.col("_head") + pl.col("_stored") + pl.col("_tail"))
-        | total.ne_missing(whole)
-    )
-
-
-def _assembled(
-    pieces: pl.DataFrame, pool: pl.DataFrame, turns: pl.DataFrame, name: str, prompt: bool
-) -> pl.DataFrame:
-    """The wanted turns' values put together from their pieces, in order."""
+def _assembled(pieces: pl.DataFrame, pool: pl.DataFrame, name: str, prompt: bool) -> pl.DataFrame:
+    """The values put together from their pieces, in order."""
     values = pool.select(
         pl.col("turn_id").alias("source"), name, *(["response_token_ids"] if prompt else [])
     )
