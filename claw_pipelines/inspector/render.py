@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 import polars as pl
+from markupsafe import Markup, escape
 
 from claw_pipelines.inspector.detokenize import token_texts
 
@@ -85,6 +86,22 @@ def token_colour(prob: float | None) -> str:
     if prob is None or math.isnan(prob):
         return "transparent"
     return f"hsl({round(120 * max(0.0, min(1.0, prob)))}, 75%, 82%)"
+
+
+def token_spans(tokens: list[dict]) -> Markup:
+    """A step's tokens as spans coloured by probability, each text escaped. Built here in one
+    pass: the template's loop over a 100-call session's 15k tokens took three times as long."""
+    return Markup(
+        "".join(
+            f'<span class="tok" style="background: {token_colour(t["prob"])}" '
+            f'title="id {t["id"]} · logprob {_logprob(t["logprob"])}">{escape(t["text"])}</span>'
+            for t in tokens
+        )
+    )
+
+
+def _logprob(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 LONG_TEXT_CHARS = 2000

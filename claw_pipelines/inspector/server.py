@@ -207,6 +207,7 @@ def _templates() -> Jinja2Templates:
     )
     env.globals["token_colour"] = render.token_colour
     env.filters["url_segment"] = render.url_segment
+    env.filters["token_spans"] = render.token_spans
     env.tests["long_text"] = render.is_long_text
     return Jinja2Templates(env=env)
 

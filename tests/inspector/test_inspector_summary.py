@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 from lake_rows import rollout_turns
 
+from claw_pipelines.inspector import render
 from claw_pipelines.inspector.batch_preview import dropped_table, group_table
 from claw_pipelines.inspector.curation import LabelRequest, label_rows
 from claw_pipelines.inspector.filters import TrajectoryFilter, apply, facets
@@ -302,3 +303,18 @@ def test_inspector_shows_the_label_batches_honour_on_a_timestamp_tie() -> None:
     shown = latest_labels(labels, "trajectory").row(0, named=True)["trainable"]
     applied = pipeline_labels(labels, "trajectory", "trajectory_id").collect()
     assert shown is applied.row(0, named=True)["_trajectory_trainable"] is False
+
+
+def test_token_spans_escape_each_text_and_colour_by_probability():
+    spans = render.token_spans(
+        [
+            {"id": 7, "text": "<b>&", "logprob": 0.0, "prob": 1.0},
+            {"id": 8, "text": '"x"', "logprob": None, "prob": None},
+        ]
+    )
+    assert spans == (
+        '<span class="tok" style="background: hsl(120, 75%, 82%)" title="id 7 · logprob 0.000">'
+        "&lt;b&gt;&amp;</span>"
+        '<span class="tok" style="background: transparent" title="id 8 · logprob n/a">'
+        "&#34;x&#34;</span>"
+    )
