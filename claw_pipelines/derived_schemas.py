@@ -70,6 +70,7 @@ EXTRACTED_STEPS = pa.schema(
         pa.field("trajectory_inferred", pa.bool_()),
         pa.field("reopened", pa.bool_()),
         pa.field("close_reason", pa.string()),
+        pa.field("failed_calls", pa.int32()),
         pa.field("source_version", pa.int64()),
         pa.field("parent_trajectory_id", pa.string()),
     ]
@@ -83,6 +84,9 @@ saving; with ``prefix_break_reason`` it says how much of the prompt a break kept
 ``prompt_len`` / ``response_len``: the token lists' lengths (null when the list is), so readers
 that need only lengths skip the lists; ``reopened``: emitted after its trajectory had already
 been emitted; ``close_reason``: completed | aborted | timeout (why the trajectory was closed);
+``failed_calls``: the calls of the trajectory's session the engine or proxy failed (``status``
+error) in the emission that made the step, those without token IDs (no step) included, so the
+planner can leave such a trajectory out (``infra_failure``); null on rows written before it;
 ``source_version``: the turns version the turn landed in;
 ``parent_trajectory_id``: set on the steps of a side trajectory (a side call inside the
 parent's session, ``transforms.threads``), whose trajectory_id is
@@ -113,7 +117,8 @@ OPEN_STATE = pa.schema(
         pa.field("state", pa.string(), nullable=False),
         *[f.with_nullable(True) for f in EXTRACTED_STEPS if f.name not in (
             "step_id", "is_last", "prefix_consistent", "prefix_break_reason",
-            "shared_prefix_tokens", "prompt_len", "response_len", "parent_trajectory_id")],
+            "shared_prefix_tokens", "prompt_len", "response_len", "failed_calls",
+            "parent_trajectory_id")],
         pa.field("closed_at", _TS),
         pa.field("emitted_turn_ids", _STRINGS),
     ]

@@ -88,6 +88,7 @@ PLANNED_COLUMNS = frozenset(
         "prefix_break_reason",
         "status",
         "close_reason",
+        "failed_calls",
     }
 )
 """The curated columns a plan reads (its filters, credit, units and rows): the rest (e.g. the
@@ -98,8 +99,14 @@ TRUNCATED = "length"
 
 INFRA_FAILURE = "infra_failure"
 """The drop reason of every step of a trajectory with a call the engine or proxy failed
-(``status`` error): its reward measures the infrastructure, not the policy, so it stays out of
-its group's statistics (the group fills from other members or follows the straggler rule)."""
+(``status`` error on a step, or ``failed_calls`` counting one that left no step): its reward
+measures the infrastructure, not the policy, so it stays out of its group's statistics (the
+group fills from other members or follows the straggler rule)."""
+
+_INFRA_FAILED = (
+    ((pl.col("status") == "error") | (pl.col("failed_calls") > 0)).fill_null(False).any()
+).over("trajectory_id")
+"""A trajectory with a failed call (``failed_calls`` is null on steps written before it)."""
 
 UNFINISHED = frozenset({"aborted", "timeout"})
 """Close reasons of a trajectory that did not complete (``filters.unfinished``)."""
@@ -130,7 +137,7 @@ def _step_reasons(recipe: Recipe, latest_policy: pl.Expr) -> pl.Expr:
     f = recipe.filters
     checks: list[tuple[pl.Expr, str]] = [
         (~pl.col("trainable").fill_null(True), "untrainable"),
-        ((pl.col("status") == "error").any().over("trajectory_id"), INFRA_FAILURE),
+        (_INFRA_FAILED, INFRA_FAILURE),
     ]
     if f.unfinished == "drop":
         checks.append((pl.col("close_reason").is_in(list(UNFINISHED)), "unfinished"))
@@ -299,9 +306,10 @@ def _candidates(
 ) -> pl.DataFrame:
     """The credited curated steps in play that no frame of ``excluding`` (ledger, retired
     steps) holds, each with the first filter it fails (``_reason``), in batch order."""
-    curated = curated.select(
-        name for name in curated.collect_schema().names() if name in PLANNED_COLUMNS
-    )
+    names = curated.collect_schema().names()
+    curated = curated.select(name for name in names if name in PLANNED_COLUMNS)
+    if "failed_calls" not in names:  # a table written before the column
+        curated = curated.with_columns(pl.lit(None, pl.Int32).alias("failed_calls"))
     excluded = [
         frame.lazy().filter(in_play).select("turn_id", "trajectory_id")
         for frame in excluding

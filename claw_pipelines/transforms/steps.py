@@ -22,7 +22,9 @@ Rules:
 - An event for a trajectory with no turns yet leaves a closed tail with step_index -1, so turns
   that land after their completion event are emitted as soon as they arrive.
 - A failed call without token IDs (``FAILED``) is no step; a step's prefix is checked against
-  the latest earlier step with token IDs.
+  the latest earlier step with token IDs. It waits in the state with its trajectory's open
+  turns, and every step of the emission carries the trajectory's ``failed_calls`` (status
+  error, with or without tokens), so the planner sees failures that left no step.
 - Side calls inside a session with identity become side trajectories when it is emitted
   (``threads``); the closed tail and its emitted turn ids stay the session's.
 """
@@ -75,6 +77,9 @@ _PENDING = [*STEP_SOURCE_COLUMNS, "source_version", "trajectory_inferred"]
 
 FAILED = (pl.col("status") == "error") & pl.col("response_token_ids").is_null()
 """A failed call: the policy produced nothing, so it is no step (and no step's predecessor)."""
+
+_FAILED_CALLS = (pl.col("status") == "error").sum().cast(pl.Int32).alias("failed_calls")
+"""Per trajectory: its calls the engine or proxy failed, whether or not they produced tokens."""
 
 _TAIL = ["prompt_token_ids", "response_token_ids", "token_source", "step_index", "close_reason",
          "group_id"]  # fmt: skip
@@ -184,7 +189,7 @@ def _resolve_identity(
         return turns
     known = pl.concat(
         [
-            _last_per_trajectory(open_rows.filter(pl.col("trajectory_inferred"))).select(
+            _last_per_trajectory(open_rows.filter(pl.col("trajectory_inferred") & ~FAILED)).select(
                 "turn_id", "trajectory_id", "prompt_token_ids", "response_token_ids", "started_at"
             ),
             tails.filter(pl.col("trajectory_inferred") & (pl.col("step_index") >= 0)).select(
@@ -351,14 +356,15 @@ def extract_steps(
     turns = _without(_new_turns(new_turns, source_version), "turn_id", seen)
     tails = _hydrate(tails, turns, landed)
     turns = _resolve_identity(turns, open_rows, tails, min_prefix_tokens)
-    pending = pl.concat([open_rows.select(_PENDING), turns]).filter(~FAILED)
+    waiting = pl.concat([open_rows.select(_PENDING), turns])
+    pending = waiting.filter(~FAILED)
     events = _first_events(new_events)
 
     idle_since = pl.lit(now) - timedelta(seconds=idle_timeout_s)
     closing = (
-        pending.select("trajectory_id", "ended_at")  # a group-by of the wide frame rechunks it
-        .group_by("trajectory_id")
-        .agg(pl.col("ended_at").max().alias("_last_end"))
+        waiting.select("trajectory_id", "ended_at", "status")  # a group-by of the wide frame
+        .group_by("trajectory_id")  # rechunks it
+        .agg(pl.col("ended_at").max().alias("_last_end"), _FAILED_CALLS)
         .join(tails.select("trajectory_id", *[pl.col(c).alias(f"_tail_{c}") for c in _TAIL]),
               on="trajectory_id", how="left")
         .join(
@@ -417,7 +423,7 @@ def extract_steps(
     return StepExtraction(
         steps=steps,
         open_turns=fit(
-            _without(pending, "trajectory_id", closing),
+            _without(waiting, "trajectory_id", closing),
             OPEN_STATE,
         ).with_columns(pl.lit("open").alias("state")),
         new_tails=fit(closed, OPEN_STATE),

@@ -187,6 +187,26 @@ def test_a_trajectory_with_an_infrastructure_failure_leaves_its_group_statistics
     assert _reasons(late)["a:0"] == "straggler_dropped"
 
 
+def test_a_failed_call_that_left_no_step_drops_its_trajectory_as_infra_failure():
+    """The engine failed one call of a:1 before producing tokens: no step records it, but the
+    steps' ``failed_calls`` do, so a:1 leaves its group with reason infra_failure."""
+    rows, evts = [], []
+    for tid, group, value, base in (("a:0", "a", 1, 0), ("a:1", "a", 0, 100),
+                                    ("b:0", "b", 1, 200), ("b:1", "b", 0, 300)):  # fmt: skip
+        rows += chain(tid, 2, group_id=group, base=base, start=base / 100)
+        evts.append(event(tid, reward=value, group_id=group))
+    failed = {**rows[3], "turn_id": "a:1-failed", "status": "error", "response_token_ids": None,
+              "response_logprobs": None, "started_at": at(5), "ended_at": at(6)}  # fmt: skip
+    steps = extract_steps(turns(*rows, failed), None, events(*evts), now=at(100)).steps
+    assert "a:1-failed" not in steps.get_column("turn_id")
+    rewarded = reward_steps(steps, None, events(*evts), RewardConfig())
+    curated = curate_steps(score_steps(rewarded, steps, QualityConfig()), None).collect()
+    plan = plan_batch(_recipe(groups_per_batch=1), curated, steps, None, at(200))
+    assert _reasons(plan) == {"a:0": "waiting_for_group", "a:1": "infra_failure"}
+    assert plan.dropped.filter(pl.col("reason") == "infra_failure").height == 2
+    assert set(plan.planned.get_column("trajectory_id")) == {"b:0", "b:1"}
+
+
 def test_unfinished_trajectories_follow_the_recipe_rule():
     curated, steps = _curated({"a": [1, 0], "b": [1, 0]})
     aborted = curated.with_columns(

@@ -69,6 +69,23 @@ def test_open_trajectory_is_carried_until_its_event_then_emitted_once():
     assert third.steps.height == 0
 
 
+def test_a_failed_call_without_tokens_waits_in_the_state_and_is_counted_on_its_steps():
+    """A call the engine failed before producing tokens is no step, but the steps of its
+    trajectory say it happened (``failed_calls``), also when it landed in an earlier run."""
+    rows = chain("A", 2)
+    failed = {**rows[1], "turn_id": "A-failed", "status": "error", "response_token_ids": None,
+              "response_logprobs": None, "started_at": at(5), "ended_at": at(6)}  # fmt: skip
+    first = _run(turns(rows[0], failed, *chain("B", 1)))
+    assert first.steps.height == 0
+    assert first.open_turns["turn_id"].sort().to_list() == ["A-0", "A-failed", "B-0"]
+    second = _run(turns(rows[1]), first, events(event("A"), event("B")))
+    counts = dict(second.steps.select("step_id", "failed_calls").iter_rows())
+    assert counts == {"A-0": 1, "A-1": 1, "B-0": 0}
+    assert second.open_turns.height == 0
+    only_failed = _run(turns({**failed, "trajectory_id": "C", "turn_id": "C-0"}), now=1000)
+    assert only_failed.steps.height == 0 and only_failed.open_turns.height == 0
+
+
 def test_idle_trajectory_closes_by_timeout():
     state = _run(turns(*chain("A", 2)))
     assert _run(None, state, now=300).steps.height == 0
