@@ -130,9 +130,20 @@ def retention_hours(configured: int, unread_since: datetime | None, now: datetim
     return max(configured, math.ceil((now - unread_since).total_seconds() / 3600) + 1)
 
 
-def maintain_table(lake: Lake, name: str, retention: Retention, renew: Lease | None) -> TablePass:
-    """One pass over landing table ``name`` (the module's five steps)."""
-    table = lake.open(name)
+class LeaseLost(RuntimeError):
+    """Another process took the maintenance lease while this one worked: it stops."""
+
+
+def _renew(lease: Lease) -> None:
+    if not lease.acquire():
+        raise LeaseLost(f"{lease.holder} lost the maintenance lease")
+
+
+def maintain_table(
+    lake: Lake, name: str, table: DeltaTable, retention: Retention, lease: Lease
+) -> TablePass:
+    """One pass over landing table ``name``, open as ``table`` (the module's five steps); the
+    lease is renewed before the vacuum, the step that can take longest."""
     wanted = retention.properties(name)
     configured = table.metadata().configuration
     if any(configured.get(key) != value for key, value in wanted.items()):
@@ -142,32 +153,19 @@ def maintain_table(lake: Lake, name: str, retention: Retention, renew: Lease | N
     table.create_checkpoint()
     unread_since = first_unread_commit(lake, name, table)
     now = utc_now()
-    keep_log = retention_hours(retention.log_retention_hours, unread_since, now)
-    if keep_log == retention.log_retention_hours:
+    log_cleaned = (
+        retention_hours(retention.log_retention_hours, unread_since, now)
+        == retention.log_retention_hours
+    )
+    if log_cleaned:
         table.cleanup_metadata()
-    _renewed(renew)
-    deleted = lake.vacuum(
-        name,
-        retention_hours(retention.vacuum_retention_hours, unread_since, now),
+    _renew(lease)
+    deleted = table.vacuum(
+        retention_hours=retention_hours(retention.vacuum_retention_hours, unread_since, now),
         enforce_retention_duration=retention.enforce_retention_duration,
+        dry_run=False,
     )
-    return TablePass(
-        name,
-        before,
-        len(table.file_uris()),
-        len(deleted),
-        keep_log == retention.log_retention_hours,
-        unread_since,
-    )
-
-
-class LeaseLost(RuntimeError):
-    """Another process took the maintenance lease while this one worked: it stops."""
-
-
-def _renewed(lease: Lease | None) -> None:
-    if lease is not None and not lease.acquire():
-        raise LeaseLost(f"{lease.holder} lost the maintenance lease")
+    return TablePass(name, before, len(table.file_uris()), len(deleted), log_cleaned, unread_since)
 
 
 def maintain_lake(lake: Lake, retention: Retention, lease: Lease) -> list[TablePass] | None:
@@ -178,10 +176,11 @@ def maintain_lake(lake: Lake, retention: Retention, lease: Lease) -> list[TableP
         return None
     passes = []
     for name in LANDING_MODELS:
-        if lake.open(name) is None:
+        table = lake.open(name)
+        if table is None:
             continue
-        _renewed(lease)
-        passes.append(maintain_table(lake, name, retention, lease))
+        _renew(lease)
+        passes.append(maintain_table(lake, name, table, retention, lease))
         log.info("maintenance of %s: %s", name, passes[-1])
     lease_table = lake.open(LEASE_TABLE)
     lease_table.create_checkpoint()

@@ -212,7 +212,7 @@ def test_one_process_holds_the_lease_at_a_time(tmp_path: Path) -> None:
     assert not holder.acquire()
     _land(lake, 3)
     with pytest.raises(LeaseLost):
-        maintain_table(lake, "turns", NOW, holder)
+        maintain_table(lake, "turns", lake.open("turns"), NOW, holder)
     assert maintain_lake(lake, NOW, holder) is None
 
 
