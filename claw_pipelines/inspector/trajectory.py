@@ -26,6 +26,10 @@ from claw_pipelines.inspector.tables import LakeState
 from claw_pipelines.lake import Lake, sql_in
 from claw_pipelines.turn_prompts import with_whole_prompts
 
+UNSHOWN = {"api_request", "api_response"}
+"""A Responses or Messages call's bodies in that API's own shape: the page shows the chat the
+engine saw (its messages and tokens), and a Responses agent's bodies repeat its conversation."""
+
 
 def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
     """Full `turns` rows for ``located`` (turn_id, _commit_version), one CDF read per commit.
@@ -38,7 +42,7 @@ def read_turns(lake: Lake, located: pl.DataFrame) -> pl.DataFrame:
     table = lake.open("turns")
     if table is None or located.is_empty():
         return pl.DataFrame()
-    columns = [f.name for f in table.schema().fields]
+    columns = [f.name for f in table.schema().fields if f.name not in UNSHOWN]
     frames = []
     for (version,), part in located.group_by("_commit_version"):
         predicate = f"_change_type = 'insert' AND {sql_in('turn_id', part['turn_id'])}"
