@@ -268,6 +268,12 @@ def timed(client: httpx.Client, paths: list[str]) -> list[float]:
     return times
 
 
+def cpu_seconds(process: psutil.Process) -> float:
+    """CPU the process spent so far, every thread's: on a loaded machine the steadier figure."""
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def percentile(values: list[float], q: float) -> float:
     return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1)
 
@@ -322,10 +328,15 @@ def main() -> None:
             page_ms = timed(client, [f"/trajectories/{t}" for t in ids[:20]])
             list_page_ms = timed(client, ["/trajectories?status=completed"] * 10)
             overview_ms = timed(client, ["/api/overview"] * 10)
-            long_open_ms, bare_ms = [], []
+            long_open_ms, bare_ms, open_cpu_ms, bare_cpu_ms = [], [], [], []
+            inspector = psutil.Process(service.pid)
             for _ in range(11):  # alternating, so both see the same load
+                cpu = cpu_seconds(inspector)
                 long_open_ms += timed(client, [f"/api/trajectories/{LONG_ID}"])
+                open_cpu_ms.append((cpu_seconds(inspector) - cpu) * 1000)
+                cpu = time.process_time()
                 bare_ms += bare_reads(lake, long_ids, long_versions, 1)
+                bare_cpu_ms.append((time.process_time() - cpu) * 1000)
             long_page_ms = timed(client, [f"/trajectories/{LONG_ID}"] * 11)
             long_prompt_ms = timed(client, [f"/api/steps/{long_ids[-1]}/prompt"] * 5)
             detail = client.get(f"/api/trajectories/{LONG_ID}")
@@ -365,6 +376,8 @@ def main() -> None:
                 "long_open_p50_ms": round(long_open_p50, 1),
                 "long_bare_read_p50_ms": round(statistics.median(bare_ms), 1),
                 "long_open_ratio_vs_bare": round(statistics.median(ratios), 2),
+                "long_open_cpu_ms_p50": round(statistics.median(open_cpu_ms), 1),
+                "long_bare_read_cpu_ms_p50": round(statistics.median(bare_cpu_ms), 1),
                 "long_page_p50_ms": round(statistics.median(long_page_ms), 1),
                 "long_open_json_kb": round(len(detail.content) / 1024),
                 "long_page_kb": round(len(page.content) / 1024),
