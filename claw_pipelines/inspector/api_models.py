@@ -6,7 +6,6 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
-from typing_extensions import TypedDict
 
 
 class TrajectoryRow(BaseModel):
@@ -49,14 +48,15 @@ class TrajectoryList(BaseModel):
     rows: list[TrajectoryRow]
 
 
-class Token(TypedDict):
-    """One decoded token: a typed dict, not a model, since a long trajectory's page holds tens of
-    thousands (validated as dicts, without an object each)."""
+class Tokens(BaseModel):
+    """A step's decoded tokens column by column: a long session's page holds tens of thousands,
+    and lists of numbers and strings validate and serialize at once, where a model (or even a
+    dict) per token cost a quarter of the open."""
 
-    id: int
-    text: str | None
-    logprob: float | None
-    prob: float | None
+    ids: list[int]
+    texts: list[str]
+    logprobs: list[float | None]
+    probs: list[float | None]
 
 
 class RewardOut(BaseModel):
@@ -95,7 +95,7 @@ class StepOut(BaseModel):
     """The tools the request declared (the policy saw them rendered into its prompt)."""
     response: dict[str, Any]
     response_token_ids: list[int] | None
-    response_tokens: list[Token] | None
+    response_tokens: Tokens | None
     """Decoded tokens with logprobs (None when the IDs are not the embedded engine's)."""
     prompt_token_count: int
     shared_prefix_tokens: int | None
@@ -135,7 +135,7 @@ class TrajectoryDetail(BaseModel):
 class PromptTokens(BaseModel):
     turn_id: str
     ids: list[int]
-    tokens: list[Token] | None
+    tokens: Tokens | None
 
 
 class FullPrompt(BaseModel):

@@ -17,7 +17,6 @@ from claw_pipelines.inspector.api_models import (
     PromptTokens,
     RewardOut,
     StepOut,
-    Token,
     TrajectoryDetail,
     TrajectoryRow,
 )
@@ -326,10 +325,6 @@ def _reply(response: dict, content: str) -> dict:
     return render.message({"role": "assistant", **response, "content": content})
 
 
-def _tokens(decoded: dict | None) -> list[Token] | None:
-    return decoded["tokens"] if decoded and decoded["decoded"] else None
-
-
 def to_steps(frame: pl.DataFrame) -> list[StepOut]:
     """The page's step models (one trajectory's worth of rows, so a short loop).
 
@@ -367,7 +362,7 @@ def to_steps(frame: pl.DataFrame) -> list[StepOut]:
                     "tool_calls": render.tool_calls(response.get("tool_calls")),
                     "reasoning": response.get("reasoning_content"),
                 },
-                response_tokens=_tokens(tokens.get(row["turn_id"])),
+                response_tokens=tokens.get(row["turn_id"]),
                 added_text=added.get(row["turn_id"]),
                 rewards=_rewards(row["rewards"]),
                 metadata=render.parse_json(row["metadata"]),
@@ -462,7 +457,7 @@ def prompt_tokens(lake: Lake, state: LakeState, turn_id: str) -> PromptTokens | 
     return PromptTokens(
         turn_id=turn_id,
         ids=turn["prompt_token_ids"] or [],
-        tokens=[Token(**t) for t in decoded["tokens"]] if decoded and decoded["decoded"] else None,
+        tokens=decoded,
     )
 
 

@@ -232,7 +232,7 @@ def test_a_context_edit_is_reported_as_a_prefix_break(client, lake):
     assert steps[1]["prefix_from_pipeline"] is False
     tokens = client.get(f"/api/steps/{turns[0].turn_id}/prompt_tokens").json()
     assert tokens["ids"] == turns[0].prompt_token_ids
-    assert "".join(t["text"] for t in tokens["tokens"]).startswith("<|im_start|>system")
+    assert "".join(tokens["tokens"]["texts"]).startswith("<|im_start|>system")
 
 
 def test_trajectories_open_after_compaction_and_vacuum(client, lake):

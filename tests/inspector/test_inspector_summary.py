@@ -9,6 +9,7 @@ import pytest
 from lake_rows import rollout_turns
 
 from claw_pipelines.inspector import render
+from claw_pipelines.inspector.api_models import Tokens
 from claw_pipelines.inspector.batch_preview import dropped_table, group_table
 from claw_pipelines.inspector.curation import LabelRequest, label_rows
 from claw_pipelines.inspector.filters import TrajectoryFilter, apply, facets
@@ -307,10 +308,7 @@ def test_inspector_shows_the_label_batches_honour_on_a_timestamp_tie() -> None:
 
 def test_token_spans_escape_each_text_and_colour_by_probability():
     spans = render.token_spans(
-        [
-            {"id": 7, "text": "<b>&", "logprob": 0.0, "prob": 1.0},
-            {"id": 8, "text": '"x"', "logprob": None, "prob": None},
-        ]
+        Tokens(ids=[7, 8], texts=["<b>&", '"x"'], logprobs=[0.0, None], probs=[1.0, None])
     )
     assert spans == (
         '<span class="tok" style="background: hsl(120, 75%, 82%)" title="id 7 · logprob 0.000">'

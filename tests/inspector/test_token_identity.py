@@ -38,8 +38,8 @@ def _steps(model: str, backend: str | None) -> pl.DataFrame:
 
 
 def _text(steps: pl.DataFrame) -> str | None:
-    decoded = render.tokens_by_step(steps, "response_token_ids", "response_logprobs")["t"]
-    return "".join(t["text"] for t in decoded["tokens"]) if decoded["decoded"] else None
+    decoded = render.tokens_by_step(steps, "response_token_ids", "response_logprobs").get("t")
+    return "".join(decoded["texts"]) if decoded else None
 
 
 def test_a_real_models_ids_are_decoded_by_its_backend(backend, monkeypatch):

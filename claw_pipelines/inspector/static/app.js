@@ -163,7 +163,7 @@ async function showPromptTokens(event) {
   const out = await res.json();
   if (out.tokens) {
     box.className = "prompt-tokens tokens";
-    box.replaceChildren(...out.tokens.map((t) => { const s = document.createElement("span"); s.className = "tok"; s.title = `id ${t.id}`; s.textContent = t.text; return s; }));
+    box.replaceChildren(...out.tokens.texts.map((t, i) => { const s = document.createElement("span"); s.className = "tok"; s.title = `id ${out.tokens.ids[i]}`; s.textContent = t; return s; }));
   } else {
     box.className = "prompt-tokens ids";
     box.textContent = out.ids.join(" ");
