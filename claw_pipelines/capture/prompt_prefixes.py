@@ -2,9 +2,10 @@
 
 An agent's call is mostly its previous call again: the same tools, the same messages plus the
 reply and a tool output, the same token IDs plus a few hundred new ones. Each proxy process
-remembers, per trajectory, the last call it spooled (token IDs as int32 bytes, the request
-texts), and a new turn of that trajectory stores only what differs from it, naming it in
-``prompt_prefix_turn_id``; ``turn_prompts`` rebuilds the whole values on read.
+remembers, per trajectory, the last ``KEEP`` calls it spooled (token IDs as int32 bytes, the
+request texts), and a new turn of that trajectory stores only what differs from the one it
+shares most with, naming it in ``prompt_prefix_turn_id``; ``turn_prompts`` rebuilds the whole
+values on read. Every route that lands turns goes through ``land_turns``.
 
 A reference always names a turn this process spooled before the one that names it, which
 started no later (readers look for it among the trajectory's earlier turns): what the memory
