@@ -10,7 +10,8 @@
   step).
 - dpo: ``trl/preference.parquet`` with ``prompt``, ``chosen``, ``rejected`` (message lists) and
   ``trl/preference_tokens.parquet`` (``prompt_ids``, ``chosen_ids``, ``rejected_ids``: the
-  engine's IDs, what TRL's preference collator takes).
+  engine's IDs, what TRL's preference collator takes; ``trainer.dpo.TokenDPOTrainer`` trains
+  on them, as stock ``DPOTrainer`` tokenizes every text dataset again).
 - sft: ``trl/sft_messages.parquet`` (one row per trajectory: ``messages`` = its last step's
   request + reply, the whole conversation, so SFTTrainer trains each assistant turn once rather
   than once per later step whose history repeats it) and ``trl/sft_tokens.parquet``
