@@ -3,10 +3,12 @@
 OpenClaw is the agent the Claw-R1 paper is built around. Configured as docs/agents.md tells a
 user: one custom provider whose ``baseUrl`` is the proxy, identity as provider ``headers``, model
 ``policy``; it needs Node >= 24.16, installed from npm as well. Two messages of one session
-(``--session-id``) on the Responses API (``api: openai-responses``): each call must land
-engine-exact, and since every request ends with OpenClaw's internal-context message, which the
-next call moves after the new messages, the two calls must make one trajectory whose second step
-is a ``tail_edit`` keeping all of the first prompt but that message, with identity and without.
+(``--session-id``) on the Responses API (``api: openai-responses``), the first answered after
+running OpenClaw's own tools (its shell: ``pwd``, ``ls -p``, then a read per file), a kill -9 of
+the proxy between them: every call must land engine-exact. Every request ends with OpenClaw's
+internal-context message, which stays put while a message's tool calls are appended and moves
+after the next message: the session is one trajectory whose only break is a ``context_edit`` at
+the second message, and two sequences split exactly there, equal to the engine's answer log.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
@@ -22,21 +23,25 @@ import pytest
 from agent_relay import OutboundGuard, Relay
 from agent_runs import (
     AGENT_TEST_TIMEOUT_S,
+    LOOK,
     InstalledCli,
     NpmCli,
+    assert_explored,
     assert_landed_engine_exact,
+    assert_sequences_match_answer_log,
+    kill_9_and_restart,
     model_calls,
     run_offline,
+    session_stack,
+    session_steps,
+    tool_calls,
+    work_folder,
 )
-from stack_fixtures import CaptureStack
-
-from claw_pipelines.transforms import extract_steps
 
 pytestmark = pytest.mark.timeout(AGENT_TEST_TIMEOUT_S)
 
 OPENCLAW = NpmCli("openclaw", "2026.9.6", "openclaw", node="24.22.3")
 CONTEXT_START = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
-IDLE_TIMEOUT_S = 600
 MODEL = {
     "id": "policy",
     "name": "policy",
@@ -62,64 +67,61 @@ def openclaw_config(base_url: str, key: str, api: str, identity: dict[str, str],
 
 
 def _text(message: dict) -> str:
-    content = message["content"]
+    content = message.get("content") or ""
     return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
 
 
-def _steps(rows: pl.DataFrame) -> pl.DataFrame:
-    """The steps extraction makes of ``rows`` once their trajectory has gone idle."""
-    now = rows["ended_at"].max() + timedelta(seconds=IDLE_TIMEOUT_S + 1)
-    extraction = extract_steps(rows, None, None, now=now, idle_timeout_s=IDLE_TIMEOUT_S)
-    return extraction.steps.sort("step_index")
+def assert_one_trajectory_edited_at_the_second_message(
+    rows: pl.DataFrame, trajectory: str, first_message_calls: int
+) -> None:
+    """Each request's last user message is the context message, once; the first message's tool
+    calls and results are appended after it, and the second message's first call moves it
+    after the new message: a ``context_edit`` in the middle of the prompt."""
+    for messages in rows["request_messages"]:
+        texts = [_text(m) for m in json.loads(messages) if m["role"] == "user"]
+        assert [t.startswith(CONTEXT_START) for t in texts].count(True) == 1
+        assert texts[-1].startswith(CONTEXT_START)
+    steps = session_steps(rows)
+    assert steps["turn_id"].to_list() == rows["turn_id"].to_list()
+    assert set(steps["trajectory_id"]) == {trajectory}
+    reasons = steps["prefix_break_reason"].to_list()
+    second = rows.height - first_message_calls
+    assert reasons == [None] * first_message_calls + ["context_edit"] + [None] * (second - 1)
 
 
-def assert_one_tail_edited_trajectory(rows: pl.DataFrame, trajectory: str) -> None:
-    """Each request ends with the context message; the second call kept all of the first
-    prompt before it, so extraction makes one trajectory, its second step a ``tail_edit``, both
-    with the agent's identity and with none (trajectory inference)."""
-    requests = [json.loads(messages) for messages in rows["request_messages"]]
-    assert all(_text(messages[-1]).startswith(CONTEXT_START) for messages in requests)
-    assert [_text(m) for m in requests[1]].count(_text(requests[0][-1])) == 1
-    anonymous = rows.with_columns(
-        pl.lit(None, pl.String).alias(c) for c in ("trajectory_id", "group_id")
-    )
-    for landed, expected in ((rows, trajectory), (anonymous, None)):
-        steps = _steps(landed)
-        assert steps["turn_id"].to_list() == rows["turn_id"].to_list()
-        assert steps["trajectory_id"].n_unique() == 1
-        if expected:
-            assert steps["trajectory_id"][0] == expected
-        else:
-            assert steps["trajectory_inferred"].all()
-        assert steps["prefix_break_reason"].to_list() == [None, "tail_edit"]
-        first_prompt = rows["prompt_token_ids"][0].to_list()
-        kept = steps["shared_prefix_tokens"][1]
-        context_tokens = len(first_prompt) - kept
-        assert 0 < context_tokens < 0.05 * len(first_prompt)
-        assert rows["prompt_token_ids"][1].to_list()[:kept] == first_prompt[:kept]
-
-
-def test_openclaw_calls_land_engine_exact_as_one_tail_edited_trajectory(
-    capture_stack: CaptureStack, npm_cli: Callable[[NpmCli], InstalledCli], tmp_path: Path
+def test_openclaw_session_with_tool_calls_lands_engine_exact_through_a_kill_9(
+    npm_cli: Callable[[NpmCli], InstalledCli], tmp_path: Path
 ) -> None:
     openclaw = npm_cli(OPENCLAW)
     trajectory, group = f"oc-{uuid.uuid4().hex[:8]}", "g-openclaw"
     identity = {"x-claw-trajectory": trajectory, "x-claw-group": group, "x-claw-agent": "openclaw"}
-    home, work = tmp_path / "home", tmp_path / "work"
-    (home / ".openclaw").mkdir(parents=True), work.mkdir()
-    answers = []
-    with Relay(capture_stack.proxy_url) as relay, OutboundGuard() as guard:
-        config = openclaw_config(f"{relay.url}/v1", capture_stack.key, API, identity, work)
+    home = tmp_path / "home"
+    (home / ".openclaw").mkdir(parents=True)
+    work = work_folder(tmp_path / "work")
+    answers, first_message_calls = [], 0
+    with (
+        session_stack(tmp_path / "stack") as stack,
+        Relay(stack.proxy_url) as relay,
+        OutboundGuard() as guard,
+    ):
+        config = openclaw_config(f"{relay.url}/v1", stack.key, API, identity, work)
         (home / ".openclaw" / "openclaw.json").write_text(json.dumps(config))
         env = {"NODE_USE_ENV_PROXY": "1"}  # Node's fetch then goes through the guard too
-        for prompt in ("What is 17 + 25?", "What is 6 * 7?"):
+        for prompt in (LOOK, "What is 6 * 7?"):
+            if answers:
+                first_message_calls = len(relay.exchanges)
+                kill_9_and_restart(stack)
             arguments = ["agent", "--local", "--session-id", trajectory, "--message", prompt]
             done = run_offline(openclaw, [*arguments, "--json"], home, work, guard, env)
-            answers.append(json.loads(done.stdout)["payloads"][0]["text"])
-    assert guard.attempts == []
-    calls = model_calls(relay, "/v1/responses")
-    rows = assert_landed_engine_exact(capture_stack, calls, trajectory, "responses")
-    assert rows.height == len(calls) == 2  # one call per message: no side calls
-    assert set(rows["group_id"]) == {group} and set(rows["agent"]) == {"openclaw"}
-    assert answers == [text.strip() for text in rows["response_text"]]  # it trims replies
-    assert_one_tail_edited_trajectory(rows, trajectory)
+            answers.append(json.loads(done.stdout)["payloads"][-1]["text"])
+        assert guard.attempts == []
+        calls = model_calls(relay, "/v1/responses")
+        rows = assert_landed_engine_exact(stack, calls, trajectory, "responses")
+        assert rows.height == len(calls)  # no side calls
+        assert set(rows["group_id"]) == {group} and set(rows["agent"]) == {"openclaw"}
+        assert_explored(answers[0], work)
+        assert tool_calls(rows) >= 3  # pwd, ls -p, at least one read: run by OpenClaw's tools
+        final = rows.filter(pl.col("finish_reason") != "tool_calls")["response_text"]
+        assert answers == [text.strip() for text in final]  # it trims replies
+        assert_one_trajectory_edited_at_the_second_message(rows, trajectory, first_message_calls)
+        assert assert_sequences_match_answer_log(stack, rows).height == 2
