@@ -4,13 +4,20 @@ text that only resembles one, which is kept."""
 from __future__ import annotations
 
 import json
+import random
 import time
 
 import polars as pl
 import pytest
 
 from assets.metadata import markdown_table
-from claw_pipelines.capture.redact import REDACTED, Redactor, looks_like_secret, names_a_secret
+from claw_pipelines.capture.redact import (
+    CREDENTIAL_SHAPES,
+    REDACTED,
+    Redactor,
+    looks_like_secret,
+    names_a_secret,
+)
 
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fw"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
@@ -111,3 +118,21 @@ def test_dagster_samples_are_scrubbed_before_their_cells_are_cut() -> None:
     rows = pl.DataFrame({"text": ["x " * 10 + f"authorization: bearer {JWT}", "bearer tokens"]})
     table = markdown_table(rows)
     assert JWT[:8] not in table and "bearer tokens" in table
+
+
+def test_trying_shapes_only_at_their_marks_scrubs_what_the_whole_patterns_do() -> None:
+    """The marks are a shortcut: on strings drawn from the pieces credentials are made of,
+    the redactor scrubs exactly what every pattern applied to the whole string scrubs."""
+    draw = random.Random(7)
+    pieces = ["bearer ", "BeArEr\t", "sk-", "eyJ", "abcdefgh", "0123456789", ".", " ", "x_"]
+    pieces += ["ASIA", "AKIA", "IOSFODNN7EXAMPLE", "ghp_", "github_pat_", "A1" * 18, "İ"]
+    pieces += ["Secret_Access_Key=", '": "', AWS_SECRET, "aws", "secret"]
+    found = 0
+    for _ in range(5_000):
+        text = "".join(draw.choices(pieces, k=draw.randint(1, 10)))
+        whole = text
+        for shape in CREDENTIAL_SHAPES:
+            whole = shape.pattern.sub(lambda m: (m.groupdict().get("name") or "") + REDACTED, whole)
+        assert Redactor().text(text) == whole, text
+        found += whole != text
+    assert found > 500
