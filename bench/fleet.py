@@ -284,12 +284,24 @@ def measure(writers: int, s3: S3, workdir: Path, args: argparse.Namespace) -> di
         reader.stop.set()
         for process in processes:
             stop_group(process, grace_s=10)
-    return _figures(writers, lake, s3, reader, expected, began, loads, stops,
-                    _conflicts(s3_log, lake.root.removeprefix("s3://").split("/")[0], log_offset),
-                    args)  # fmt: skip
+    bucket = lake.root.removeprefix("s3://").split("/")[0]
+    conflicts = _conflicts(s3_log, bucket, log_offset)
+    return _figures(writers, lake, s3, reader, expected, began, loads, stops, conflicts,
+                    args.seconds)  # fmt: skip
 
 
-def _figures(writers, lake, s3, reader, expected, began, loads, stops, conflicts, args) -> dict:
+def _figures(
+    writers: int,
+    lake: Lake,
+    s3: S3,
+    reader: Reader,
+    expected: dict[str, list[str]],
+    began: float,
+    loads: list[dict],
+    stops: list[dict],
+    conflicts: Counter,
+    seconds: float,
+) -> dict:
     """The figures of one fleet size from what the reader saw and the tables at the end."""
     seen = {t: reader.frame(t) for t in TABLES}
     delays = pl.concat(
@@ -328,7 +340,7 @@ def _figures(writers, lake, s3, reader, expected, began, loads, stops, conflicts
         }
     return {
         "writers": writers,
-        "offered_rows_per_s": round(sum(len(v) for v in expected.values()) / args.seconds, 1),
+        "offered_rows_per_s": round(sum(len(v) for v in expected.values()) / seconds, 1),
         "rows_per_s": round(rows / (last_seen - began), 1),
         "readable_p50_s": round(delays.quantile(0.5), 2),
         "readable_p99_s": round(delays.quantile(0.99), 2),
