@@ -83,7 +83,9 @@ class Batch:
     def to_trl(self, kind: str) -> datasets.Dataset:
         """The TRL dataset ``kind`` (``trl_kinds``: prompts, rollouts, preference, sft_messages,
         ...) as a ``datasets.Dataset``, tool-call arguments decoded as dicts. Needs the
-        ``datasets`` package (>= 4.7; ``pip install claw-pipelines[trl]``)."""
+        ``datasets`` package (>= 4.7; ``pip install claw-pipelines[trl]``).
+        ``preference_tokens`` trains in ``trainer.dpo.TokenDPOTrainer`` (stock ``DPOTrainer``
+        tokenizes every text dataset again)."""
         try:
             import datasets
         except ImportError as error:
