@@ -12,12 +12,24 @@ import os
 import time
 import types
 import uuid
+from array import array
 from datetime import UTC, datetime
 from functools import cache
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
+import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StrictInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    StrictInt,
+    TypeAdapter,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
 
 
 class ArrowType:
@@ -32,7 +44,24 @@ TokenId = Annotated[StrictInt, Field(ge=0, lt=2**31)]
 """A vocabulary index as the engine returns it: stored as int32."""
 Float32 = Annotated[FiniteFloat, Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
 """Stored as float32: a larger magnitude would land as an infinity."""
-TokenIds = Annotated[list[TokenId], ArrowType(pa.list_(pa.int32()))]
+_PLAIN_INTS = TypeAdapter(list[StrictInt])
+
+
+def _token_ids(value: Any, handler: ValidatorFunctionWrapHandler) -> list[int]:
+    """Checks a list of token IDs as a whole: item by item, pydantic's range check cost ~70 ns
+    a token (3.5 ms on a 50k-token prompt, on the proxy's request path). A list that fails the
+    whole-list check is validated item by item, so its error names the first bad item."""
+    try:
+        ids = _PLAIN_INTS.validate_python(value)
+        unsigned = np.frombuffer(array("I", ids), dtype=np.uint32)  # OverflowError below 0
+    except (ValueError, OverflowError):
+        return handler(value)
+    if unsigned.size and unsigned.max() >= 2**31:
+        return handler(value)
+    return ids
+
+
+TokenIds = Annotated[list[TokenId], WrapValidator(_token_ids), ArrowType(pa.list_(pa.int32()))]
 Logprobs = Annotated[list[Float32], ArrowType(pa.list_(pa.float32()))]
 Int32 = Annotated[int, Field(ge=-(2**31), lt=2**31), ArrowType(pa.int32())]
 JsonText = Annotated[str, ArrowType(pa.string())]
