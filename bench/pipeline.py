@@ -55,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -231,19 +232,51 @@ def phase_write(lake: Lake, target: str, compare: bool) -> dict:
     return {**written, "encodings": encodings}
 
 
-def _step_seconds(instance, run_id: str) -> dict[str, float]:
-    """Each step's wall time in the run, from its start and success events."""
+def _step_windows(instance, run_id: str) -> dict[str, tuple[float, float]]:
+    """Each step's start and success times in the run, from its events."""
     import dagster as dg
 
     started: dict[str, float] = {}
-    seconds: dict[str, float] = {}
+    windows: dict[str, tuple[float, float]] = {}
     for entry in instance.all_logs(run_id):
         kind, key = entry.dagster_event_type, entry.step_key
         if kind == dg.DagsterEventType.STEP_START:
             started[key] = entry.timestamp
         elif kind == dg.DagsterEventType.STEP_SUCCESS and key in started:
-            seconds[key] = round(entry.timestamp - started[key], 3)
-    return seconds
+            windows[key] = (started[key], entry.timestamp)
+    return windows
+
+
+class RssSampler:
+    """This process's RSS (``VmRSS``) every ``interval_s`` on a thread, so a phase's peak can be
+    told from the process's (``VmHWM`` only knows the whole run's). tracemalloc does not see
+    polars' and Arrow's Rust allocations; the kernel's count does."""
+
+    def __init__(self, interval_s: float = 0.05):
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        status = Path("/proc/self/status")
+        while not self._stop.is_set():
+            (line,) = [x for x in status.read_text().splitlines() if x.startswith("VmRSS:")]
+            self.samples.append((time.time(), int(line.split()[1]) * 1024))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak_mib(self, start: float, end: float) -> float | None:
+        """The highest RSS sampled between ``start`` and ``end`` (seconds since the epoch)."""
+        within = [rss for at, rss in self.samples if start <= at <= end]
+        return round(max(within) / 2**20, 1) if within else None
 
 
 def phase_pipeline(lake: Lake, groups: int) -> dict:
@@ -268,14 +301,17 @@ def phase_pipeline(lake: Lake, groups: int) -> dict:
     job = defs.resolve_implicit_job_def_def_for_assets(selection)
     instance = dg.DagsterInstance.ephemeral()
     started = time.perf_counter()
-    result = job.execute_in_process(instance=instance, asset_selection=selection)
+    with RssSampler() as rss:
+        result = job.execute_in_process(instance=instance, asset_selection=selection)
     seconds = time.perf_counter() - started
+    windows = _step_windows(instance, result.run_id)
     logged = result.asset_materializations_for_node("release_grpo")
     (batch,) = [m for m in logged if m.asset_key == dg.AssetKey("batch_grpo")]
     (exported,) = [m for m in logged if m.asset_key == dg.AssetKey("export_grpo")]
     return {
         "seconds": seconds,
-        "steps": _step_seconds(instance, result.run_id),
+        "steps": {key: round(end - start, 3) for key, (start, end) in windows.items()},
+        "steps_peak_rss_mib": {key: rss.peak_mib(*window) for key, window in windows.items()},
         "ok": result.success,
         "batch_rows": batch.metadata["dagster/partition_row_count"].value,
         "export_rows": exported.metadata["dagster/partition_row_count"].value,
