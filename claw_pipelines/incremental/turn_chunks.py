@@ -13,6 +13,9 @@ from claw_pipelines.incremental.increment import Increment
 from claw_pipelines.lake import keyed
 from claw_pipelines.turn_prompts import read_columns, with_whole_prompts
 
+MESSAGES = "request_messages"
+_READ = [name for name in STEP_SOURCE_COLUMNS if name != MESSAGES]
+
 CHUNK_TURNS = 16_384
 """New turns extracted per commit, so a backlog (e.g. a first build) needs memory for a chunk."""
 
@@ -32,10 +35,13 @@ class TurnChunk:
 
     def read(self, increment: Increment) -> pl.DataFrame | None:
         """The chunk's turns (``STEP_SOURCE_COLUMNS`` and ``_commit_version``), their prompts
-        and request texts whole (``turn_prompts``)."""
+        whole (``turn_prompts``) and ``request_messages`` null: the conversation so far on
+        every call, which rebuilt whole took as much memory as the prompts, while the
+        extractor needs it only for the few steps that edit their context
+        (``threads.side_threads`` reads those from ``turns``)."""
         landed = increment.scan("turns")
         available = [] if landed is None else landed.collect_schema().names()
-        columns = read_columns(STEP_SOURCE_COLUMNS, available)
+        columns = read_columns(_READ, available)
         if self.trajectories is None:
             turns = increment.new_rows("turns", columns, with_version=True, versions=self.versions)
         else:
@@ -43,7 +49,8 @@ class TurnChunk:
         if turns is None:
             return None
         whole = with_whole_prompts(turns, landed)
-        return whole.select(*STEP_SOURCE_COLUMNS, "_commit_version")
+        messages = pl.lit(None, pl.String).alias(MESSAGES)
+        return whole.with_columns(messages).select(*STEP_SOURCE_COLUMNS, "_commit_version")
 
     def _trajectory_turns(self, turns: pl.LazyFrame) -> pl.DataFrame:
         identified = keyed(turns, "trajectory_id", pl.Series(self.trajectories, dtype=pl.String))

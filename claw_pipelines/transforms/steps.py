@@ -204,7 +204,12 @@ def _resolve_identity(
     )
 
 
-def _emit(pending: pl.DataFrame, closing: pl.DataFrame, min_tokens: int) -> pl.DataFrame:
+def _emit(
+    pending: pl.DataFrame,
+    closing: pl.DataFrame,
+    min_tokens: int,
+    landed: pl.LazyFrame | pl.DataFrame | None,
+) -> pl.DataFrame:
     """Split, number, link and prefix-check the pending turns of the closing trajectories.
 
     Ordering and linking run on the narrow columns plus a row index; each token list is then
@@ -239,7 +244,7 @@ def _emit(pending: pl.DataFrame, closing: pl.DataFrame, min_tokens: int) -> pl.D
             ).alias("group_id"),
         )
     steps = check_prefixes(_link(frame, tokens, sources))
-    moved = side_threads(steps, tokens, min_tokens=min_tokens)
+    moved = side_threads(steps, tokens, min_tokens=min_tokens, landed=landed)
     if moved.height:
         split, regrouped = regroup(frame, moved)
         steps = pl.concat([
@@ -326,8 +331,10 @@ def extract_steps(
     ``new_events``: trajectory_events
     rows since their watermark. ``landed``: the turns (the table, or any frame with their
     turn_id, started_at and token lists), read only for the last steps of closed trajectories
-    that new turns continue. Turns without a trajectory_id are assigned to inferred
-    trajectories by token prefix (see ``claw_pipelines.transforms.inference``).
+    that new turns continue, and for the ``request_messages`` of the steps that edit their
+    context and of those before them where the turns came without it. Turns without a
+    trajectory_id are assigned to inferred trajectories by token prefix (see
+    ``claw_pipelines.transforms.inference``).
     ``reopen_window_s`` bounds the state: it should cover the capture path's worst landing lag
     (spool replay after a proxy restart), not the life of a trajectory.
     """
@@ -384,7 +391,7 @@ def extract_steps(
         .filter(pl.col("close_reason").is_not_null())
         .drop("_last_end", "event", "_tail_close_reason")
     )  # fmt: skip
-    steps = _emit(pending, closing, min_prefix_tokens)
+    steps = _emit(pending, closing, min_prefix_tokens, landed)
 
     source = pl.coalesce("parent_trajectory_id", "trajectory_id").alias("trajectory_id")
     emitted = (

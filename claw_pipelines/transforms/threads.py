@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.transforms.inference import chain_roots, continuation_links
 
 _MOVED = ["turn_id", "trajectory_id", "parent_trajectory_id"]
@@ -43,14 +44,21 @@ def side_trajectory_id(parent: pl.Expr, first_turn: pl.Expr) -> pl.Expr:
     return parent + pl.lit("/side-") + first_turn
 
 
-def side_threads(checked: pl.DataFrame, tokens: pl.DataFrame, *, min_tokens: int) -> pl.DataFrame:
+def side_threads(
+    checked: pl.DataFrame,
+    tokens: pl.DataFrame,
+    *,
+    min_tokens: int,
+    landed: pl.LazyFrame | pl.DataFrame | None = None,
+) -> pl.DataFrame:
     """``(turn_id, trajectory_id, parent_trajectory_id)`` of the steps that move to a side
     trajectory (none when no trajectory has a ``context_edit``).
 
     ``checked``: the steps to emit with their verdict against the step before them
     (``prefixes.check_prefixes``), and ``_row`` (indexes ``tokens``, the token lists),
     ``_prev`` (the ``_row`` of the step before), ``_tokens`` (prompt IDs present),
-    ``trajectory_inferred``, ``reopened``, ``request_messages``.
+    ``trajectory_inferred``, ``reopened``, ``request_messages`` (null where not read: then
+    read from the ``landed`` turns for the few steps that need it).
     """
     splittable = (
         ~pl.col("trajectory_inferred").fill_null(False) & ~pl.col("reopened") & pl.col("_tokens")
@@ -64,7 +72,7 @@ def side_threads(checked: pl.DataFrame, tokens: pl.DataFrame, *, min_tokens: int
     if broken.is_empty():
         return pl.DataFrame(schema=dict.fromkeys(_MOVED, pl.String))
     steps = steps.join(broken.select("trajectory_id").unique(), on="trajectory_id", how="semi")
-    links = _links(steps, broken, tokens, min_tokens)
+    links = _links(steps, broken, tokens, min_tokens, _openings(steps, broken, landed))
     threads = _threads(steps, chain_roots(links, steps["turn_id"]))
     return threads.filter(~pl.col("_main")).select(
         "turn_id",
@@ -93,10 +101,33 @@ def regroup(frame: pl.DataFrame, moved: pl.DataFrame) -> tuple[pl.DataFrame, pl.
     return split, regrouped
 
 
-def _links(
-    steps: pl.DataFrame, broken: pl.DataFrame, tokens: pl.DataFrame, min_tokens: int
+def _openings(
+    steps: pl.DataFrame, broken: pl.DataFrame, landed: pl.LazyFrame | pl.DataFrame | None
 ) -> pl.DataFrame:
-    """``(turn_id, pred)`` for every step that continues or edits an earlier one."""
+    """``(_row, _opening)``: the first request message of the ``context_edit`` steps and of
+    the steps before them, from ``request_messages`` where the steps carry it, else read from
+    the ``landed`` turns (whole, ``turn_prompts``) for these steps only."""
+    rows = pl.concat([broken.get_column("_row"), broken.get_column("_prev").drop_nulls()])
+    needed = steps.filter(pl.col("_row").is_in(rows.implode())).select(
+        "_row", "turn_id", "started_at", "request_messages"
+    )
+    unread = needed.filter(pl.col("request_messages").is_null())
+    if landed is not None and unread.height:
+        read = with_turn_columns(unread.drop("request_messages"), landed, ["request_messages"])
+        needed = pl.concat([needed.filter(pl.col("request_messages").is_not_null()), read])
+    opening = pl.col("request_messages").str.json_path_match("$[0]")
+    return needed.select("_row", opening.alias("_opening"))
+
+
+def _links(
+    steps: pl.DataFrame,
+    broken: pl.DataFrame,
+    tokens: pl.DataFrame,
+    min_tokens: int,
+    openings: pl.DataFrame,
+) -> pl.DataFrame:
+    """``(turn_id, pred)`` for every step that continues or edits an earlier one;
+    ``openings`` from ``_openings``."""
     continuing = steps.filter(pl.col("prefix_break_reason").is_in(CONTINUING, nulls_equal=True))
     adjacent = continuing.filter(pl.col("_prev").is_not_null()).select(
         "turn_id", pl.col("_prev").alias("_pred")
@@ -111,18 +142,16 @@ def _links(
         min_tokens=min_tokens,
         scope="trajectory_id",
     )
-    opening = pl.col("request_messages").str.json_path_match("$[0]")
+    predecessors = by_row.join(
+        openings.select(pl.col("_row").alias("_pred"), pl.col("_opening").alias("_pred_opening")),
+        on="_pred",
+        how="left",
+    )
     edits = (
         broken.join(found, on="turn_id", how="anti")
-        .with_columns(opening.alias("_opening"), pl.col("_prev").alias("_pred"))
-        .join(
-            steps.select(
-                pl.col("_row").alias("_pred"),
-                pl.col("turn_id").alias("pred"),
-                opening.alias("_pred_opening"),
-            ),
-            on="_pred",
-        )
+        .join(openings, on="_row", how="left")
+        .with_columns(pl.col("_prev").alias("_pred"))
+        .join(predecessors, on="_pred")
         .join(found.select(pl.col("pred")), on="pred", how="anti")
         .filter(
             (pl.col("_opening") == pl.col("_pred_opening")).fill_null(False)

@@ -21,6 +21,7 @@ from claw_pipelines.incremental.turn_chunks import turn_chunks
 from claw_pipelines.lake import Lake
 from claw_pipelines.landed_turns import chunks_with_turn_columns
 from claw_pipelines.schemas import Turn, rows_to_arrow
+from claw_pipelines.transforms.steps import extract_steps
 from claw_pipelines.turn_prompts import BrokenReference, prompt_additions, whole_turns
 
 START = datetime(2026, 12, 1, tzinfo=UTC)
@@ -125,15 +126,18 @@ def test_export_chunks_are_whole(landed: tuple[Lake, pl.DataFrame], chunk_rows: 
 
 
 def test_the_step_extractors_new_turns_are_whole(landed: tuple[Lake, pl.DataFrame]) -> None:
-    """A run that reads only the last commit rebuilds from the turns landed before it."""
+    """A run that reads only the last commit rebuilds from the turns landed before it; the
+    request messages are not read (the extractor reads the few it needs from ``turns``)."""
     lake, whole = landed
     increment = Increment.begin(lake, "steps", "steps", ["turns"])
     last = replace(increment, after={"turns": increment.upto["turns"] - 1})
+    read_whole = ["prompt_token_ids", "request_tools"]
     for run in (increment, last):
         (chunk,) = turn_chunks(run).chunks
         read = chunk.read(run)
         expected = whole.join(read.select("turn_id"), on="turn_id", how="semi").sort("turn_id")
-        assert read.sort("turn_id").select(COLUMNS[:3]).equals(expected.select(COLUMNS[:3]))
+        assert read.sort("turn_id").select(read_whole).equals(expected.select(read_whole))
+        assert read.get_column("request_messages").null_count() == read.height
     assert read.height < whole.height
 
 
@@ -167,3 +171,28 @@ def test_memory_is_bounded_least_recently_used_first() -> None:
     assert kept == [None, "t1-000", "t2-000"]
     earlier = sessions[2][1].model_copy(update={"started_at": START - timedelta(seconds=1)})
     assert prefixes.compact(earlier, spooled_call(earlier)).prompt_prefix_turn_id is None
+
+
+def test_steps_from_stored_turns_equal_those_from_whole_turns(
+    landed: tuple[Lake, pl.DataFrame],
+) -> None:
+    """The extractor on the turns as the steps asset reads them (prompts rebuilt, request
+    messages left in ``turns``) emits the steps it emits from the same turns stored whole: the
+    context edits at calls 5 and 8 keep their trajectory by its first message, read from
+    ``turns`` (without it, calls 5 to 13 became a side trajectory)."""
+    lake, whole = landed
+    increment = Increment.begin(lake, "steps", "steps", ["turns"])
+    (chunk,) = turn_chunks(increment).chunks
+    now = START + timedelta(days=1)
+    stored = extract_steps(chunk.read(increment), None, None, now=now, landed=lake.scan("turns"))
+    expected = extract_steps(whole, None, None, now=now)
+    compared = pl.exclude("request_messages", "source_version")
+    assert (
+        stored.steps.sort("step_id")
+        .select(compared)
+        .equals(expected.steps.sort("step_id").select(compared))
+    )
+    edits = stored.steps.filter(pl.col("prefix_break_reason") == "context_edit")
+    assert edits.get_column("turn_id").str.slice(-3).unique().sort().to_list() == ["005", "008"]
+    assert edits.height == 6
+    assert stored.steps.get_column("parent_trajectory_id").null_count() == 42
