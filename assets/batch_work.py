@@ -23,6 +23,7 @@ from claw_pipelines.batch_tables import (
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.building import planned, retired_before, write_batch
 from claw_pipelines.batching.recipe import GROUPED, Recipe
+from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.exporters import Destination, export_chunks
 from claw_pipelines.lake import Lake
 
@@ -79,9 +80,15 @@ def _consumed_once_check(lake: Lake, recipe: str, turn_ids: pl.Series) -> dg.Ass
     )
 
 
-def _decoded(rows: pl.DataFrame, message_column: str) -> pl.DataFrame:
-    text = pl.col(message_column).str.json_path_match("$.content").alias("response_text")
-    return rows.with_columns(text)
+def _decoded(lake: Lake, rows: pl.DataFrame, algorithm: str) -> pl.DataFrame:
+    """``rows`` with their reply's text: dpo pairs carry the chosen message, step rows read
+    theirs from ``turns`` (batches point at their turns)."""
+    if algorithm == "dpo":
+        message = pl.col("chosen_message")
+    else:
+        rows = with_turn_columns(rows, lake.scan("turns"), ["response_message"])
+        message = pl.col("response_message")
+    return rows.with_columns(message.str.json_path_match("$.content").alias("response_text"))
 
 
 def batch_checks(recipe: str, parts: dg.PartitionsDefinition) -> list[dg.AssetCheckSpec]:
@@ -134,8 +141,7 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str, log) -> Built | None:
         raise dg.Failure(f"re-planning {batch_id} from its pins did not reproduce its ledger")
     rows = plan.planned
     table = write_batch(lake, planned_under, plan)
-    message = "chosen_message" if recipe.algorithm == "dpo" else "response_message"
-    sample = _decoded(rows.head(8), message).select(
+    sample = _decoded(lake, rows.head(8), recipe.algorithm).select(
         [c for c in ("group_id", "trajectory_id", "step_index", "reward", "chosen_reward")
          if c in rows.columns] + ["response_text"]
     )  # fmt: skip

@@ -66,6 +66,7 @@ def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
             config,
             judge=judge,
             registrations=increment.rows_where("trajectory_registrations", "trajectory_id", keys),
+            turns=increment.lake.scan("turns"),
         ).collect()
 
     written = increment.recompute(affected, build, REWARDED_STEPS, ["reward", "reward_present"])

@@ -39,22 +39,27 @@ STEP_SOURCE_COLUMNS = [
 
 TURN_COLUMNS = [
     "prompt_token_ids", "response_token_ids", "response_logprobs", "request_messages",
-    "request_tools",
+    "request_tools", "response_message", "response_text",
 ]  # fmt: skip
 """The heavy per-turn columns that only ``turns`` stores: derived rows (steps, the step tables,
 grpo-style batch rows) point at their turn by ``turn_id`` (with its ``started_at`` and
 ``source_version``, the turns version it landed in) and readers join these from ``turns``
 (``with_turn_columns``). Turns are append-only and never rewritten, so the join gives the same
 values however late it runs. ``request_messages`` repeats the conversation so far on every
-step, so a table carrying it grows quadratically with trajectory length."""
+step, so a table carrying it grows quadratically with trajectory length; the reply
+(``response_message``, ``response_text``) is stored once in ``turns`` like the rest."""
 
 TOKEN_COLUMNS = ["prompt_token_ids", "response_token_ids", "response_logprobs"]
 """The token lists among ``TURN_COLUMNS``."""
 
-SIGNAL_COLUMNS = ["logprobs_len", "repetition_ngram", "repeated_ngram_ratio"]
-"""What the quality signals need from the token lists, computed once by the step extractor
-while the lists are in memory (``transforms.quality.token_signals``): scoring then reads no
-token list unless the configured n-gram differs from ``repetition_ngram``."""
+SIGNAL_COLUMNS = [
+    "logprobs_len", "repetition_ngram", "repeated_ngram_ratio", "reply_blank",
+    "malformed_tool_calls",
+]  # fmt: skip
+"""What the quality signals need from the token lists and the reply, computed once by the step
+extractor while the turn is in memory (``transforms.quality.token_signals``): scoring then
+reads no token list or reply unless the configured n-gram differs from ``repetition_ngram``
+(or the row predates a signal: null)."""
 
 EXTRACTED_STEPS = pa.schema(
     [
@@ -98,17 +103,22 @@ STEPS = pa.schema(
         pa.field("logprobs_len", pa.int32()),
         pa.field("repetition_ngram", pa.int32()),
         pa.field("repeated_ngram_ratio", pa.float64()),
+        pa.field("reply_blank", pa.bool_()),
+        pa.field("malformed_tool_calls", pa.int32()),
     ]
 )
 """Table ``steps``: an extracted step without its ``TURN_COLUMNS`` (it points at its turn),
-plus ``SIGNAL_COLUMNS``: ``logprobs_len`` (null when the turn has no logprobs) and the share of
-the response's ``repetition_ngram``-grams that repeat an earlier one. A table written before
-steps pointed at turns still holds the turn columns in its older rows (null in newer ones):
-nothing reads them, and a rebuild of the table drops them (``LEGACY_COLUMNS``)."""
+plus ``SIGNAL_COLUMNS``: ``logprobs_len`` (null when the turn has no logprobs), the share of
+the response's ``repetition_ngram``-grams that repeat an earlier one, ``reply_blank`` (no
+text and no tool call) and ``malformed_tool_calls`` (the reply's tool calls without a name or
+with arguments that are not JSON). A table written before steps pointed at turns still holds
+the turn columns in its older rows (null in newer ones): nothing reads them, and a rebuild of
+the table drops them (``LEGACY_COLUMNS``)."""
 
 LEGACY_COLUMNS = frozenset(TURN_COLUMNS)
 """Columns a derived table written by an earlier version may still hold: ``steps`` and the
-step tables carried ``request_messages`` and the steps and batches the token lists. Delta
+step tables carried ``request_messages`` and the reply, the steps and batches the token lists
+and the batches ``response_message``. Delta
 cannot drop a column without rewriting the table, so they stay (null in rows written since)
 and the schema checks accept them; a rebuild of the derived tables from ``turns`` drops them."""
 

@@ -24,8 +24,9 @@ from claw_pipelines.derived_schemas import (
 )
 from claw_pipelines.transforms.messages import malformed_tool_calls, tool_call_count
 
-RESPONSE_COLUMNS = ["response_token_ids", "response_logprobs"]
-"""The token lists the signals read (prompt ids, the bulk of a step, are not needed)."""
+RESPONSE_COLUMNS = ["response_token_ids", "response_logprobs", "response_message", "response_text"]
+"""The turn columns the signals read: the reply's tokens and message (prompt ids, the bulk of
+a step, are not needed)."""
 
 
 class QualityWeights(BaseModel):
@@ -185,14 +186,19 @@ def _mix(values: np.ndarray, spare: np.ndarray) -> None:
 
 
 def token_signals(steps: pl.DataFrame, ngram: int) -> pl.DataFrame:
-    """``steps`` (with their response token lists and logprobs) plus ``SIGNAL_COLUMNS``: what
-    the token signals need, so scoring can run on narrow rows."""
+    """``steps`` (with their ``RESPONSE_COLUMNS``) plus ``SIGNAL_COLUMNS``: what the token
+    and reply signals need, so scoring can run on narrow rows."""
     return steps.with_columns(
         pl.col("response_logprobs").list.len().cast(pl.Int32).alias("logprobs_len"),
         pl.lit(ngram, pl.Int32).alias("repetition_ngram"),
         repeated_ngram_ratio(steps.get_column("response_token_ids"), ngram).alias(
             "repeated_ngram_ratio"
         ),
+        (
+            (pl.col("response_text").fill_null("").str.strip_chars() == "")
+            & (tool_call_count() == 0)
+        ).alias("reply_blank"),
+        malformed_tool_calls().cast(pl.Int32).alias("malformed_tool_calls"),
     )
 
 
@@ -200,13 +206,17 @@ def _with_signals(
     rows: pl.DataFrame, turns: pl.LazyFrame | pl.DataFrame | None, ngram: int
 ) -> pl.DataFrame:
     """``rows`` with ``SIGNAL_COLUMNS`` for ``ngram``: as the step extractor stored them, else
-    (steps from before it stored them, or another n) from the response token lists read from
-    ``turns`` for those rows only."""
+    (steps from before it stored them, or another n) from the replies read from ``turns`` for
+    those rows only."""
     declared = polars_schema(SCORED_STEPS)
     rows = rows.with_columns(
         pl.lit(None, declared[name]).alias(name) for name in SIGNAL_COLUMNS if name not in rows
     ).with_row_index("_order")
-    stale = pl.col("repetition_ngram").is_null() | (pl.col("repetition_ngram") != ngram)
+    stale = (
+        pl.col("repetition_ngram").is_null()
+        | (pl.col("repetition_ngram") != ngram)
+        | pl.col("reply_blank").is_null()
+    )
     missing = rows.filter(stale)
     if missing.is_empty():
         return rows.drop("_order")
@@ -226,11 +236,9 @@ def _signals(
         "logprobs_missing": logprobs_len.is_null() & (response_len > 0),
         "logprobs_misaligned": logprobs_len.is_not_null() & (logprobs_len != response_len),
         "truncated": pl.col("finish_reason") == "length",
-        "empty_response": (response_len == 0)
-        & (pl.col("response_text").fill_null("").str.strip_chars() == "")
-        & (tool_call_count() == 0),
+        "empty_response": (response_len == 0) & pl.col("reply_blank"),
         "repetitive": pl.col("repeated_ngram_ratio") > config.repetition_threshold,
-        "malformed_tool_call": malformed_tool_calls() > 0,
+        "malformed_tool_call": pl.col("malformed_tool_calls") > 0,
         "error": pl.col("status") == "error",
         "prefix_break": ~pl.col("prefix_consistent"),
         "stale": (latest_policy_version - pl.col("policy_version")) > config.max_policy_lag,
@@ -253,9 +261,9 @@ def score_steps(
     Length outliers use ``response_length_stats`` (mean, std over a reference population, e.g.
     the scored_steps table) when given, else the frame itself once it holds
     ``length_min_population`` steps; incremental runs should pass the table's statistics.
-    Token signals use the ``SIGNAL_COLUMNS`` the step extractor stored; rows without them for
-    the configured n-gram read their response token lists from ``turns`` (a table scan, or any
-    frame with the turns' token lists).
+    Token and reply signals use the ``SIGNAL_COLUMNS`` the step extractor stored; rows without
+    them for the configured n-gram read their replies from ``turns`` (a table scan, or any
+    frame with the turns' ``RESPONSE_COLUMNS``).
     """
     frame = _with_signals(rewarded.lazy().collect(), turns, config.repetition_ngram).lazy()
     latest = (

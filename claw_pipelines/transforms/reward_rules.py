@@ -21,7 +21,7 @@ import polars as pl
 import yaml
 from pydantic import BaseModel, Field
 
-from claw_pipelines.derived_schemas import polars_schema
+from claw_pipelines.derived_schemas import polars_schema, with_turn_columns
 from claw_pipelines.schemas import Reward
 from claw_pipelines.settings import LOCAL_MASTER_KEY as LOCAL_KEY
 from claw_pipelines.transforms.credit import CreditAssignment
@@ -132,8 +132,18 @@ def _registered(registrations: pl.LazyFrame | None) -> pl.LazyFrame:
     )
 
 
-_RULE_COLUMNS = ["trajectory_id", "step_index", "agent", "response_text", "metadata", "ended_at"]
-"""What the rules read of a final step; the judge is handed whole steps."""
+_RULE_COLUMNS = ["turn_id", "trajectory_id", "step_index", "agent", "metadata", "started_at",
+                 "ended_at"]  # fmt: skip
+"""What the rules read of a final step besides its ``response_text``; the judge is handed
+whole steps."""
+
+
+def _with_replies(
+    rows: pl.DataFrame, turns: pl.LazyFrame | pl.DataFrame | None, columns: list[str]
+) -> pl.DataFrame:
+    """``rows`` with their turns' reply ``columns`` read from ``turns`` (the step tables point
+    at their turns); ``turns`` None: the rows carry them."""
+    return rows if turns is None else with_turn_columns(rows, turns, columns)
 
 
 def _final_steps(steps: pl.LazyFrame, registrations: pl.LazyFrame | None) -> pl.DataFrame:
@@ -155,20 +165,22 @@ def _final_steps(steps: pl.LazyFrame, registrations: pl.LazyFrame | None) -> pl.
     )
 
 
-def _with_tool_use(final: pl.DataFrame, steps: pl.LazyFrame) -> pl.LazyFrame:
+def _with_tool_use(
+    final: pl.DataFrame, steps: pl.LazyFrame, turns: pl.LazyFrame | pl.DataFrame | None
+) -> pl.LazyFrame:
     """``final`` plus what ``tool_call_success`` reads over all of a trajectory's steps: failed
-    steps and malformed tool calls, and the names of the tools called. Decoding the messages'
-    JSON is the costly part, so only the steps of ``final``'s trajectories are decoded."""
+    steps and malformed tool calls, and the names of the tools called. Reading and decoding
+    the messages is the costly part, so only the steps of ``final``'s trajectories are read."""
     names = tool_calls().list.eval(pl.element().struct.field("function").struct.field("name"))
-    used = (
-        steps.join(final.lazy().select("trajectory_id"), on="trajectory_id", how="semi")
-        .group_by("trajectory_id")
-        .agg(
-            ((pl.col("status") == "error").cast(pl.Int64) + malformed_tool_calls())
-            .sum()
-            .alias("_failures"),
-            names.list.explode(keep_nulls=False, empty_as_null=False).alias("_tool_names"),
-        )
+    called = steps.join(final.lazy().select("trajectory_id"), on="trajectory_id", how="semi")
+    if turns is not None:
+        called = called.select("turn_id", "trajectory_id", "status", "started_at").collect()
+        called = _with_replies(called, turns, ["response_message"]).lazy()
+    used = called.group_by("trajectory_id").agg(
+        ((pl.col("status") == "error").cast(pl.Int64) + malformed_tool_calls())
+        .sum()
+        .alias("_failures"),
+        names.list.explode(keep_nulls=False, empty_as_null=False).alias("_tool_names"),
     )
     return final.lazy().join(used, on="trajectory_id")
 
@@ -195,6 +207,7 @@ def rule_rewards(
     *,
     judge: ModelJudge | None = None,
     registrations: pl.LazyFrame | pl.DataFrame | None = None,
+    turns: pl.LazyFrame | pl.DataFrame | None = None,
 ) -> pl.LazyFrame:
     """Rewards rows (``schemas.Reward`` columns, trajectory-targeted) produced by the rules and the
     judge for the final step of each trajectory in ``steps``.
@@ -202,16 +215,23 @@ def rule_rewards(
     The judge runs only when ``config.judge.enabled``; ``judge`` replaces the default
     ``openai_judge(config.judge)`` (tests pass a local callable). ``registrations``: rows of
     ``trajectory_registrations`` for these trajectories (their ground truth and data source).
+    ``turns``: where the steps' replies are read (None: ``steps`` carry them).
     """
     if not config.rules and not config.judge.enabled:
         return pl.LazyFrame(schema=polars_schema(Reward.arrow_schema()))
     steps = steps.lazy()
-    read = steps if config.judge.enabled else steps.select(_RULE_COLUMNS)
+    light = _RULE_COLUMNS if turns is not None else [*_RULE_COLUMNS, "response_text"]
+    read = steps if config.judge.enabled else steps.select(light)
     final = _final_steps(read, None if registrations is None else registrations.lazy())
+    final = _with_replies(final, turns, ["response_text"])
     parts = []
     for r in config.rules:
         matched = final.filter(_matches(r.data_source, r.agent))
-        rows = _with_tool_use(matched, steps) if r.rule == "tool_call_success" else matched.lazy()
+        rows = (
+            _with_tool_use(matched, steps, turns)
+            if r.rule == "tool_call_success"
+            else matched.lazy()
+        )
         parts.append(_reward_rows(rows, r.name, "rule", _rule_value(r)))
     if config.judge.enabled:
         scored = final.filter(_matches(config.judge.data_source, config.judge.agent))

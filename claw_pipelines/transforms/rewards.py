@@ -68,9 +68,12 @@ def _all_rewards(
     config: reward_rules.RewardConfig,
     judge: reward_rules.ModelJudge | None,
     registrations: pl.LazyFrame | None,
+    turns: pl.LazyFrame | pl.DataFrame | None,
 ) -> pl.LazyFrame:
     """Landed rewards, event rewards (source env) and rule/judge rewards in one shape."""
-    rules = reward_rules.rule_rewards(steps, config, judge=judge, registrations=registrations)
+    rules = reward_rules.rule_rewards(
+        steps, config, judge=judge, registrations=registrations, turns=turns
+    )
     parts = [rules.select(_REWARD_COLUMNS)]
     if rewards is not None:
         parts.append(rewards.select(_REWARD_COLUMNS))
@@ -111,6 +114,7 @@ def reward_steps(
     *,
     judge: reward_rules.ModelJudge | None = None,
     registrations: pl.LazyFrame | pl.DataFrame | None = None,
+    turns: pl.LazyFrame | pl.DataFrame | None = None,
 ) -> pl.LazyFrame:
     """``REWARDED_STEPS`` rows for ``steps`` (all steps of the affected trajectories; their token
     lists are not needed and not kept).
@@ -121,11 +125,12 @@ def reward_steps(
     Per target the highest-priority source wins (``config.source_priority``), the latest value
     within it; a trajectory's own outcome beats its group's at equal priority only by being
     later. ``reward_sources`` lists the winning sources of the step's reward and outcome.
-    ``reward`` is credited by ``config.credit_assignment``.
+    ``reward`` is credited by ``config.credit_assignment``. ``turns``: where the rules read the
+    steps' replies (None: ``steps`` carry them).
     """
     steps = steps.lazy()
     candidates = _all_rewards(
-        steps, _lazy(rewards), _lazy(events), config, judge, _lazy(registrations)
+        steps, _lazy(rewards), _lazy(events), config, judge, _lazy(registrations), turns
     ).collect()
     members = steps.select("trajectory_id", "group_id").unique()
     step_rewards = _winner(

@@ -21,8 +21,9 @@ SEGMENT = ["trajectory_id", "segment_index"]
 REPLY_COLUMNS = ["response_token_ids", "response_logprobs"]
 """What every step of a segment contributes: its reply and the reply's logprobs."""
 
-LAST_STEP_COLUMNS = ["prompt_token_ids", "request_messages", "request_tools"]
-"""What only a segment's last step contributes: the full prompt (and conversation) so far."""
+LAST_STEP_COLUMNS = ["prompt_token_ids", "request_messages", "request_tools", "response_message"]
+"""What only a segment's last step contributes: the full prompt (and conversation) so far
+and its reply message."""
 
 FIRST_STEP_COLUMNS = ["request_messages"]
 """What a segment's first step contributes besides its reply: the state it starts from."""

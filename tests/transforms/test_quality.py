@@ -18,13 +18,24 @@ from claw_pipelines.transforms import (
 )
 from claw_pipelines.transforms.quality import repeated_ngram_ratio
 from claw_pipelines.transforms.reward_rules import RewardConfig
+from claw_pipelines.transforms.steps import stored_steps
 
 
 def _scored(*rows, latest=None, config=None, **kwargs) -> dict[str, dict]:
+    """Scores of the extracted steps, checked equal to those of the rows the step table stores
+    (signals, no token lists or replies), which need no ``turns``."""
     steps = extract_steps(turns(*rows), None, None, now=at(5000)).steps
-    rewarded = reward_steps(steps, None, None, RewardConfig())
     config = config or QualityConfig()
-    scored = score_steps(rewarded, steps, config, latest_policy_version=latest, **kwargs).collect()
+    scored = score_steps(
+        reward_steps(steps, None, None, RewardConfig()), steps, config,
+        latest_policy_version=latest, **kwargs,
+    ).collect()  # fmt: skip
+    stored = stored_steps(steps, config.repetition_ngram)
+    from_table = score_steps(
+        reward_steps(stored, None, None, RewardConfig()), None, config,
+        latest_policy_version=latest, **kwargs,
+    ).collect()  # fmt: skip
+    assert from_table.equals(scored)
     return {r["step_id"]: r for r in scored.iter_rows(named=True)}
 
 

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from transform_rows import at, chain, event, events, registrations, rewards, turns
 
-from claw_pipelines.derived_schemas import REWARDED_STEPS, conform
+from claw_pipelines.derived_schemas import REWARDED_STEPS, TURN_COLUMNS, conform
 from claw_pipelines.transforms import (
     CreditAssignment,
     affected_trajectories,
@@ -98,6 +98,15 @@ def _metadata(truth: str, source: str = "math") -> str:
     return json.dumps({"claw": {"ground_truth": truth, "data_source": source}})
 
 
+def _rules_as_stored(steps: pl.DataFrame, landed: pl.DataFrame, config: RewardConfig):
+    """``rule_rewards`` of ``steps``, checked equal to those of the rows the step table stores
+    (no replies) given the ``turns`` the replies are read from."""
+    got = rule_rewards(steps, config).collect()
+    stored = rule_rewards(steps.drop(TURN_COLUMNS), config, turns=landed).collect()
+    assert stored.sort("reward_id").equals(got.sort("reward_id"))
+    return got
+
+
 def test_rule_rewards_read_ground_truth_from_metadata():
     rows = [
         *chain("exact", 1, metadata=_metadata("Paris"), response_text="  paris "),
@@ -106,7 +115,8 @@ def test_rule_rewards_read_ground_truth_from_metadata():
         *chain("other", 1, base=300, metadata=_metadata("7", "code"), response_text="7"),
         *chain("none", 1, base=400, response_text="7"),
     ]
-    steps = extract_steps(turns(*rows), None, None, now=at(5000)).steps
+    landed = turns(*rows)
+    steps = extract_steps(landed, None, None, now=at(5000)).steps
     config = RewardConfig(
         rules=[
             RewardRule(name="em", rule="exact_match", data_source="math"),
@@ -114,7 +124,7 @@ def test_rule_rewards_read_ground_truth_from_metadata():
             RewardRule(name="re", rule="regex_match", pattern=r"^\s*\d+\s*$"),
         ]
     )
-    got = rule_rewards(steps, config).collect()
+    got = _rules_as_stored(steps, landed, config)
     values = {(r["trajectory_id"], r["name"]): r["value"] for r in got.iter_rows(named=True)}
     assert values[("exact", "em")] == 1.0 and values[("num", "em")] == 0.0
     assert values[("num", "num")] == 1.0 and values[("wrong", "num")] == 0.0
@@ -161,9 +171,10 @@ def test_tool_call_success_rule():
         *chain("plain", 1, base=200),
         *chain("failed", 1, base=300, response_message=_tool_message("{}"), status="error"),
     ]
-    steps = extract_steps(turns(*rows), None, None, now=at(5000)).steps
+    landed = turns(*rows)
+    steps = extract_steps(landed, None, None, now=at(5000)).steps
     config = RewardConfig(rules=[RewardRule(name="tools", rule="tool_call_success")])
-    got = dict(rule_rewards(steps, config).select("trajectory_id", "value").collect().iter_rows())
+    got = dict(_rules_as_stored(steps, landed, config).select("trajectory_id", "value").iter_rows())
     assert got == {"ok": 1.0, "bad": 0.0, "plain": 0.0, "failed": 0.0}
 
 
