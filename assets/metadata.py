@@ -14,6 +14,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from claw_pipelines.capture.redact import Redactor
+from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.incremental.increment import SAMPLE_ROWS, Increment
 
 CELL_CHARS = 80
@@ -40,12 +41,19 @@ def markdown_table(frame: pl.DataFrame) -> str:
     return "\n".join([header, rule, *rows])
 
 
-def sample(frame: pl.DataFrame | None, columns: list[str]) -> dg.MetadataValue:
-    """A few rows with the decoded text, so a reviewer sees what the tokens say."""
+def sample(
+    frame: pl.DataFrame | None, columns: list[str], turns: pl.LazyFrame | None = None
+) -> dg.MetadataValue:
+    """A few rows with the decoded text, so a reviewer sees what the tokens say. Step rows
+    point at their turns for their reply: given ``turns``, the sampled rows' ``response_text``
+    is read from there."""
     if frame is None or frame.is_empty():
         return dg.MetadataValue.md("_no new rows_")
-    present = [c for c in columns if c in frame.columns]
-    return dg.MetadataValue.md(markdown_table(frame.select(present).head(SAMPLE_ROWS)))
+    rows = frame.head(SAMPLE_ROWS)
+    if turns is not None:
+        rows = with_turn_columns(rows, turns, ["response_text"])
+    present = [c for c in columns if c in rows.columns]
+    return dg.MetadataValue.md(markdown_table(rows.select(present)))
 
 
 def histogram(values: pl.Series, bins: int = 10) -> dg.MetadataValue:

@@ -75,7 +75,7 @@ def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     return dg.MaterializeResult(
         metadata={
             **written_metadata(increment, written.table, summary.height),
-            "sample": sample(written.head, REWARD_SAMPLE),
+            "sample": sample(written.head, REWARD_SAMPLE, increment.lake.scan("turns")),
             "reward_distribution": histogram(summary.get_column("reward")),
             "reward_present_share": (
                 float(summary["reward_present"].mean()) if summary.height else None

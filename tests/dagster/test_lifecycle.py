@@ -108,6 +108,8 @@ def _first_batch_exported(
     assert metadata["steps"]["read_versions"]["turns"] == [None, first_turns]
     assert metadata["steps"]["rows_read"]["turns"] == 40
     assert "step 0 of rollout" in metadata["steps"]["sample"]
+    for table in ("rewarded_steps", "scored_steps", "curated_steps"):  # replies read from turns
+        assert "of rollout" in metadata[table]["sample"], table
     assert "null: 0" in metadata["rewarded_steps"]["reward_distribution"]
     assert metadata["curated_steps"]["dagster/row_count"] == 40
 
