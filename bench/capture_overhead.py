@@ -172,6 +172,17 @@ def bare_config(workdir: Path) -> Path:
     return path
 
 
+def stack_env(workdir: Path) -> tuple[str, dict[str, str]]:
+    """A fresh master key and the environment an engine and the proxies under test share."""
+    key = "sk-bench-" + secrets.token_hex(16)
+    return key, {
+        "LITELLM_MASTER_KEY": key,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "CLAW_LAKE_URI": str(workdir / "lake"),
+        "CLAW_SPOOL_DIR": str(workdir / "spool"),
+    }
+
+
 def summary(load: dict, latency: dict[str, list[list[float]]]) -> dict[str, float]:
     """Throughput and CPU: medians over rounds. Latency: quantiles of every round's calls
     pooled, so p99 rests on a hundredth of all the calls rather than on a round's few slowest
@@ -227,13 +238,7 @@ def main() -> None:
     if args.quick:
         vars(args).update(QUICK)
     workdir = Path(tempfile.mkdtemp(prefix="claw-bench-capture-"))
-    key = "sk-bench-" + secrets.token_hex(16)
-    env = {
-        "LITELLM_MASTER_KEY": key,
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "CLAW_LAKE_URI": str(workdir / "lake"),
-        "CLAW_SPOOL_DIR": str(workdir / "spool"),
-    }
+    key, env = stack_env(workdir)
     engine = start_engine(free_port(), workdir, env)
     services = [engine]
     results = {}

@@ -456,7 +456,6 @@ def long_request(chars: int) -> dict:
 def capture_cpu(size: str) -> dict:
     """``capture_overhead``'s CPU per call, capturing proxy against ``--no-capture``, on one
     long chat prompt (``agent_request``), in its rounds with who goes first alternating."""
-    import secrets
 
     import httpx
 
@@ -468,13 +467,7 @@ def capture_cpu(size: str) -> dict:
     body.update(model="policy", max_tokens=32, logprobs=True, return_token_ids=True)
     overhead.ROUTES[CAPTURE_ROUTE] = ("/v1/chat/completions", body)
     workdir = Path(tempfile.mkdtemp(prefix="claw-bench-long-capture-"))
-    key = "sk-bench-" + secrets.token_hex(16)
-    env = {
-        "LITELLM_MASTER_KEY": key,
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "CLAW_LAKE_URI": str(workdir / "lake"),
-        "CLAW_SPOOL_DIR": str(workdir / "spool"),
-    }
+    key, env = overhead.stack_env(workdir)
     services = [start_engine(free_port(), workdir, env)]
     try:
         engine = services[0]
