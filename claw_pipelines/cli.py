@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -57,7 +58,11 @@ def proxy(
     host: Host = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the LiteLLM proxy.")] = 4000,
     config: Annotated[
-        Path | None, typer.Option(help="LiteLLM config (default: resources/litellm.yaml).")
+        Path | None,
+        typer.Option(
+            help="LiteLLM config (default: litellm.yaml of $CLAW_CONFIG_DIR, else the shipped "
+            "resources/litellm.yaml)."
+        ),
     ] = None,
     backend: Annotated[
         str | None,
@@ -115,8 +120,20 @@ def up(
     inspector_port: int = 8120,
     engine_port: int = 8001,
     compat: CompatOption = None,
+    config_dir: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            envvar="CLAW_CONFIG_DIR",
+            help="A folder whose batches.yaml, rewards.yaml, quality.yaml, litellm.yaml or "
+            "dagster.yaml replace the shipped ones, file by file.",
+        ),
+    ] = None,
 ) -> None:
     """Start engine, proxy, Dagster and inspector on loopback; Ctrl-C stops them all."""
+    if config_dir is not None:  # read by this process and the services it starts alike
+        os.environ["CLAW_CONFIG_DIR"] = str(config_dir.absolute())
     from claw_pipelines.stack import run_stack
 
     run_stack(

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import DirectoryPath, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LOCAL_MASTER_KEY = "sk-claw-local"
@@ -19,7 +19,7 @@ LOCAL_MASTER_KEY = "sk-claw-local"
 
 
 class ClawSettings(BaseSettings):
-    """Where the lake and spool live and how the capture path commits."""
+    """Where the lake, spool and configuration live and how the capture path commits."""
 
     model_config = SettingsConfigDict(env_prefix="CLAW_", extra="ignore")
 
@@ -34,6 +34,11 @@ class ClawSettings(BaseSettings):
     spool_dir: Path = Field(
         default=Path(".claw/spool"),
         description="Local directory of per-process spool segments (must be a local disk).",
+    )
+    config_dir: DirectoryPath | None = Field(
+        default=None,
+        description="A folder whose batches.yaml, rewards.yaml, quality.yaml, litellm.yaml or "
+        "dagster.yaml replace the shipped ones, file by file (config_files).",
     )
     run_dir: Path = Field(
         default=Path(".claw/run"),
@@ -59,6 +64,13 @@ class ClawSettings(BaseSettings):
         ge=0,
         description="At most one commit per landing table per window: completions and rewards "
         "closing within it land together in the window's commit.",
+    )
+    table_commits_per_s: float = Field(
+        default=4.0,
+        ge=0,
+        description="The commits a second each landing table takes from the whole fleet: a "
+        "writer that sees others commit widens its window to share them. 0: every writer "
+        "keeps commit_window_s.",
     )
     max_commit_retries: int = Field(default=100, ge=0)
     maintenance_interval_s: float = Field(
@@ -106,6 +118,12 @@ class ClawSettings(BaseSettings):
         description="Key every inspector request needs (Basic auth password or bearer token); "
         "required, >= 24 characters, to bind a non-loopback interface.",
     )
+
+    @field_validator("config_dir")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        """Absolute, so the services ``claw up`` starts in ``.claw/`` read the same folder."""
+        return value.absolute() if value is not None else None
 
     @field_validator("storage_options", mode="before")
     @classmethod

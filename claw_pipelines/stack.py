@@ -15,15 +15,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from claw_pipelines.batching.recipe import load_recipes
-from claw_pipelines.config_files import RECIPES_FILE
+from claw_pipelines.config_files import config_file
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import Service, ServiceStartError, probe_bind, start_service
-from claw_pipelines.settings import LOCAL_MASTER_KEY, ClawSettings
+from claw_pipelines.settings import LOCAL_MASTER_KEY, ClawSettings, get_settings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "claw_pipelines.cli"]
+CODE_LOCATION = {"module_name": "assets.definitions", "location_name": "claw_pipelines"}
+"""The code location Dagster loads from the installed packages (as the repository's
+workspace.yaml does from the checkout)."""
 
 
 def start_engine(port: int, workdir: Path, env: dict[str, str] | None = None) -> Service:
@@ -64,18 +68,21 @@ def start_proxy(
 
 
 def start_dagster(port: int, workdir: Path, env: dict[str, str] | None = None) -> Service:
-    """``dagster dev`` (webserver + daemon) on the project's workspace, state under workdir."""
+    """``dagster dev`` (webserver + daemon) on the installed code location, state under workdir:
+    its instance config is the dagster.yaml of ``config_files``, its workspace one written here."""
     dagster_home = workdir / "dagster"
     dagster_home.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
-    command = ["dagster", "dev", "-w", str(REPO_ROOT / "workspace.yaml"), "-h", "127.0.0.1"]
+    shutil.copy(config_file("dagster.yaml"), dagster_home / "dagster.yaml")
+    workspace = dagster_home / "workspace.yaml"
+    workspace.write_text(yaml.safe_dump({"load_from": [{"python_module": CODE_LOCATION}]}))
+    command = ["dagster", "dev", "-w", str(workspace), "-h", "127.0.0.1"]
     return start_service(
         "dagster",
         [str(Path(sys.executable).parent / command[0]), *command[1:], "-p", str(port)],
         f"http://127.0.0.1:{port}",
         workdir / "logs" / "dagster.log",
         env={**(env or {}), "DAGSTER_HOME": str(dagster_home)},
-        cwd=REPO_ROOT,
+        cwd=dagster_home,
     )
 
 
@@ -149,10 +156,11 @@ def run_stack(
     a lake the services would refuse (``Lake.checked``).
     ``compat`` is passed on to the proxy (``claw proxy --compat``).
     """
+    recipes_file = config_file("batches.yaml")
     try:
-        load_recipes(RECIPES_FILE)
+        load_recipes(recipes_file)
     except ValueError as error:  # pydantic's ValidationError is a ValueError
-        raise SystemExit(f"claw up: {RECIPES_FILE}: {error}") from error
+        raise SystemExit(f"claw up: {recipes_file}: {error}") from error
     workdir = Path.cwd()
     claw_dir = workdir / ".claw"
     env = {
@@ -201,6 +209,7 @@ def run_stack(
             f"  Dagster UI      {dagster.url}\n"
             f"  inspector       {inspector.url}\n"
             f"  lake            {env['CLAW_LAKE_URI']}\n"
+            f"  config          {get_settings().config_dir or 'the shipped defaults'}\n"
             f"  logs            {claw_dir / 'logs'}\n"
             "Try: claw demo\n",
             flush=True,

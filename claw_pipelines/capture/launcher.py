@@ -13,13 +13,13 @@ from pydantic import BaseModel, ValidationError
 from claw_pipelines.access import key_refusal
 from claw_pipelines.capture.claw_r1.config import BIND_HOST_ENV, COMPAT_NAME, with_claw_r1
 from claw_pipelines.capture.token_prompts import with_token_prompt_twins
+from claw_pipelines.config_files import config_file, shipped_file
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import probe_bind
 from claw_pipelines.settings import LOCAL_MASTER_KEY, get_settings
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = REPO_ROOT / "resources" / "litellm.yaml"
+DEFAULT_CONFIG = shipped_file("litellm.yaml")
 DEFAULT_BACKEND = "http://127.0.0.1:8001/v1"
 DEFAULT_MODEL_NAME = "policy"
 
@@ -145,9 +145,10 @@ def run_proxy(
         model = backend_model or (served_model(backend) if backend else None)
     except ProxyStartError as error:
         raise SystemExit(f"claw proxy: {error}") from error
+    source = config or config_file("litellm.yaml")
     try:
         config_path = render_config(
-            config or DEFAULT_CONFIG,
+            source,
             get_settings().run_dir.absolute(),
             port,
             backend=backend,
@@ -156,7 +157,7 @@ def run_proxy(
             compat=compat,
         )
     except ValueError as error:  # a compat block that does not fit the config
-        raise SystemExit(f"claw proxy: {config or DEFAULT_CONFIG}: {error}") from error
+        raise SystemExit(f"claw proxy: {source}: {error}") from error
     os.environ.update(
         {
             BIND_HOST_ENV: host,

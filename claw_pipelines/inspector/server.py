@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import jinja2
@@ -33,7 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from claw_pipelines.access import is_loopback, key_refusal
 from claw_pipelines.batching.recipe import Recipe, load_recipes
 from claw_pipelines.capture.redact import Redactor
-from claw_pipelines.config_files import RECIPES_FILE
+from claw_pipelines.config_files import config_file
 from claw_pipelines.inspector import render
 from claw_pipelines.inspector.api_models import (
     BatchPreviewOut,
@@ -66,7 +65,6 @@ from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.settings import get_settings
 
-HERE = Path(__file__).parent
 Found = TypeVar("Found")
 REFRESH_S = 1.0
 """How often the background thread looks for new Delta versions."""
@@ -78,10 +76,10 @@ class Inspector:
     def __init__(self, lake: Lake) -> None:
         self.lake = lake
         try:
-            self.recipes: dict[str, Recipe] = load_recipes(RECIPES_FILE)
+            self.recipes: dict[str, Recipe] = load_recipes(config_file("batches.yaml"))
             self.recipes_error: str | None = None
         except Exception as error:  # a broken batches.yaml must not take the inspector down
-            self.recipes, self.recipes_error = {}, f"cannot load assets/batches.yaml: {error}"
+            self.recipes, self.recipes_error = {}, f"cannot load batches.yaml: {error}"
         self.index = LakeIndex(lake, list(self.recipes))
         self.previews = PreviewCache(lake)
         self.preview_errors: dict[str, str] = {}
@@ -181,7 +179,7 @@ def create_app(
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
     if key:
         app.add_middleware(KeyRequired, key=key)
-    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    app.mount("/static", StaticFiles(packages=[(__package__, "static")]), name="static")
     app.add_middleware(SameOriginWrites)
     _add_routes(app)
     # Starlette's HTTPException: routing raises it for unknown URLs, and FastAPI's subclasses it.
@@ -201,7 +199,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def _templates() -> Jinja2Templates:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        loader=jinja2.PackageLoader(__package__, "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
@@ -264,7 +262,7 @@ def _group_or_404(inspector: Inspector, group_id: str) -> GroupOut:
 
 def _preview_or_404(inspector: Inspector, recipe: str) -> BatchPreviewOut:
     if recipe not in inspector.recipes:
-        raise HTTPException(404, f"no recipe {recipe!r} in assets/batches.yaml")
+        raise HTTPException(404, f"no recipe {recipe!r} in batches.yaml")
     try:
         return preview_out(inspector.previews.get(inspector.index.state, inspector.recipes[recipe]))
     except Exception as error:  # the planner's failure is shown, not hidden behind a 500
@@ -375,7 +373,7 @@ def group_page(request: Request, group_id: str, inspector: Current) -> HTMLRespo
 def batches_page(request: Request, inspector: Current) -> HTMLResponse:
     first = next(iter(inspector.recipes), None)
     if first is None:
-        error = inspector.recipes_error or "assets/batches.yaml declares no recipes"
+        error = inspector.recipes_error or "batches.yaml declares no recipes"
         return _page(request, "batch.html", preview=None, error=error)
     return batch_page(request, first, inspector)
 

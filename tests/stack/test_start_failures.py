@@ -17,9 +17,11 @@ import pytest
 
 from claw_pipelines import stack
 from claw_pipelines.processes import ServiceStartError, free_port, probe_bind
-from claw_pipelines.stack import REPO_ROOT, PortRequest, check_ports, start_engine
+from claw_pipelines.settings import get_settings
+from claw_pipelines.stack import PortRequest, check_ports, start_engine
 
 CLI = [sys.executable, "-m", "claw_pipelines.cli"]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class _AnswersEverything(BaseHTTPRequestHandler):
@@ -108,16 +110,23 @@ def test_a_foreign_server_does_not_pass_for_a_service(tmp_path: Path, foreign_se
 
 
 def test_claw_up_refuses_a_useless_recipe_before_starting_anything(tmp_path, monkeypatch) -> None:
-    recipes = tmp_path / "batches.yaml"
-    recipes.write_text("recipes:\n  - {name: solo, algorithm: grpo, group_size: 1}\n")
-    monkeypatch.setattr(stack, "RECIPES_FILE", recipes)
+    """The recipes of the user's config folder (CLAW_CONFIG_DIR) are the ones checked."""
+    (tmp_path / "batches.yaml").write_text(
+        "recipes:\n  - {name: solo, algorithm: grpo, group_size: 1}\n"
+    )
+    monkeypatch.setenv("CLAW_CONFIG_DIR", str(tmp_path))
+    get_settings.cache_clear()
 
     def refuse_to_start(*args, **kwargs):
         raise AssertionError("claw up started a service under a refused recipe")
 
     monkeypatch.setattr(stack, "check_ports", refuse_to_start)
-    with pytest.raises(SystemExit, match=r"^claw up: ") as refused:
-        stack.run_stack("127.0.0.1", free_port(), free_port(), free_port(), free_port())
+    try:
+        with pytest.raises(SystemExit, match=r"^claw up: ") as refused:
+            stack.run_stack("127.0.0.1", free_port(), free_port(), free_port(), free_port())
+    finally:
+        get_settings.cache_clear()
+    assert f"claw up: {tmp_path / 'batches.yaml'}: " in str(refused.value)
     assert "recipe 'solo': group_size" in str(refused.value)
 
 
@@ -125,7 +134,7 @@ def test_make_refuses_a_python_older_than_3_11_before_building_anything(tmp_path
     """Both set-up commands build `.venv` first; an older `python3` fails there with one line,
     not halfway through installing the lock."""
     for name in ("Makefile", "requirements.lock", "pyproject.toml"):
-        shutil.copy(REPO_ROOT / name, tmp_path / name)
+        shutil.copy(REPO / name, tmp_path / name)
     old_python = tmp_path / "python3.10"
     old_python.write_text(
         "#!/bin/sh\n"
