@@ -11,11 +11,13 @@ reward and a completion on the proxy's own endpoints; rewards differ within each
 acks every GRPO batch as it comes.
 
 Per ``--window-s`` window (default 60 s): ``refresh_s`` (median duration of the refresh runs
-started in it, from Dagster's run storage: start to end) and ``refresh_queue_s`` (creation to
-start), ``batch_latency_s`` (``next()`` returned minus its last trajectory's completion, as
-``batch_latency.py`` measures it), the log and data bytes of each landing table at the window's
-end, its commits and ``commit_ms`` (p50/p99 of the commits' ``execution_time_ms`` in their Delta
-commit info), and the proxy's ``p50_s``/``p99_s`` (client-side call latency) and calls/s.
+started in it, from Dagster's run storage: start to end), ``refresh_queue_s`` (creation to
+start) and ``refresh_steps_s`` (each step's median duration in those runs, from their event
+logs: which asset's cost grows), ``batch_latency_s`` (``next()`` returned minus its last
+trajectory's completion, as ``batch_latency.py`` measures it), the log and data bytes of each
+landing table at the window's end (and ``derived_bytes``, of every other table), its commits
+and ``commit_ms`` (p50/p99 of the commits' ``execution_time_ms`` in their Delta commit info),
+and the proxy's ``p50_s``/``p99_s`` (client-side call latency) and calls/s.
 
 Prints one JSON object: ``refresh_growth`` (median refresh duration of the last ``GROWTH_S``
 ÷ the first; a third of the soak when it is shorter than 15 minutes), ``batch_latency_p95_s``
@@ -68,7 +70,12 @@ QUESTION = "What is 17 + 25? Think step by step."
 REFRESH_RUNS = """
 query Runs {
   runsOrError(limit: 100000) {
-    ... on Runs { results { status creationTime startTime endTime assetSelection { path } } }
+    ... on Runs {
+      results {
+        status creationTime startTime endTime assetSelection { path }
+        stepStats { stepKey startTime endTime }
+      }
+    }
   }
 }
 """
@@ -189,15 +196,22 @@ class Trainer:
             consumer.ack(batch.batch_id, trainer_step=step)
 
 
-def table_bytes(lake: Lake) -> dict[str, dict[str, int]]:
-    """Bytes of each landing table's log and data files (the lake is on local disk)."""
+def table_bytes(lake: Lake, tables: tuple[str, ...] = LANDING) -> dict[str, dict[str, int]]:
+    """Bytes of each of ``tables``' log and data files (the lake is on local disk)."""
     sizes = {}
-    for table in LANDING:
+    for table in tables:
         root = Path(lake.uri(table))
         files = [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
         log = sum(p.stat().st_size for p in files if p.parent.name == "_delta_log")
         sizes[table] = {"log_bytes": log, "data_bytes": sum(p.stat().st_size for p in files) - log}
     return sizes
+
+
+def derived_tables(lake: Lake) -> tuple[str, ...]:
+    """The lake's tables other than the landing ones (each a folder with a Delta log)."""
+    root = Path(lake.root_uri)
+    return tuple(sorted(p.parent.name for p in root.glob("*/_delta_log") if p.parent.name
+                        not in LANDING))  # fmt: skip
 
 
 def new_commits(lake: Lake, seen: dict[str, int]) -> dict[str, dict]:
@@ -223,15 +237,35 @@ def new_commits(lake: Lake, seen: dict[str, int]) -> dict[str, dict]:
 
 def refresh_runs(dagster_url: str) -> pl.DataFrame:
     """The refresh runs (those that materialize ``steps``) that succeeded, from Dagster's run
-    storage."""
+    storage, each with its steps' durations (``steps``: step key and seconds, STEP_START to
+    STEP_SUCCESS in its event log)."""
     runs = _graphql(dagster_url, REFRESH_RUNS, {})["runsOrError"]["results"]
     rows = [
-        {"created": r["creationTime"], "started": r["startTime"], "ended": r["endTime"]}
+        {
+            "created": r["creationTime"],
+            "started": r["startTime"],
+            "ended": r["endTime"],
+            "steps": [
+                {"step": s["stepKey"], "s": s["endTime"] - s["startTime"]}
+                for s in r["stepStats"]
+                if s["startTime"] is not None and s["endTime"] is not None
+            ],
+        }
         for r in runs
         if r["status"] == "SUCCESS" and ["steps"] in [k["path"] for k in r["assetSelection"] or []]
     ]
-    schema = {"created": pl.Float64, "started": pl.Float64, "ended": pl.Float64}
+    step = pl.Struct({"step": pl.String, "s": pl.Float64})
+    schema = {"created": pl.Float64, "started": pl.Float64, "ended": pl.Float64,
+              "steps": pl.List(step)}  # fmt: skip
     return pl.DataFrame(rows, schema=schema).sort("started")
+
+
+def step_medians(runs: pl.DataFrame) -> dict[str, float]:
+    """Median duration of each step (asset) over ``runs``, longest first."""
+    steps = runs.select(pl.col("steps").explode(empty_as_null=True)).unnest("steps")
+    steps = steps.drop_nulls("step")
+    medians = steps.group_by("step").agg(pl.col("s").median().round(3)).sort("s", descending=True)
+    return dict(medians.iter_rows())
 
 
 def window_figures(began: float, window_s: float, runs: pl.DataFrame, agents: Agents,
@@ -250,6 +284,7 @@ def window_figures(began: float, window_s: float, runs: pl.DataFrame, agents: Ag
             "refresh_runs": in_runs.height,
             "refresh_s": _median(in_runs["ended"] - in_runs["started"]),
             "refresh_queue_s": _median(in_runs["started"] - in_runs["created"]),
+            "refresh_steps_s": step_medians(in_runs),
             "batches": in_batches.len(),
             "batch_latency_s": _median(in_batches),
             "calls_per_s": round(in_calls.len() / window_s, 1),
@@ -337,8 +372,9 @@ def soak(workdir: Path, minutes: float, window_s: float, agents: int, calls_per_
             time.sleep(max(0.0, began + (index + 1) * window_s - time.time()))
             commits = new_commits(lake, seen)
             sizes = table_bytes(lake)
+            derived = table_bytes(lake, derived_tables(lake))
             samples.append({table: {**sizes[table], **commits.get(table, {})}
-                            for table in LANDING})  # fmt: skip
+                            for table in LANDING} | {"derived_bytes": derived})  # fmt: skip
         ended = time.time()
         load.stop.set()
         load.thread.join(timeout=120)
@@ -348,6 +384,7 @@ def soak(workdir: Path, minutes: float, window_s: float, agents: int, calls_per_
         runs = refresh_runs(f"http://127.0.0.1:{ports['dagster']}")
         lost, duplicated = landed(lake, load.answered)
         end_sizes = table_bytes(lake)
+        end_derived = table_bytes(lake, derived_tables(lake))
     finally:
         os.kill(up.pid, signal.SIGINT)
         try:
@@ -376,6 +413,7 @@ def soak(workdir: Path, minutes: float, window_s: float, agents: int, calls_per_
         "agents": agents,
         "calls_per_s": round(len(load.answered.calls) / (ended - began), 1),
         "end_bytes": end_sizes,
+        "end_derived_bytes": end_derived,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "windows": window_figures(began, window_s, runs, load, trainer, samples),
     }
