@@ -35,11 +35,13 @@ Top level: ``scaling_16`` (rows/s at 16 writers / at 1; null when 16 was not run
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
+import psutil
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path[:0] = [str(TESTS / "objectstore"), str(TESTS)]  # the tests' S3 server, started as they do
@@ -72,17 +75,31 @@ LANDED_AT = {"turns": "ended_at", "rewards": "created_at", "trajectory_events": 
 CALLS_PER_TRAJECTORY = 3
 POLL_S = 0.5
 DRAIN_TIMEOUT_S = 120.0
+TOKEN_VARIANTS = 16
 READY_TIMEOUT_S = 600.0
 
 
 # ---- a writer process -------------------------------------------------------------------------
 
 
+@functools.cache
+def token_ids(writer: int, variant: int, length: int) -> list[int]:
+    """Random token IDs, made once per (writer, variant, length) and reused, so a writer's CPU
+    goes to what a proxy worker does with a turn, not to drawing random numbers."""
+    rng = random.Random(writer * 1_000_003 + variant * 7_919 + length)
+    return [rng.randrange(50_000) for _ in range(length)]
+
+
+@functools.cache
+def logprobs(writer: int, variant: int, length: int) -> list[float]:
+    return [-1e-3 * (token % 1000) for token in token_ids(writer, variant, length)]
+
+
 def call_rows(writer: int, call: int, prompt_tokens: int, response_tokens: int) -> list[LandingRow]:
     """What one agent call lands, one ``land`` each: its turn and, on the trajectory's last
     call, a reward and the completion. Keys are ``w<writer>-<kind><call>``, so the reader can
     tell which rows were landed from the writers' call counts alone."""
-    rng = random.Random(writer * 1_000_003 + call)
+    variant = call % TOKEN_VARIANTS
     trajectory = f"w{writer}-t{call // CALLS_PER_TRAJECTORY}"
     group = f"w{writer}-g{call // (4 * CALLS_PER_TRAJECTORY)}"
     now = utc_now()
@@ -94,9 +111,9 @@ def call_rows(writer: int, call: int, prompt_tokens: int, response_tokens: int) 
             model="policy",
             api="chat",
             token_source="engine",
-            prompt_token_ids=[rng.randrange(50_000) for _ in range(prompt_tokens)],
-            response_token_ids=[rng.randrange(50_000) for _ in range(response_tokens)],
-            response_logprobs=[-rng.random() for _ in range(response_tokens)],
+            prompt_token_ids=token_ids(writer, variant, prompt_tokens),
+            response_token_ids=token_ids(writer, variant, response_tokens),
+            response_logprobs=logprobs(writer, variant, response_tokens),
             response_text=f"answer {call}",
             started_at=now,
             ended_at=now,
@@ -104,7 +121,7 @@ def call_rows(writer: int, call: int, prompt_tokens: int, response_tokens: int) 
     ]
     if call % CALLS_PER_TRAJECTORY == CALLS_PER_TRAJECTORY - 1:
         rows.append(Reward(reward_id=f"w{writer}-r{call}", trajectory_id=trajectory,
-                           value=rng.random()))  # fmt: skip
+                           value=variant / TOKEN_VARIANTS))  # fmt: skip
         rows.append(TrajectoryEventRow(event_id=f"w{writer}-e{call}", trajectory_id=trajectory,
                                        group_id=group))  # fmt: skip
     return rows
@@ -141,7 +158,7 @@ def run_writer(index: int, calls_per_s: float, seconds: float, prompt: int, resp
     runtime = CaptureRuntime.current()
     print(json.dumps({"ready": runtime.writer.writer_id}), flush=True)
     sys.stdin.readline()
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     calls, behind = 0, 0.0
     while (due := start + calls / calls_per_s) < start + seconds:
         behind = max(behind, time.monotonic() - due)
@@ -149,7 +166,9 @@ def run_writer(index: int, calls_per_s: float, seconds: float, prompt: int, resp
         for row in call_rows(index, calls, prompt, response):
             runtime.land([row])
         calls += 1
-    print(json.dumps({"calls": calls, "max_behind_s": round(behind, 3)}), flush=True)
+    cpu_per_s = (time.process_time() - cpu) / (time.monotonic() - start)
+    print(json.dumps({"calls": calls, "max_behind_s": round(behind, 3),
+                      "cpu_per_s": round(cpu_per_s, 3)}), flush=True)  # fmt: skip
     sys.stdin.readline()
     CaptureRuntime.shutdown_current()
     print(json.dumps({"errors": errors.count}), flush=True)
@@ -165,6 +184,8 @@ class Reader:
     lake: Lake
     seen: dict[str, list[pl.DataFrame]] = field(default_factory=lambda: {t: [] for t in TABLES})
     counts: Counter = field(default_factory=Counter)
+    poll_s: list[float] = field(default_factory=list)
+    """How long each poll of the three tables took: a row's readable time includes it."""
 
     def __post_init__(self) -> None:
         self.stop = threading.Event()
@@ -173,6 +194,7 @@ class Reader:
     def _run(self) -> None:
         handles, versions = {}, {}
         while not self.stop.wait(POLL_S):
+            began = time.monotonic()
             for table in TABLES:
                 handle = handles.get(table) or self.lake.open(table)
                 if handle is None:
@@ -188,6 +210,7 @@ class Reader:
                     at = time.time()
                     self.seen[table].append(new.with_columns(pl.lit(at).alias("seen_at")))
                     self.counts[table] += new.height
+            self.poll_s.append(time.monotonic() - began)
 
     def frame(self, table: str) -> pl.DataFrame:
         return pl.concat(self.seen[table]) if self.seen[table] else pl.DataFrame()
@@ -263,7 +286,7 @@ def measure(writers: int, s3: S3, workdir: Path, args: argparse.Namespace) -> di
             _line(process, READY_TIMEOUT_S)
         reader.thread.start()
         _tell(processes, "go")
-        began = time.time()
+        began, s3_cpu = time.time(), _cpu_s(s3.service.pid)
         loads = [_line(process, args.seconds + 120) for process in processes]
         expected = {t: [] for t in TABLES}
         for index, load in enumerate(loads):
@@ -276,6 +299,7 @@ def measure(writers: int, s3: S3, workdir: Path, args: argparse.Namespace) -> di
             time.sleep(POLL_S)
         reader.stop.set()
         reader.thread.join()
+        s3_cpu_per_s = (_cpu_s(s3.service.pid) - s3_cpu) / (time.time() - began)
         _tell(processes, "stop")
         stops = [_line(process, 120) for process in processes]
         for process in processes:
@@ -286,8 +310,15 @@ def measure(writers: int, s3: S3, workdir: Path, args: argparse.Namespace) -> di
             stop_group(process, grace_s=10)
     bucket = lake.root.removeprefix("s3://").split("/")[0]
     conflicts = _conflicts(s3_log, bucket, log_offset)
-    return _figures(writers, lake, s3, reader, expected, began, loads, stops, conflicts,
-                    args.seconds)  # fmt: skip
+    figures = _figures(writers, lake, s3, reader, expected, began, loads, stops, conflicts,
+                       args.seconds)  # fmt: skip
+    return {**figures, "s3_server_cpu_per_s": round(s3_cpu_per_s, 3)}
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds a process (the S3 server) has used so far."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def _figures(
@@ -348,6 +379,9 @@ def _figures(
         "duplicated": duplicated,
         "errors": sum(stop["errors"] for stop in stops),
         "max_behind_s": max(load["max_behind_s"] for load in loads),
+        "writer_cpu_per_s": round(sum(load["cpu_per_s"] for load in loads), 3),
+        "reader_poll_s_p50": round(statistics.median(reader.poll_s), 3) if reader.poll_s else None,
+        "reader_poll_s_max": round(max(reader.poll_s), 3) if reader.poll_s else None,
         "tables": per_table,
     }
 

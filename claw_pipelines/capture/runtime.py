@@ -104,6 +104,7 @@ class CaptureRuntime:
             interval_s=settings.flush_interval_s,
             max_wait_s=settings.flush_max_wait_s,
             window_s=settings.commit_window_s,
+            table_commits_per_s=settings.table_commits_per_s,
             fsync_interval_s=settings.fsync_interval_ms / 1000
             if settings.fsync == "interval"
             else None,

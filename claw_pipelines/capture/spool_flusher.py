@@ -136,6 +136,48 @@ class Schedule:
         return paused or now - waiting.oldest_at >= self.max_wait_s
 
 
+@dataclass
+class FleetWindow:
+    """The commit window, widened so a fleet of writers makes about ``table_commits_per_s``
+    commits a second on each table between them.
+
+    Each writer commits a table at most once per window, so N writers make N commits a window
+    on one Delta log; past a few a second those commits race (a loser reads the winner's entry
+    and tries again), and the races, not the rows, set the pace. A writer sees the others'
+    commits for free: the version its append made, less its previous append's, less one. From
+    their rate it estimates the writers (the others' commits in one of its windows, plus
+    itself) and widens its window to writers / ``table_commits_per_s``, never below
+    ``base_s`` nor above ``max_s``. Writers that see the same table converge on the same window.
+    ``table_commits_per_s`` 0 keeps ``base_s``.
+    """
+
+    base_s: float
+    table_commits_per_s: float = 0.0
+    max_s: float = 30.0
+    smoothing: float = 0.5
+    """The weight of the latest estimate against the running one."""
+
+    def __post_init__(self) -> None:
+        self.window_s = self.base_s
+        self._writers: dict[str, float] = {}
+        self._last: dict[str, tuple[int, float]] = {}
+
+    def committed(self, table: str, version: int, at: float) -> float:
+        """Record this writer's append to ``table`` (the version it made, at monotonic ``at``);
+        the window from now on."""
+        previous = self._last.get(table)
+        self._last[table] = (version, at)
+        if previous is None or self.table_commits_per_s <= 0 or version <= previous[0]:
+            return self.window_s
+        others_per_s = (version - previous[0] - 1) / max(at - previous[1], 1e-3)
+        seen = 1.0 + others_per_s * max(self.window_s, 1e-3)
+        running = self._writers.get(table, seen)
+        self._writers[table] = running + self.smoothing * (seen - running)
+        wanted = max(self._writers.values()) / self.table_commits_per_s
+        self.window_s = min(self.max_s, max(self.base_s, wanted))
+        return self.window_s
+
+
 class SpoolCommitError(RuntimeError):
     """Some tables of a spool directory could not be committed; their segments stay on disk."""
 
@@ -158,6 +200,8 @@ class SpoolFlusher:
     adopt_every_s: float = 5.0
     window_s: float = 1.0
     """At most one flush per window (``Schedule``): the commit rate of each table."""
+    table_commits_per_s: float = 0.0
+    """The fleet's commits a second per table the window widens for (``FleetWindow``)."""
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -168,6 +212,7 @@ class SpoolFlusher:
         self._tables: dict[str, TableWriter] = {}
         self._committed: dict[tuple[str, str], int | None] = {}
         self.committed_rows = 0
+        self.fleet_window = FleetWindow(self.window_s, self.table_commits_per_s)
 
     def start(self) -> None:
         self.adopt_orphans()
@@ -203,6 +248,7 @@ class SpoolFlusher:
             flush, adopt = schedule.due(time.monotonic(), woken, waiting, overfull)
             if flush:
                 _logging_failure(self.flush, "spool flush")
+                schedule.window_s = self.fleet_window.window_s
             if adopt:
                 _logging_failure(self.adopt_orphans, "orphan adoption")
 
@@ -280,7 +326,7 @@ class SpoolFlusher:
         data = dedupe_on_key(pa.concat_tables(parts), model.key)
         if data.num_rows:
             try:
-                self._table(table).append(
+                version = self._table(table).append(
                     data,
                     app_id=writer_id,
                     app_version=segments[-1][0],
@@ -292,6 +338,7 @@ class SpoolFlusher:
                 self._committed.pop((table, writer_id), None)
                 raise
             self._committed[(table, writer_id)] = segments[-1][0]
+            self.fleet_window.committed(table, version, time.monotonic())
         for seq, path in segments:
             self._remove_committed(table, seq, path, writer_id)
         return data.num_rows
