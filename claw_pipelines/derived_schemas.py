@@ -129,17 +129,23 @@ OPEN_STATE = pa.schema(
             "step_id", "is_last", "prefix_consistent", "prefix_break_reason",
             "shared_prefix_tokens", "prompt_len", "response_len", "failed_calls",
             "parent_trajectory_id")],
+        *_turn_fields("prompt_prefix_turn_id", "prompt_prefix_len", "prompt_len"),
         pa.field("closed_at", _TS),
         pa.field("emitted_turn_ids", _STRINGS),
     ]
 )  # fmt: skip
 """The step extractor's carried-over state (table ``steps_open``, overwritten each run).
 
-``state = open``: a turn of a trajectory not closed yet (full turn columns, trajectory_id
-resolved, step_index null). ``state = closed``: the tail of an emitted trajectory, kept for the
-reopen window: its last emitted step (step_index, turn_id; token ids and other columns null,
-a late turn's prefix check reads that step's tokens back from ``steps`` by turn_id),
-``closed_at``, ``close_reason`` and ``emitted_turn_ids`` (to drop duplicate re-deliveries)."""
+``state = open``: a turn of a trajectory not closed yet (the turn columns the extractor reads,
+trajectory_id resolved, step_index null), its prompt as ``turns`` stores it: with
+``prompt_prefix_turn_id`` and ``prompt_prefix_len`` set, only what it adds to that turn's
+prompt + response (``turn_prompts``: a later run rebuilds it from the trajectory's earlier
+turns, here or in ``turns``), and ``prompt_len`` its whole length; the request texts as
+the extractor got them (the steps asset reads none: null). ``state = closed``: the tail of
+an emitted trajectory, kept for the reopen window: its last emitted step (step_index,
+turn_id; token ids and other columns null, a late turn's prefix check reads that step's
+tokens back from ``steps`` by turn_id), ``closed_at``, ``close_reason`` and
+``emitted_turn_ids`` (to drop duplicate re-deliveries)."""
 
 TAIL_COLUMNS = [
     "state", "trajectory_id", "turn_id", "group_id", "step_index", "token_source",
@@ -402,14 +408,6 @@ SKIPPING_COLUMNS = sorted(
 and row groups by, so the derived tables' writer keeps their statistics. The lists (token IDs,
 logprobs, reasons) get none: nobody filters on them, and min/max over every token ID is a
 quarter of a token table's write time."""
-
-
-def token_lengths() -> list[pl.Expr]:
-    """``prompt_len`` and ``response_len`` from a step's token lists."""
-    return [
-        pl.col("prompt_token_ids").list.len().alias("prompt_len"),
-        pl.col("response_token_ids").list.len().alias("response_len"),
-    ]
 
 
 def with_turn_columns(

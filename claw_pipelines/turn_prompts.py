@@ -4,10 +4,11 @@ The proxy stores a turn's prompt IDs and request texts as what they add to its t
 previous call (``capture.prompt_prefixes``): ``prompt_prefix_turn_id`` names that call,
 ``prompt_prefix_len`` says how many of its prompt + response IDs this prompt starts with, and
 each ``<text>_shared`` how many characters of its text this one's starts and ends with. Every
-reader of those columns goes through ``with_whole_prompts``, which follows the references back
-to turns stored whole, reading only the referring trajectories' earlier turns, and proves each
-rebuilt prompt by its stored length (``prompt_len``). Rows stored whole (all rows written before
-the references existed) read as they are.
+reader of those columns goes through ``with_whole_prompts`` (or ``whole_prompts`` for the few
+prompts a reader of stored rows needs whole: the step extractor), which follows the references
+back to turns stored whole, reading only the referring trajectories' earlier turns, and proves
+each rebuilt prompt by its stored length (``prompt_len``). Rows stored whole (all rows written
+before the references existed) read as they are.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import polars as pl
 REFERENCE = "prompt_prefix_turn_id"
 PREFIX_LEN = "prompt_prefix_len"
 PROMPT = "prompt_token_ids"
+PROMPT_LEN = "prompt_len"
+PROMPT_REFERENCE = (REFERENCE, PREFIX_LEN, PROMPT_LEN)
+"""The columns that say what a stored prompt refers to, and how long it is whole."""
 TEXTS = ("request_messages", "request_tools", "api_request")
 STORED_COLUMNS = (PROMPT, *TEXTS)
 """The columns a turn may store as a difference."""
@@ -53,19 +57,45 @@ def with_whole_prompts(
     rebuilt = [name for name in STORED_COLUMNS if name in rows.columns]
     if REFERENCE not in rows.columns or not rebuilt or rows.get_column(REFERENCE).is_null().all():
         return rows
-    inputs = ["turn_id", REFERENCE, *(c for name in rebuilt for c in _INPUTS[name])]
-    own = rows.select(
-        pl.col(c) if c in rows.columns else pl.lit(None, pl.List(pl.Int32)).alias(c) for c in inputs
-    )
-    chain = _earlier_turns(rows, landed, inputs)
-    pool = own if chain.is_empty() else pl.concat([chain, own], how="vertical_relaxed")
-    pool = pool.unique("turn_id", keep="first", maintain_order=True)
+    pool = _pool(rows, landed, rebuilt)
     wanted = rows.get_column("turn_id").unique()
     placed = rows.select("turn_id")
     for name in rebuilt:
         whole = _whole_column(pool, name, wanted)
         placed = placed.join(whole, on="turn_id", how="left", maintain_order="left")
     return rows.with_columns(placed.get_column(name) for name in rebuilt)
+
+
+def whole_prompts(
+    rows: pl.DataFrame, wanted: pl.Series, landed: pl.LazyFrame | pl.DataFrame | None
+) -> pl.DataFrame:
+    """``turn_id`` and whole ``prompt_token_ids`` of the ``wanted`` turns of ``rows`` (turns
+    with their prompts as stored and ``PROMPT_REFERENCE``), for a reader that needs a few
+    prompts whole among many it keeps as stored. Only the wanted turns' trajectories are
+    followed back (through ``rows``, else ``landed``); ``BrokenReference`` as
+    ``with_whole_prompts``."""
+    trajectories = rows.filter(pl.col("turn_id").is_in(wanted.implode())).get_column(
+        "trajectory_id"
+    )
+    own = rows.filter(
+        pl.col("trajectory_id").is_in(trajectories.drop_nulls().implode())
+        | pl.col("turn_id").is_in(wanted.implode())
+    )
+    return _whole_column(_pool(own, landed, [PROMPT]), PROMPT, wanted)
+
+
+def _pool(
+    rows: pl.DataFrame, landed: pl.LazyFrame | pl.DataFrame | None, rebuilt: list[str]
+) -> pl.DataFrame:
+    """What rebuilding ``rebuilt`` of ``rows`` needs: their inputs and those of the earlier
+    turns of their trajectories that ``rows`` lacks (read from ``landed``), once per turn."""
+    inputs = ["turn_id", REFERENCE, *(c for name in rebuilt for c in _INPUTS[name])]
+    own = rows.select(
+        pl.col(c) if c in rows.columns else pl.lit(None, pl.List(pl.Int32)).alias(c) for c in inputs
+    )
+    chain = _earlier_turns(rows, landed, inputs)
+    pool = own if chain.is_empty() else pl.concat([chain, own], how="vertical_relaxed")
+    return pool.unique("turn_id", keep="first", maintain_order=True)
 
 
 def _earlier_turns(

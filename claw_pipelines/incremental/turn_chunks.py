@@ -11,10 +11,14 @@ import polars as pl
 from claw_pipelines.derived_schemas import STEP_SOURCE_COLUMNS
 from claw_pipelines.incremental.increment import Increment
 from claw_pipelines.lake import keyed
-from claw_pipelines.turn_prompts import read_columns, with_whole_prompts
+from claw_pipelines.turn_prompts import PROMPT_REFERENCE
 
-MESSAGES = "request_messages"
-_READ = [name for name in STEP_SOURCE_COLUMNS if name != MESSAGES]
+UNREAD = ("request_messages", "request_tools")
+"""Request texts the extractor does not read with the chunk: the conversation so far on every
+call, which rebuilt whole took as much memory as the prompts, while the extractor needs only
+the first message of the few steps that edit their context (``threads.side_threads`` reads
+those from ``turns``); the tools it needs not at all."""
+_READ = [name for name in STEP_SOURCE_COLUMNS if name not in UNREAD]
 
 CHUNK_TURNS = 16_384
 """New turns extracted per commit, so a backlog (e.g. a first build) needs memory for a chunk."""
@@ -34,23 +38,24 @@ class TurnChunk:
     unidentified: bool = False
 
     def read(self, increment: Increment) -> pl.DataFrame | None:
-        """The chunk's turns (``STEP_SOURCE_COLUMNS`` and ``_commit_version``), their prompts
-        whole (``turn_prompts``) and ``request_messages`` null: the conversation so far on
-        every call, which rebuilt whole took as much memory as the prompts, while the
-        extractor needs it only for the few steps that edit their context
-        (``threads.side_threads`` reads those from ``turns``)."""
+        """The chunk's turns (``STEP_SOURCE_COLUMNS``, ``_commit_version`` and the
+        ``PROMPT_REFERENCE`` columns ``turns`` has), their prompts as stored: whole prompts
+        of a long session take its calls times its context, while the extractor settles most
+        steps from the references (``transforms.steps``) and rebuilds only the few prompts it
+        needs. The ``UNREAD`` texts are null."""
         landed = increment.scan("turns")
         available = [] if landed is None else landed.collect_schema().names()
-        columns = read_columns(_READ, available)
+        columns = [*_READ, *(name for name in PROMPT_REFERENCE if name in available)]
         if self.trajectories is None:
             turns = increment.new_rows("turns", columns, with_version=True, versions=self.versions)
         else:
             turns = self._trajectory_turns(landed.select(columns))
         if turns is None:
             return None
-        whole = with_whole_prompts(turns, landed)
-        messages = pl.lit(None, pl.String).alias(MESSAGES)
-        return whole.with_columns(messages).select(*STEP_SOURCE_COLUMNS, "_commit_version")
+        unread = [pl.lit(None, pl.String).alias(name) for name in UNREAD]
+        return turns.with_columns(unread).select(
+            *STEP_SOURCE_COLUMNS, *columns[len(_READ) :], "_commit_version"
+        )
 
     def _trajectory_turns(self, turns: pl.LazyFrame) -> pl.DataFrame:
         identified = keyed(turns, "trajectory_id", pl.Series(self.trajectories, dtype=pl.String))

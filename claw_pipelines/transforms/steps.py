@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 
 import polars as pl
 
@@ -45,7 +46,6 @@ from claw_pipelines.derived_schemas import (
     TOKEN_COLUMNS,
     empty,
     fit,
-    token_lengths,
     with_turn_columns,
 )
 from claw_pipelines.transforms.inference import infer_trajectories
@@ -57,6 +57,13 @@ from claw_pipelines.transforms.prefixes import (
 )
 from claw_pipelines.transforms.quality import token_signals
 from claw_pipelines.transforms.threads import regroup, side_threads
+from claw_pipelines.turn_prompts import (
+    PREFIX_LEN,
+    PROMPT_LEN,
+    PROMPT_REFERENCE,
+    REFERENCE,
+    whole_prompts,
+)
 
 
 @dataclass(frozen=True)
@@ -66,14 +73,15 @@ class StepExtraction:
     stored so far (several per reopened trajectory: the highest ``step_index`` is current)."""
 
     steps: pl.DataFrame
-    """Rows in ``derived_schemas.EXTRACTED_STEPS`` (with their turns' token lists)."""
+    """Rows in ``derived_schemas.EXTRACTED_STEPS`` (with their turns' token lists, the prompts
+    as the turns came: what a prompt stored as a reference adds, ``prompt_len`` whole)."""
     open_turns: pl.DataFrame
     """The turns of trajectories still open (``state = open``)."""
     new_tails: pl.DataFrame
     """The tails of the trajectories this run closed or extended (``state = closed``)."""
 
 
-_PENDING = [*STEP_SOURCE_COLUMNS, "source_version", "trajectory_inferred"]
+_PENDING = [*STEP_SOURCE_COLUMNS, *PROMPT_REFERENCE, "source_version", "trajectory_inferred"]
 
 FAILED = (pl.col("status") == "error") & pl.col("response_token_ids").is_null()
 """A failed call: the policy produced nothing, so it is no step (and no step's predecessor)."""
@@ -81,8 +89,21 @@ FAILED = (pl.col("status") == "error") & pl.col("response_token_ids").is_null()
 _FAILED_CALLS = (pl.col("status") == "error").sum().cast(pl.Int32).alias("failed_calls")
 """Per trajectory: its calls the engine or proxy failed, whether or not they produced tokens."""
 
-_TAIL = ["prompt_token_ids", "response_token_ids", "token_source", "step_index", "close_reason",
-         "group_id"]  # fmt: skip
+_TAIL = ["turn_id", "prompt_token_ids", "response_token_ids", "token_source", "step_index",
+         "close_reason", "group_id"]  # fmt: skip
+
+_VERDICT = ["prefix_consistent", "prefix_break_reason", "shared_prefix_tokens"]
+"""What ``check_prefixes`` says of a step."""
+
+_WHOLE_LEN = (
+    pl.when(pl.col(PREFIX_LEN).is_null())
+    .then(pl.col("prompt_token_ids").list.len())
+    .otherwise(pl.col(PROMPT_LEN))
+    .cast(pl.Int32)
+    .alias(PROMPT_LEN)
+)
+"""A pending turn's whole prompt length: its list's where stored whole (older rows have no
+``prompt_len``), else the stored length a rebuild is proven by."""
 
 
 _TAIL_KEPT = [c for c in TAIL_COLUMNS if c not in ("state", "closed_at", "emitted_turn_ids")]
@@ -213,22 +234,22 @@ def _emit(
     """Split, number, link and prefix-check the pending turns of the closing trajectories.
 
     Ordering and linking run on the narrow columns plus a row index; each token list is then
-    gathered once into step order, and a step's predecessor tokens only where there is one, so
-    a backlog of single-turn trajectories moves no token list more than once. A step's
-    predecessor is the latest earlier step of its trajectory that has token IDs, else the
-    closed tail (the last step emitted before), else the step before it (``missing_tokens``);
-    a trajectory's first step has none. Side calls become trajectories of their own
+    gathered once into step order, so a backlog of single-turn trajectories moves no token list
+    more than once. A step's predecessor is the latest earlier step of its trajectory that has
+    token IDs, else the closed tail (the last step emitted before), else the step before it
+    (``missing_tokens``); a trajectory's first step has none. Prompts stay as the turns store
+    them (``_checked`` rebuilds the few it needs). Side calls become trajectories of their own
     (``threads``).
 
     A turn without group_id takes its trajectory's (from a sibling turn, the emitted tail or
     the completion event), so agents may name the group once.
     """
-    tokens, sources = pending.select(TOKEN_COLUMNS), pending.get_column("token_source")
+    tokens = _Tokens(pending, landed)
     frame = (
         pending.drop(TOKEN_COLUMNS)
         .with_row_index("_row")
         .with_columns(
-            tokens.get_column("prompt_token_ids").is_not_null().alias("_tokens"),
+            tokens.prompts.is_not_null().alias("_tokens"),
             pl.lit(None, pl.String).alias("parent_trajectory_id"),
         )
         .join(closing, on="trajectory_id")
@@ -243,20 +264,61 @@ def _emit(
                 "_event_group_id",
             ).alias("group_id"),
         )
-    steps = check_prefixes(_link(frame, tokens, sources))
-    moved = side_threads(steps, tokens, min_tokens=min_tokens, landed=landed)
+    steps = _checked(_link(frame, tokens), tokens)
+    moved = side_threads(steps, tokens.whole, min_tokens=min_tokens, landed=landed)
     if moved.height:
         split, regrouped = regroup(frame, moved)
         steps = pl.concat([
             _without(steps, "trajectory_id", split),
-            check_prefixes(_link(regrouped, tokens, sources)),
+            _checked(_link(regrouped, tokens), tokens),
         ])  # fmt: skip
-    return fit(steps.with_columns(token_lengths()), EXTRACTED_STEPS)
+    response_len = pl.col("response_token_ids").list.len().alias("response_len")
+    return fit(steps.with_columns(response_len), EXTRACTED_STEPS)
 
 
-def _link(frame: pl.DataFrame, tokens: pl.DataFrame, sources: pl.Series) -> pl.DataFrame:
-    """Number the steps and attach each one's predecessor tokens and ``sources`` (the pending
-    turns' token_source, indexed like ``tokens`` by ``_row``); see ``_emit``.
+class _Tokens:
+    """The pending turns' token lists by row (``_row``), prompts as stored, and their whole
+    prompts for the rows that need them (rebuilt from the trajectory's earlier turns: pending
+    ones, else the ``landed`` turns)."""
+
+    def __init__(self, pending: pl.DataFrame, landed: pl.LazyFrame | pl.DataFrame | None) -> None:
+        self.pending, self.landed = pending, landed
+        self.lists = pending.select(TOKEN_COLUMNS)
+        self.turn_ids = pending.get_column("turn_id")
+        self.prompts = pending.get_column("prompt_token_ids")
+        self.responses = pending.get_column("response_token_ids")
+        self.sources = pending.get_column("token_source")
+
+    @cached_property
+    def sequence_lens(self) -> pl.Series:
+        """Whole prompt + response lengths (a missing response counts as empty)."""
+        length = pl.col(PROMPT_LEN) + pl.col("response_token_ids").list.len().fill_null(0)
+        return self.pending.select(length.cast(pl.Int64)).to_series()
+
+    def whole_prompts(self, rows: pl.Series) -> pl.Series:
+        """The whole prompts of ``rows`` (null where none, or where the row is)."""
+        stored = self.pending.select(pl.col("turn_id", "prompt_token_ids", PREFIX_LEN).gather(rows))
+        referring = stored.filter(pl.col(PREFIX_LEN).is_not_null()).get_column("turn_id")
+        if referring.is_empty():
+            return stored.get_column("prompt_token_ids")
+        rebuilt = whole_prompts(self.pending, referring.unique(), self.landed)
+        whole = stored.select("turn_id").join(
+            rebuilt, on="turn_id", how="left", maintain_order="left"
+        )
+        return stored.select(
+            pl.when(pl.col(PREFIX_LEN).is_null())
+            .then("prompt_token_ids")
+            .otherwise(whole.get_column("prompt_token_ids"))
+        ).to_series()
+
+    def whole(self, rows: pl.Series) -> pl.DataFrame:
+        """Whole ``prompt_token_ids`` and ``response_token_ids`` of ``rows``, row for row."""
+        return pl.DataFrame([self.whole_prompts(rows), self.responses.gather(rows)])
+
+
+def _link(frame: pl.DataFrame, tokens: _Tokens) -> pl.DataFrame:
+    """Number the steps, attach their token lists and name each one's predecessor: ``_prev``
+    (its ``_row``, null when there is none or it is the tail: ``_from_tail``); see ``_emit``.
 
     ``frame`` is sorted by trajectory, so each trajectory is a run of rows: positions and
     predecessors are shifts and forward fills bounded by the run's first row, not windows
@@ -283,18 +345,67 @@ def _link(frame: pl.DataFrame, tokens: pl.DataFrame, sources: pl.Series) -> pl.D
         )
         .drop("_start")
     )
-    rows, previous = frame.get_column("_row"), frame.get_column("_prev")
-    return frame.with_columns(
-        *(_in_order(tokens.get_column(name), rows) for name in TOKEN_COLUMNS),
+    rows = frame.get_column("_row")
+    return frame.with_columns(_in_order(tokens.lists.get_column(n), rows) for n in TOKEN_COLUMNS)
+
+
+def _checked(linked: pl.DataFrame, tokens: _Tokens) -> pl.DataFrame:
+    """``linked`` (from ``_link``) with ``check_prefixes``' verdict, which most steps of a
+    session stored as references get from the columns alone: a step whose predecessor has no
+    prompt is a first step (consistent, nothing shared); one whose prompt refers to its
+    predecessor's turn and starts with all of its prompt + response (``prompt_prefix_len`` =
+    that length) extends it (consistent, sharing ``prompt_prefix_len``). Only the others
+    get their prompts and their predecessors' whole and go through ``check_prefixes``."""
+    prev, from_tail = linked.get_column("_prev"), pl.col("_from_tail")
+    tail_prompt = pl.col("_tail_prompt_token_ids")
+    tail_len = tail_prompt.list.len() + pl.col("_tail_response_token_ids").list.len().fill_null(0)
+    prev_turn = pl.when(from_tail).then("_tail_turn_id").otherwise(tokens.turn_ids.gather(prev))
+    prev_len = pl.when(from_tail).then(tail_len).otherwise(tokens.sequence_lens.gather(prev))
+    extends = (pl.col(REFERENCE) == prev_turn) & (pl.col(PREFIX_LEN) == prev_len)
+    linked = linked.with_columns(
+        pl.when(from_tail)
+        .then(tail_prompt.is_null())
+        .otherwise(tokens.prompts.gather(prev).is_null())
+        .alias("_first"),
+        extends.fill_null(False).alias("_extends"),
+    )
+    first, settled = pl.col("_first"), pl.col("_first") | pl.col("_extends")
+    rest = check_prefixes(_with_predecessors(linked.filter(~settled), tokens))
+    placed = linked.select("_row").join(
+        rest.select("_row", *_VERDICT), on="_row", how="left", maintain_order="left"
+    )
+    return linked.with_columns(
+        pl.when(settled)
+        .then(True)
+        .otherwise(placed.get_column("prefix_consistent"))
+        .alias("prefix_consistent"),
+        pl.when(~settled)
+        .then(placed.get_column("prefix_break_reason"))
+        .alias("prefix_break_reason"),
+        pl.when(first)
+        .then(0)
+        .when(settled)
+        .then(PREFIX_LEN)
+        .otherwise(placed.get_column("shared_prefix_tokens"))
+        .cast(pl.Int32)
+        .alias("shared_prefix_tokens"),
+    ).drop("_first", "_extends")
+
+
+def _with_predecessors(steps: pl.DataFrame, tokens: _Tokens) -> pl.DataFrame:
+    """``steps`` with their prompts whole and their predecessors' prompt, response and
+    token source (``check_prefixes``' input): the tail's, or the ``_prev`` row's."""
+    rows, prev = steps.get_column("_row"), steps.get_column("_prev")
+    whole = tokens.whole_prompts(pl.concat([rows, prev]))
+    from_tail = pl.col("_from_tail")
+    return steps.with_columns(
+        whole.head(steps.height).alias("prompt_token_ids"),
         *(
-            pl.when(pl.col("_from_tail"))
-            .then(pl.col(f"_tail_{name}"))
-            .otherwise(pl.lit(values.gather(previous)))
-            .alias(alias)
+            pl.when(from_tail).then(f"_tail_{name}").otherwise(values).alias(alias)
             for name, alias, values in (
-                ("prompt_token_ids", PREV_PROMPT, tokens.get_column("prompt_token_ids")),
-                ("response_token_ids", PREV_RESPONSE, tokens.get_column("response_token_ids")),
-                ("token_source", PREV_SOURCE, sources),
+                ("prompt_token_ids", PREV_PROMPT, whole.tail(steps.height)),
+                ("response_token_ids", PREV_RESPONSE, tokens.responses.gather(prev)),
+                ("token_source", PREV_SOURCE, tokens.sources.gather(prev)),
             )
         ),
     )
@@ -331,8 +442,11 @@ def extract_steps(
     ``new_events``: trajectory_events
     rows since their watermark. ``landed``: the turns (the table, or any frame with their
     turn_id, started_at and token lists), read only for the last steps of closed trajectories
-    that new turns continue, and for the ``request_messages`` of the steps that edit their
-    context and of those before them where the turns came without it. Turns without a
+    that new turns continue, for the ``request_messages`` of the steps that edit their
+    context and of those before them where the turns came without it, and for the earlier
+    turns a prompt stored as a reference needs when it must be rebuilt (``_checked``) and
+    they are not among the pending ones. Turns may come with their prompts as ``turns``
+    stores them (``turn_prompts.PROMPT_REFERENCE``); the state keeps them so. Turns without a
     trajectory_id are assigned to inferred trajectories by token prefix (see
     ``claw_pipelines.transforms.inference``).
     ``reopen_window_s`` bounds the state: it should cover the capture path's worst landing lag
@@ -363,7 +477,7 @@ def extract_steps(
     turns = _without(_new_turns(new_turns, source_version), "turn_id", seen)
     tails = _hydrate(tails, turns, landed)
     turns = _resolve_identity(turns, open_rows, tails, min_prefix_tokens)
-    waiting = pl.concat([open_rows.select(_PENDING), turns])
+    waiting = pl.concat([open_rows.select(_PENDING), turns]).with_columns(_WHOLE_LEN)
     pending = waiting.filter(~FAILED)
     events = _first_events(new_events)
 

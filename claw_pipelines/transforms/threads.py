@@ -30,6 +30,8 @@ trajectory are not split.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import polars as pl
 
 from claw_pipelines.derived_schemas import with_turn_columns
@@ -46,7 +48,7 @@ def side_trajectory_id(parent: pl.Expr, first_turn: pl.Expr) -> pl.Expr:
 
 def side_threads(
     checked: pl.DataFrame,
-    tokens: pl.DataFrame,
+    tokens: Callable[[pl.Series], pl.DataFrame],
     *,
     min_tokens: int,
     landed: pl.LazyFrame | pl.DataFrame | None = None,
@@ -55,10 +57,12 @@ def side_threads(
     trajectory (none when no trajectory has a ``context_edit``).
 
     ``checked``: the steps to emit with their verdict against the step before them
-    (``prefixes.check_prefixes``), and ``_row`` (indexes ``tokens``, the token lists),
-    ``_prev`` (the ``_row`` of the step before), ``_tokens`` (prompt IDs present),
-    ``trajectory_inferred``, ``reopened``, ``request_messages`` (null where not read: then
-    read from the ``landed`` turns for the few steps that need it).
+    (``prefixes.check_prefixes``), and ``_row`` (a step's row for ``tokens``, which gives
+    the whole prompt and response IDs of rows: only those of the trajectories with a
+    ``context_edit`` are asked for), ``_prev`` (the ``_row`` of the step before), ``_tokens``
+    (prompt IDs present), ``prompt_len``, ``trajectory_inferred``, ``reopened``,
+    ``request_messages`` (null where not read: then read from the ``landed`` turns for the
+    few steps that need it).
     """
     splittable = (
         ~pl.col("trajectory_inferred").fill_null(False) & ~pl.col("reopened") & pl.col("_tokens")
@@ -66,7 +70,7 @@ def side_threads(
     steps = checked.lazy().filter(splittable).select(
         "turn_id", "trajectory_id", "started_at", "_row", "_prev", "request_messages",
         "prefix_break_reason", "shared_prefix_tokens",
-        pl.col("prompt_token_ids").list.len().alias("_prompt_len"),
+        pl.col("prompt_len").alias("_prompt_len"),
     ).collect()  # fmt: skip
     broken = steps.filter(pl.col("prefix_break_reason") == "context_edit")
     if broken.is_empty():
@@ -122,7 +126,7 @@ def _openings(
 def _links(
     steps: pl.DataFrame,
     broken: pl.DataFrame,
-    tokens: pl.DataFrame,
+    tokens: Callable[[pl.Series], pl.DataFrame],
     min_tokens: int,
     openings: pl.DataFrame,
 ) -> pl.DataFrame:
@@ -136,9 +140,11 @@ def _links(
     adjacent = adjacent.join(by_row, on="_pred").select("turn_id", "pred")
     free = steps.join(adjacent.select(pl.col("pred").alias("turn_id")), on="turn_id", how="anti")
     columns = ["turn_id", "trajectory_id", "started_at", "_row"]
+    candidates = free.select(columns)
+    both = _with_tokens(pl.concat([broken.select(columns), candidates]), tokens)
     found = continuation_links(
-        _tokens_of(broken.select(columns), tokens),
-        _tokens_of(free.select(columns), tokens),
+        both.head(broken.height),
+        both.tail(candidates.height),
         min_tokens=min_tokens,
         scope="trajectory_id",
     )
@@ -162,11 +168,9 @@ def _links(
     return pl.concat([adjacent, found, edits])
 
 
-def _tokens_of(steps: pl.DataFrame, tokens: pl.DataFrame) -> pl.DataFrame:
-    rows = steps["_row"]
-    return steps.with_columns(
-        tokens.get_column(name).gather(rows) for name in ("prompt_token_ids", "response_token_ids")
-    )
+def _with_tokens(steps: pl.DataFrame, tokens: Callable[[pl.Series], pl.DataFrame]) -> pl.DataFrame:
+    """``steps`` with their whole prompt and response IDs (asked for at once)."""
+    return steps.hstack(tokens(steps.get_column("_row")).get_columns())
 
 
 def _threads(steps: pl.DataFrame, roots: pl.DataFrame) -> pl.DataFrame:

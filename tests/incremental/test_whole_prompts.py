@@ -17,12 +17,19 @@ import pytest
 from claw_pipelines.capture.prompt_prefixes import PromptPrefixes, spooled_call
 from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.incremental.increment import Increment
-from claw_pipelines.incremental.turn_chunks import turn_chunks
+from claw_pipelines.incremental.turn_chunks import UNREAD, TurnChunk, turn_chunks
 from claw_pipelines.lake import Lake
 from claw_pipelines.landed_turns import chunks_with_turn_columns
 from claw_pipelines.schemas import Turn, rows_to_arrow
-from claw_pipelines.transforms.steps import extract_steps
-from claw_pipelines.turn_prompts import BrokenReference, prompt_additions, whole_turns
+from claw_pipelines.transforms.steps import extract_steps, stored_steps
+from claw_pipelines.turn_prompts import (
+    PROMPT_REFERENCE,
+    BrokenReference,
+    prompt_additions,
+    whole_prompts,
+    whole_turns,
+    with_whole_prompts,
+)
 
 START = datetime(2026, 12, 1, tzinfo=UTC)
 COLUMNS = ["prompt_token_ids", "request_messages", "request_tools", "api_request"]
@@ -125,19 +132,27 @@ def test_export_chunks_are_whole(landed: tuple[Lake, pl.DataFrame], chunk_rows: 
     assert pl.concat(list(chunks)).select(COLUMNS).equals(whole.select(COLUMNS))
 
 
-def test_the_step_extractors_new_turns_are_whole(landed: tuple[Lake, pl.DataFrame]) -> None:
-    """A run that reads only the last commit rebuilds from the turns landed before it; the
-    request messages are not read (the extractor reads the few it needs from ``turns``)."""
+def test_the_step_extractors_new_turns_are_as_stored(landed: tuple[Lake, pl.DataFrame]) -> None:
+    """The extractor reads the prompts as stored, with their references, which rebuild them
+    whole also for a run that reads only the last commit (from the turns landed before it);
+    the request texts are not read (the extractor reads the few it needs from ``turns``)."""
     lake, whole = landed
+    raw = lake.scan("turns").collect()
     increment = Increment.begin(lake, "steps", "steps", ["turns"])
     last = replace(increment, after={"turns": increment.upto["turns"] - 1})
-    read_whole = ["prompt_token_ids", "request_tools"]
+    stored = ["prompt_token_ids", *PROMPT_REFERENCE]
     for run in (increment, last):
         (chunk,) = turn_chunks(run).chunks
-        read = chunk.read(run)
+        read = chunk.read(run).sort("turn_id")
         expected = whole.join(read.select("turn_id"), on="turn_id", how="semi").sort("turn_id")
-        assert read.sort("turn_id").select(read_whole).equals(expected.select(read_whole))
-        assert read.get_column("request_messages").null_count() == read.height
+        as_stored = raw.join(read.select("turn_id"), on="turn_id", how="semi").sort("turn_id")
+        assert read.select(stored).equals(as_stored.select(stored))
+        rebuilt = with_whole_prompts(read, lake.scan("turns"))
+        assert rebuilt.get_column("prompt_token_ids").equals(
+            expected.get_column("prompt_token_ids")
+        )
+        for text in ("request_messages", "request_tools"):
+            assert read.get_column(text).null_count() == read.height
     assert read.height < whole.height
 
 
@@ -173,26 +188,70 @@ def test_memory_is_bounded_least_recently_used_first() -> None:
     assert prefixes.compact(earlier, spooled_call(earlier)).prompt_prefix_turn_id is None
 
 
+def _same_steps(stored: pl.DataFrame, whole: pl.DataFrame, raw: pl.DataFrame) -> None:
+    """``stored`` (steps extracted from stored turns) are ``whole`` (the same turns whole)
+    but for the prompts, which are as stored (``raw``), and the request texts, not read; and
+    the ``steps`` table gets the same rows from both."""
+    stored, whole = stored.sort("step_id"), whole.sort("step_id")
+    compared = pl.exclude(*UNREAD, "prompt_token_ids", "source_version")
+    assert stored.select(compared).equals(whole.select(compared))
+    as_stored = stored.select("turn_id").join(raw, on="turn_id", maintain_order="left")
+    assert stored.get_column("prompt_token_ids").equals(as_stored.get_column("prompt_token_ids"))
+    table = pl.exclude("source_version")
+    assert stored_steps(stored, 3).select(table).equals(stored_steps(whole, 3).select(table))
+
+
 def test_steps_from_stored_turns_equal_those_from_whole_turns(
-    landed: tuple[Lake, pl.DataFrame],
+    landed: tuple[Lake, pl.DataFrame], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The extractor on the turns as the steps asset reads them (prompts rebuilt, request
-    messages left in ``turns``) emits the steps it emits from the same turns stored whole: the
-    context edits at calls 5 and 8 keep their trajectory by its first message, read from
-    ``turns`` (without it, calls 5 to 13 became a side trajectory)."""
+    """The extractor on the turns as the steps asset reads them (prompts as stored, request
+    texts left in ``turns``) emits the steps it emits from the same turns stored whole: the
+    steps that extend the one before by their reference are settled from the columns, the
+    others (the context edits at calls 5 and 8, call 9 that refers past the side call 8) are
+    checked on prompts rebuilt for them; the edits keep their trajectory by its first
+    message, read from ``turns`` (without it, calls 5 to 13 became a side trajectory)."""
     lake, whole = landed
     increment = Increment.begin(lake, "steps", "steps", ["turns"])
     (chunk,) = turn_chunks(increment).chunks
     now = START + timedelta(days=1)
+    rebuilt = []
+
+    def rebuilding(rows: pl.DataFrame, wanted: pl.Series, landed: pl.LazyFrame) -> pl.DataFrame:
+        rebuilt.append(sorted({turn[-3:] for turn in wanted.to_list()}))
+        return whole_prompts(rows, wanted, landed)
+
+    monkeypatch.setattr("claw_pipelines.transforms.steps.whole_prompts", rebuilding)
     stored = extract_steps(chunk.read(increment), None, None, now=now, landed=lake.scan("turns"))
     expected = extract_steps(whole, None, None, now=now)
-    compared = pl.exclude("request_messages", "source_version")
-    assert (
-        stored.steps.sort("step_id")
-        .select(compared)
-        .equals(expected.steps.sort("step_id").select(compared))
-    )
+    _same_steps(stored.steps, expected.steps, lake.scan("turns").collect())
+    assert rebuilt[0] == ["004", "005", "007", "008", "009"]  # the prefix check's, per session
     edits = stored.steps.filter(pl.col("prefix_break_reason") == "context_edit")
     assert edits.get_column("turn_id").str.slice(-3).unique().sort().to_list() == ["005", "008"]
     assert edits.height == 6
     assert stored.steps.get_column("parent_trajectory_id").null_count() == 42
+
+
+def test_open_turns_carried_as_stored_give_the_same_steps(
+    landed: tuple[Lake, pl.DataFrame],
+) -> None:
+    """Runs over each commit while the trajectories stay open carry their turns in the state
+    as stored (references, only the new tokens); the run that closes them rebuilds what it
+    needs from the state and emits the steps the whole turns give."""
+    lake, whole = landed
+    raw = lake.scan("turns").collect()
+    increment = Increment.begin(lake, "steps", "steps", ["turns"])
+    state = None
+    for version in range(increment.upto["turns"] + 1):
+        chunk = TurnChunk((version - 1 if version else None, version)).read(increment)
+        run = extract_steps(chunk, state, None, now=START, landed=lake.scan("turns"))
+        assert run.steps.is_empty()
+        state = run.open_turns
+    assert state.height == whole.height
+    carried = state.sort("turn_id").select("prompt_token_ids", *PROMPT_REFERENCE)
+    assert carried.equals(raw.sort("turn_id").select(carried.columns))
+    assert carried.get_column("prompt_prefix_turn_id").null_count() == 3
+    closed = extract_steps(
+        None, state, None, now=START + timedelta(days=1), landed=lake.scan("turns")
+    )
+    expected = extract_steps(whole, None, None, now=START + timedelta(days=1))
+    _same_steps(closed.steps, expected.steps, raw)
