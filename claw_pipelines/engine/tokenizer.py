@@ -212,7 +212,6 @@ _ATOMIC_IDS = {t: 256 + len(PIECES) + i for i, t in enumerate(ATOMIC_TOKENS)}
 _MAX_PIECE = max(len(p) for p in PIECES)
 
 ENDOFTEXT_ID = _ATOMIC_IDS[ENDOFTEXT]
-IM_START_ID = _ATOMIC_IDS[IM_START]
 IM_END_ID = _ATOMIC_IDS[IM_END]
 
 _ATOMIC_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in ATOMIC_TOKENS) + ")")

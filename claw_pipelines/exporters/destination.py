@@ -73,9 +73,6 @@ class Destination:
             Path(self.root.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
         return PyFileSystem(DeltaStorageHandler(self.root, self.storage_options or None))
 
-    def ndjson(self, frame: pl.DataFrame, name: str) -> None:
-        frame.lazy().sink_ndjson(self.uri(name), storage_options=self.storage_options, mkdir=True)
-
     def text(self, text: str, name: str) -> None:
         """Write ``text`` as is: a one-cell CSV without header, quotes or line end is the text
         itself, and polars' CSV sink is its one writer of any text to an object store."""

@@ -189,8 +189,3 @@ def tool_calls(calls: Any) -> list[dict]:
             }
         )
     return out
-
-
-def pretty(text: str | None) -> str:
-    parsed = parse_json(text)
-    return "" if parsed is None else json.dumps(parsed, indent=2, ensure_ascii=False)
