@@ -13,13 +13,8 @@ import polars as pl
 
 from assets.checks import repeated_ids
 from assets.metadata import counts, histogram, markdown_table, table_metadata
-from claw_pipelines.batch_tables import (
-    batches_table,
-    completed_chunks,
-    exports_folder,
-    ledger_table,
-    stored_rows,
-)
+from claw_pipelines.batches.names import batches_table, exports_folder, ledger_table
+from claw_pipelines.batches.rows import completed_chunks, stored_rows
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.building import planned, retired_before, write_batch
 from claw_pipelines.batching.recipe import GROUPED, Recipe

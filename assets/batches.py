@@ -32,7 +32,7 @@ from assets.quality import curated_steps
 from assets.races import retried_when_raced
 from assets.release import release_key
 from assets.runs import TO_COME, has_run
-from claw_pipelines.batch_tables import ledger_table
+from claw_pipelines.batches.names import ledger_table
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.building import batch_schema
 from claw_pipelines.batching.recipe import Recipe

@@ -41,6 +41,7 @@ from pathlib import Path
 import httpx
 import polars as pl
 
+from claw_pipelines.batches.names import manifest_path
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import free_port
 from claw_pipelines.settings import LOCAL_MASTER_KEY
@@ -103,7 +104,7 @@ def _stages(lake: Lake, dagster_url: str, batch: Batch, completed: datetime, ret
     ends = {step["stepKey"]: step["endTime"] for step in run["stepStats"]}
     created, started = run["creationTime"], run["startTime"]
     curated = ends.get("curated_steps", started)
-    manifest = Path(lake.uri(f"exports/{RECIPE}/{batch.batch_id}/manifest.json"))
+    manifest = Path(lake.uri(manifest_path(RECIPE, batch.batch_id)))
     exported = manifest.stat().st_mtime
     moments = {"run_created": created, "run_started": started, "curated": curated,
                "exported": exported, "returned": returned.timestamp()}  # fmt: skip

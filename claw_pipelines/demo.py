@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from claw_pipelines.batches.names import batches_table
 from claw_pipelines.demo_trainer import CONSUMER, TrainerRun, play_trainer
 from claw_pipelines.demo_workspace import (
     LONG_SYSTEM_TOKENS,
@@ -49,7 +50,7 @@ MODEL = "policy"
 AGENT = "demo-calculator"
 DATA_SOURCE = "arith"
 RECIPE = "grpo"
-BATCH_TABLE = f"batches/{RECIPE}"
+BATCH_TABLE = batches_table(RECIPE)
 MAX_TURNS = 4
 MAX_TOKENS = 192
 MAX_ERRORS_SHOWN = 5

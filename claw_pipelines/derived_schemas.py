@@ -272,7 +272,7 @@ sequence (segment) of its trajectory the step belongs to."""
 
 STORED_BATCH_ROWS = pa.schema([f for f in BATCH_ROWS if f.name not in TURN_COLUMNS])
 """What ``batches/<recipe>`` holds of a grpo-style batch: its rows without ``TURN_COLUMNS``,
-which readers join from ``turns`` (``batch_tables.batch_rows``), so the lake keeps the token
+which readers join from ``turns`` (``batches.rows.batch_rows``), so the lake keeps the token
 lists once in ``turns`` and once per export."""
 
 _SPAN = pa.struct(

@@ -11,11 +11,10 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from claw_pipelines.batch_tables import batches_table, ledger_table
+from claw_pipelines.batches.names import batches_table, ledger_table, retired_table
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.planner import BatchPlan
 from claw_pipelines.batching.recipe import Recipe
-from claw_pipelines.batching.retirements import retired_table
 from claw_pipelines.derived_schemas import DPO_PAIRS, STORED_BATCH_ROWS, conform
 from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
 from claw_pipelines.lake import Lake, compact, sql_in

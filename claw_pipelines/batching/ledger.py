@@ -21,10 +21,10 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from claw_pipelines.batch_tables import batches_table, ledger_table, manifest_path
+from claw_pipelines.batches.names import batches_table, ledger_table, manifest_path, retired_table
 from claw_pipelines.batching.planner import BatchPlan, plan_batch
 from claw_pipelines.batching.recipe import PINNED, Recipe
-from claw_pipelines.batching.retirements import Retirements, retired_table
+from claw_pipelines.batching.retirements import Retirements
 from claw_pipelines.derived_schemas import LEDGER, conform
 from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, ConcurrentRun
 from claw_pipelines.lake import Lake, compact, floor_ms, keyed

@@ -13,16 +13,15 @@ from functools import cached_property
 
 import polars as pl
 
+from claw_pipelines.batches.rows import complete_rows
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.batching.units import dpo_batch, trajectory_batch
 from claw_pipelines.derived_schemas import (
-    BATCH_ROWS,
     DPO_PAIRS,
     DROPPED,
     LEDGER,
     STORED_BATCH_ROWS,
     fit,
-    with_turn_columns,
 )
 from claw_pipelines.lake import keyed
 from claw_pipelines.transforms.credit import assign_credit
@@ -342,12 +341,3 @@ def _open_from_next(
         return still_in_play.min()
     newest = curated.select(pl.col("trajectory_id").max()).collect().item()
     return newest if newest is not None else open_from
-
-
-def complete_rows(stored: pl.DataFrame, turns: pl.LazyFrame | pl.DataFrame | None) -> pl.DataFrame:
-    """A batch's rows as ``batches/<recipe>`` stores them, completed: grpo-style rows get
-    their ``TURN_COLUMNS`` from ``turns`` (``BATCH_ROWS``); ``turns`` None: complete already
-    (dpo pairs)."""
-    if turns is None:
-        return stored
-    return fit(with_turn_columns(stored, turns), BATCH_ROWS)

@@ -11,11 +11,11 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
+from claw_pipelines.batches.manifest import Truncation
 from claw_pipelines.transforms.credit import CreditAssignment
 
 Algorithm = Literal["grpo", "rloo", "ppo", "reinforce_pp", "dpo", "sft"]
 ExportFormat = Literal["verl", "trl", "jsonl"]
-Truncation = Literal["error", "left", "right"]
 GroupStatistics = Literal["per_step", "per_trajectory"]
 Layout = Literal["sequence", "step"]
 Unfinished = Literal["keep", "drop"]

@@ -32,6 +32,7 @@ import polars as pl
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
+from claw_pipelines.batches.names import retired_table
 from claw_pipelines.batching.planner import BatchPlan
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import RETIRED, conform
@@ -48,10 +49,6 @@ OPEN_FROM = "claw.open_from"
 HISTORY_SEARCHED = 20
 """Commits searched back for the last ``claw.open_from`` (past voids and compactions); when
 none is found the next plan reads the tables whole, which is always right."""
-
-
-def retired_table(recipe: str) -> str:
-    return f"batch_retired/{recipe}"
 
 
 def through_app(recipe: str) -> str:

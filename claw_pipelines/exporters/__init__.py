@@ -1,6 +1,6 @@
 """Exporters: write one planned batch in the trainers' own formats plus a manifest."""
 
 from claw_pipelines.exporters.destination import Destination
-from claw_pipelines.exporters.manifest import Manifest, export_batch, export_chunks
+from claw_pipelines.exporters.export import export_batch, export_chunks
 
-__all__ = ["Destination", "Manifest", "export_batch", "export_chunks"]
+__all__ = ["Destination", "export_batch", "export_chunks"]

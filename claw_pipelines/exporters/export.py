@@ -1,4 +1,5 @@
-"""Write a batch under a directory in the recipe's export formats, described by manifest.json."""
+"""Write a batch under a directory in the recipe's export formats, described by its manifest
+(``batches.manifest``), written last."""
 
 from __future__ import annotations
 
@@ -6,72 +7,19 @@ from collections import Counter
 from collections.abc import Iterable
 from contextlib import ExitStack
 from functools import partial
-from typing import Any
 
 import polars as pl
-from pydantic import BaseModel
 
-from claw_pipelines.batch_tables import MANIFEST
+from claw_pipelines.batches.manifest import ExportedFile, Manifest, ModelRows, VerlLayout
+from claw_pipelines.batches.names import MANIFEST
+from claw_pipelines.batches.pins import Pins
+from claw_pipelines.batches.rows import in_export_order
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.exporters.jsonl import JsonlFiles
 from claw_pipelines.exporters.trl import TrlFiles
-from claw_pipelines.exporters.verl import VerlFiles, VerlLayout
+from claw_pipelines.exporters.verl import VerlFiles
 from claw_pipelines.transforms.sequences import is_sequence, segment_index, sequences
-
-
-class ExportedFile(BaseModel):
-    path: str
-    format: str
-    rows: int
-    description: str
-
-
-class ModelRows(BaseModel):
-    model: str | None
-    """The model that answered, as the engine named it: its tokenizer made the token IDs (vLLM
-    serves the model's own tokenizer unless started with ``--tokenizer``)."""
-    rows: int
-
-
-class Manifest(BaseModel):
-    recipe: str
-    algorithm: str
-    batch_id: str
-    layout: str = "step"
-    """``sequence``: a row per segment of a trajectory; ``step``: a row per step (every batch
-    exported before layouts existed)."""
-    rows: int
-    source_versions: dict[str, int]
-    planned_with: dict[str, Any] | None = None
-    """The batch's reservation record (every input version, read start, plan time and recipe):
-    with the lake at hand, enough to plan the batch again."""
-    models: list[ModelRows] = []
-    """Which models' token IDs the batch holds (one, unless the policy changed mid-batch)."""
-    tokenizer: str | None = None
-    """The tokenizer that made every token ID of the batch: the one model that answered (null
-    when models changed mid-batch: then each row's ``tokenizer`` says)."""
-    verl_layout: VerlLayout | None = None
-    """The widths and pad id of the verl tensors (widths null: each batch's longest row)."""
-    files: list[ExportedFile]
-
-
-EXPORT_ORDER = {
-    "dpo": ["group_id", "turn_id"],
-    "steps": ["group_id", "trajectory_id", "step_index"],
-    "sequences": ["group_id", "trajectory_id", "segment_index"],
-}
-
-
-def in_export_order(algorithm: str, rows: pl.DataFrame) -> pl.DataFrame:
-    """A batch's rows in (group, trajectory, step or segment) order (pairs: group, turn), the
-    order of every export file, so exporting the same batch twice writes the same files."""
-    kind = "sequences" if is_sequence(rows) else "steps"
-    keys = EXPORT_ORDER["dpo" if algorithm == "dpo" else kind]
-    order = rows.select(pl.arg_sort_by(keys)).to_series()
-    if order.equals(pl.int_range(rows.height, dtype=order.dtype, eager=True)):
-        return rows  # already in order: no copy of the token lists
-    return rows[order]
 
 
 def verl_layout(recipe: Recipe) -> VerlLayout:
@@ -102,7 +50,7 @@ def export_batch(
     out: Destination,
     *,
     source_versions: dict[str, int] | None = None,
-    planned_with: dict[str, Any] | None = None,
+    planned_with: Pins | None = None,
 ) -> Manifest:
     """Write ``rows`` (one batch, put ``in_layout`` and ``in_export_order`` here) for each of
     ``recipe.exports`` under ``out``; return and write ``manifest.json`` (``export_chunks``)."""
@@ -121,7 +69,7 @@ def export_chunks(
     out: Destination,
     *,
     source_versions: dict[str, int] | None = None,
-    planned_with: dict[str, Any] | None = None,
+    planned_with: Pins | None = None,
 ) -> Manifest:
     """Write one batch, given as ``chunks`` of its rows in export order (each holding whole
     groups and trajectories; complete step rows are put ``in_layout``), for each of

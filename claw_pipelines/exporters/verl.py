@@ -39,9 +39,8 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field
 
-from claw_pipelines.batching.recipe import Truncation
+from claw_pipelines.batches.manifest import VerlLayout
 from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.exporters.padding import left_mask, lengths, pad, right_mask
 from claw_pipelines.transforms.messages import claw_field
@@ -51,18 +50,6 @@ PAD_UID = "__pad__"
 
 RESPONSE_LISTS = ["response_token_ids", "response_mask", "response_logprobs"]
 """The per-token lists of a row's response, cut together when it is too long."""
-
-
-class VerlLayout(BaseModel):
-    """How a batch's rows become fixed-width arrays."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    prompt_length: int | None = Field(default=None, ge=1)
-    response_length: int | None = Field(default=None, ge=1)
-    pad_token_id: int = Field(default=0, ge=0)
-    truncation: Truncation = "error"
-    pad_to_multiple: int = Field(default=1, ge=1)
 
 
 def _widths(rows: pl.DataFrame, layout: VerlLayout) -> tuple[int, int]:

@@ -20,13 +20,13 @@ from typing import NamedTuple
 
 import polars as pl
 
+from claw_pipelines.batches.names import ledger_table, retired_table
 from claw_pipelines.batching.planner import BatchPlan, plan_batch
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.batching.retirements import (
     current_through,
     lowered,
     recorded_open_from,
-    retired_table,
     voided,
 )
 from claw_pipelines.inspector.tables import LakeState
@@ -198,7 +198,7 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
             "(run `claw up`, or `dagster dev -w workspace.yaml`)",
         )
     labels = state["labels"].drop("_commit_version")
-    ledger = f"batch_ledger/{recipe.name}"
+    ledger = ledger_table(recipe.name)
     retired, open_from = standing_retirements(lake, state, recipe)
     scored = lake.open("scored_steps", state.versions["scored_steps"])
     plan = plan_batch(
@@ -246,7 +246,7 @@ class PreviewCache:
     def get(self, state: LakeState, recipe: Recipe) -> Preview:
         key = (
             *(state.versions.get(t) for t in self.INPUTS),
-            state.versions.get(f"batch_ledger/{recipe.name}"),
+            state.versions.get(ledger_table(recipe.name)),
             recipe.model_dump_json(),
         )
         with self._lock:

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import polars as pl
 from pydantic import BaseModel
 
+from claw_pipelines.batches.names import batches_table, ledger_table
 from claw_pipelines.inspector.tables import LakeState
 
 WINDOW_S = 60
@@ -96,8 +97,8 @@ class RecipeCounts(NamedTuple):
 
 
 def recipe_counts(state: LakeState, recipe: str) -> RecipeCounts:
-    batches = state[f"batches/{recipe}"]
-    ledger = state[f"batch_ledger/{recipe}"]
+    batches = state[batches_table(recipe)]
+    ledger = state[ledger_table(recipe)]
     return RecipeCounts(
         batches["batch_id"].n_unique(), batches.height, ledger["turn_id"].n_unique()
     )

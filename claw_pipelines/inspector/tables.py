@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 import polars as pl
 
+from claw_pipelines.batches.names import batches_table, ledger_table
 from claw_pipelines.inspector.summary import (
     TURN_COLUMNS,
     summarize,
@@ -156,12 +157,8 @@ def batch_feeds(recipes: list[str]) -> dict[str, Feed]:
     """The batch table and consumption ledger of each recipe (only ids are kept)."""
     feeds = {}
     for recipe in recipes:
-        feeds[f"batches/{recipe}"] = Feed(
-            f"batches/{recipe}", BATCH_SCHEMA, key=["batch_id", "turn_id"]
-        )
-        feeds[f"batch_ledger/{recipe}"] = Feed(
-            f"batch_ledger/{recipe}", BATCH_SCHEMA, key=["batch_id", "turn_id"]
-        )
+        for table in (batches_table(recipe), ledger_table(recipe)):
+            feeds[table] = Feed(table, BATCH_SCHEMA, key=["batch_id", "turn_id"])
     return feeds
 
 

@@ -12,7 +12,7 @@ from typing import ClassVar
 import polars as pl
 from pydantic import Field
 
-from claw_pipelines.batch_tables import consumption_table
+from claw_pipelines.batches.names import consumption_table
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import LandingRow, UtcTimestamp, new_id, rows_to_arrow, utc_now
 

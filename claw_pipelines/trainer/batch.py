@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
-from deltalake.fs import DeltaStorageHandler
 
-from claw_pipelines.batch_tables import batch_rows, batches_table, exports_folder, manifest_path
-from claw_pipelines.exporters.manifest import Manifest, in_export_order
+from claw_pipelines.batches.manifest import Manifest, VerlLayout
+from claw_pipelines.batches.names import batches_table, export_folder
+from claw_pipelines.batches.rows import batch_rows
 from claw_pipelines.exporters.trl import trl_tables
-from claw_pipelines.exporters.verl import VerlLayout, verl_arrays
+from claw_pipelines.exporters.verl import verl_arrays
 from claw_pipelines.lake import Lake
 
 if TYPE_CHECKING:
@@ -33,9 +33,7 @@ class Batch:
 
     @classmethod
     def load(cls, lake: Lake, recipe: str, batch_id: str) -> Batch:
-        store = DeltaStorageHandler(lake.root_uri, lake.storage_options or None)
-        with store.open_input_file(manifest_path(recipe, batch_id)) as file:
-            manifest = Manifest.model_validate_json(file.read())
+        manifest = Manifest.read(lake, recipe, batch_id)
         rows = batch_rows(lake, recipe, manifest.algorithm, batch_id, manifest.layout)
         if rows.is_empty():
             raise LookupError(f"batch {batch_id} has no rows in {batches_table(recipe)}")
@@ -43,8 +41,8 @@ class Batch:
             recipe=recipe,
             batch_id=batch_id,
             manifest=manifest,
-            rows=in_export_order(manifest.algorithm, rows),
-            export_uri=lake.uri(f"{exports_folder(recipe)}/{batch_id}"),
+            rows=rows,
+            export_uri=lake.uri(export_folder(recipe, batch_id)),
         )
 
     def to_verl(

@@ -18,7 +18,7 @@ import time
 
 import polars as pl
 
-from claw_pipelines.batch_tables import manifest_path
+from claw_pipelines.batches.names import manifest_path
 from claw_pipelines.lake import Lake
 from claw_pipelines.trainer.acks import acked_batches, acks_of, record_ack
 from claw_pipelines.trainer.batch import Batch

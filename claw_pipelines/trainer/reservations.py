@@ -12,7 +12,7 @@ from datetime import datetime
 import polars as pl
 from deltalake import DeltaTable
 
-from claw_pipelines.batch_tables import ledger_table
+from claw_pipelines.batches.names import ledger_table
 from claw_pipelines.lake import Lake, changes
 
 COLUMNS = ["batch_id", "planned_at"]

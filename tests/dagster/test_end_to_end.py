@@ -9,7 +9,7 @@ import dagster as dg
 import polars as pl
 from dagster_harness import Bound, Driver
 
-from claw_pipelines.batch_tables import batch_rows
+from claw_pipelines.batches.rows import batch_rows
 from claw_pipelines.demo import AGENT, reward, run_demo
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource

@@ -15,7 +15,7 @@ from dagster_rollouts import Rollouts, land_rollouts
 
 from assets.batches import build_batch_asset
 from assets.checks import unique_step_ids
-from claw_pipelines.batch_tables import batch_rows
+from claw_pipelines.batches.rows import batch_rows
 from claw_pipelines.batching import building, ledger
 from claw_pipelines.config_files import recipes
 from claw_pipelines.derived_schemas import (

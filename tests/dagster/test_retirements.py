@@ -8,8 +8,9 @@ import polars as pl
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
+from claw_pipelines.batches.names import retired_table
 from claw_pipelines.batching import ledger
-from claw_pipelines.batching.retirements import Retirements, retired_table
+from claw_pipelines.batching.retirements import Retirements
 from claw_pipelines.config_files import recipes
 from claw_pipelines.schemas import Reward, rows_to_arrow, utc_now
 

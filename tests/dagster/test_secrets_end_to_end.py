@@ -20,7 +20,7 @@ from dagster_harness import Bound, Driver
 from fastapi.testclient import TestClient
 from stack_fixtures import CaptureStack, launch_stack
 
-from claw_pipelines.batch_tables import batch_rows
+from claw_pipelines.batches.rows import batch_rows
 from claw_pipelines.capture.redact import REDACTED
 from claw_pipelines.inspector.server import create_app
 from resources.lake import LakeResource

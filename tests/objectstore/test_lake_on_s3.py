@@ -17,7 +17,8 @@ from deltalake.fs import DeltaStorageHandler
 from pyarrow.fs import PyFileSystem
 from s3_lake import S3, Fleet, lake_env
 
-from claw_pipelines.batch_tables import batch_rows, exports_folder, manifest_path
+from claw_pipelines.batches.names import exports_folder, manifest_path
+from claw_pipelines.batches.rows import batch_rows
 from claw_pipelines.demo import AGENT, run_demo
 from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.processes import free_port, start_service

@@ -20,7 +20,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from claw_pipelines.batch_tables import completed_chunks, exports_folder, stored_rows
+from claw_pipelines.batches.names import exports_folder
+from claw_pipelines.batches.rows import completed_chunks, stored_rows
 from claw_pipelines.batching.building import write_batch
 from claw_pipelines.batching.planner import plan_batch
 from claw_pipelines.batching.recipe import Recipe

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from claw_pipelines.batch_tables import completed_chunks, exports_folder, stored_rows
+from claw_pipelines.batches.names import exports_folder
+from claw_pipelines.batches.rows import completed_chunks, stored_rows
 from claw_pipelines.batching.building import write_batch
 from claw_pipelines.batching.planner import BatchPlan, plan_batch
 from claw_pipelines.batching.recipe import Recipe

@@ -8,10 +8,11 @@ import numpy as np
 import polars as pl
 from transform_rows import SYSTEM, at, event, events, rewards, turn, turns
 
+from claw_pipelines.batches.manifest import VerlLayout
 from claw_pipelines.batching.planner import plan_batch
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.exporters import Destination, export_batch
-from claw_pipelines.exporters.verl import VerlLayout, verl_tensors
+from claw_pipelines.exporters.verl import verl_tensors
 from claw_pipelines.transforms import (
     QualityConfig,
     curate_steps,
@@ -251,8 +252,8 @@ def test_a_batch_exported_in_chunks_writes_the_files_of_one_export(tmp_path):
     same batch however it was written."""
     import pyarrow.parquet as pq
 
+    from claw_pipelines.batches.rows import in_export_order
     from claw_pipelines.exporters import export_chunks
-    from claw_pipelines.exporters.manifest import in_export_order
 
     tools = json.dumps(CALCULATOR)
     question = json.dumps([{"role": "user", "content": "2+2?"}])

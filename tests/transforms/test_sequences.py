@@ -15,7 +15,7 @@ from claw_pipelines.batching.planner import plan_batch
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import SEQUENCE_ROWS, conform
 from claw_pipelines.exporters import Destination, export_batch
-from claw_pipelines.exporters.manifest import in_layout, verl_layout
+from claw_pipelines.exporters.export import in_layout, verl_layout
 from claw_pipelines.exporters.trl import trl_frames
 from claw_pipelines.exporters.verl import verl_arrays
 from claw_pipelines.transforms import (

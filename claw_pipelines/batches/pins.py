@@ -1,0 +1,31 @@
+"""What a reserved batch was planned from, kept with its ledger rows and in its manifest:
+re-planning from these pins gives the same batch (``batching.ledger``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Pins(BaseModel):
+    """The input table versions, read start, announced policy version, planning time and
+    recipe of one batch. Fields missing from batches reserved before they existed take the
+    value that re-plans those batches as they were planned."""
+
+    model_config = ConfigDict(frozen=True)
+
+    curated_steps: int
+    steps: int | None = None
+    turns: int | None = -1
+    batch_ledger: int
+    """-1: the ledger did not exist yet."""
+    batch_retired: int = -1
+    """-1: no retirements were usable."""
+    open_from: str | None = None
+    """The smallest trajectory id still in play (None: read every curated step)."""
+    announced_policy_version: int | None = None
+    planned_at: datetime
+    recipe: dict[str, Any] | None = None
+    """The recipe as it was, without its exports (None: reserved before recipes were pinned)."""
