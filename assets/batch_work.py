@@ -200,5 +200,5 @@ def export_written(lake: Lake, recipe: Recipe, batch_id: str, built: Built | Non
         "dagster/uri": dg.MetadataValue.path(out.root),
         "dagster/partition_row_count": manifest.rows,
         "files": dg.MetadataValue.md(markdown_table(files)),
-        "manifest": dg.MetadataValue.json(manifest.model_dump()),
+        "manifest": dg.MetadataValue.json(manifest.model_dump(mode="json")),
     }
