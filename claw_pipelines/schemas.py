@@ -47,17 +47,27 @@ Float32 = Annotated[FiniteFloat, Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
 _PLAIN_INTS = TypeAdapter(list[StrictInt])
 
 
+class TokenIdList(list):
+    """Validated token IDs: a list that also keeps the int32 buffer its range check made, so
+    the spool and capture's prefix memory use that buffer instead of converting a 50k-token
+    prompt again (``int32``: little-endian bytes). A validated row's lists are not changed
+    afterwards; a slice or a copy is a plain list."""
+
+    __slots__ = ("int32",)
+
+
 def _token_ids(value: Any, handler: ValidatorFunctionWrapHandler) -> list[int]:
     """Checks a list of token IDs as a whole: item by item, pydantic's range check cost ~70 ns
     a token (3.5 ms on a 50k-token prompt, on the proxy's request path). A list that fails the
     whole-list check is validated item by item, so its error names the first bad item."""
     try:
-        ids = _PLAIN_INTS.validate_python(value)
-        unsigned = np.frombuffer(array("I", ids), dtype=np.uint32)  # OverflowError below 0
+        ids = TokenIdList(_PLAIN_INTS.validate_python(value))
+        unsigned = array("I", ids)  # OverflowError below 0
     except (ValueError, OverflowError):
         return handler(value)
-    if unsigned.size and unsigned.max() >= 2**31:
+    if unsigned and np.frombuffer(unsigned, dtype=np.uint32).max() >= 2**31:
         return handler(value)
+    ids.int32 = unsigned.tobytes()
     return ids
 
 

@@ -15,13 +15,13 @@ does not hold (a restart, a call another process served, a trajectory evicted to
 
 from __future__ import annotations
 
-from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from claw_pipelines.capture.spool_codec import packed
 from claw_pipelines.schemas import LandingRow, Turn
 
 if TYPE_CHECKING:
@@ -54,12 +54,11 @@ class SpooledCall:
 
 
 def spooled_call(turn: Turn) -> SpooledCall:
-    """What the next call of ``turn``'s trajectory is compared with."""
+    """What the next call of ``turn``'s trajectory is compared with (the int32 buffers the
+    row's validation made, joined)."""
     sequence = None
     if turn.prompt_token_ids is not None:
-        sequence = array("i", turn.prompt_token_ids)
-        sequence.extend(turn.response_token_ids or ())
-        sequence = sequence.tobytes()
+        sequence = packed(turn.prompt_token_ids, "i") + packed(turn.response_token_ids or [], "i")
     texts = {name: getattr(turn, name) for name in TEXT_COLUMNS}
     return SpooledCall(turn.turn_id, turn.started_at, sequence, texts)
 

@@ -65,6 +65,13 @@ def _packing(table: str) -> tuple[frozenset[str], tuple[tuple[str, str], ...]]:
     return frozenset(packed), tuple((name, PACKED_TYPES[kind]) for name, kind in packed.items())
 
 
+def packed(values: list, typecode: str) -> bytes:
+    """``values`` as raw ``typecode`` items: validated token IDs (``TokenIdList``) bring their
+    int32 buffer, made once when the row was checked; any other list is converted."""
+    buffer = getattr(values, "int32", None) if typecode == "i" else None
+    return array(typecode, values).tobytes() if buffer is None else buffer
+
+
 def encode(row: LandingRow) -> bytes:
     """One spool frame for ``row``."""
     excluded, packing = _packing(row.table_name)
@@ -77,7 +84,7 @@ def encode(row: LandingRow) -> bytes:
         if values is None:
             buffers.append(LENGTH.pack(-1))
         else:
-            buffers += [LENGTH.pack(len(values)), array(typecode, values).tobytes()]
+            buffers += [LENGTH.pack(len(values)), packed(values, typecode)]
     lists = b"".join(buffers)
     checksum = zlib.crc32(lists, zlib.crc32(scalars))
     return HEADER.pack(MAGIC, len(scalars), len(lists), checksum) + scalars + lists

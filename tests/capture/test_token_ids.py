@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from claw_pipelines.capture import spool_codec
 from claw_pipelines.schemas import TokenId, TokenIds
 
 WHOLE = TypeAdapter(TokenIds)
@@ -27,3 +30,12 @@ def test_a_bad_item_fails_as_item_by_item_validation_does(bad: object) -> None:
         ITEM_BY_ITEM.validate_python(ids)
     assert whole.value.errors() == item_by_item.value.errors()
     assert whole.value.errors()[0]["loc"] == (2,)
+
+
+def test_a_checked_list_keeps_the_int32_buffer_the_spool_writes() -> None:
+    """The range check's buffer is the spool's and the prefix memory's: not converted again."""
+    ids = [0, 7, 2**31 - 1]
+    checked = WHOLE.validate_python(ids)
+    assert checked.int32 == array("i", ids).tobytes()
+    assert spool_codec.packed(checked, "i") is checked.int32
+    assert spool_codec.packed(checked[1:], "i") == array("i", ids[1:]).tobytes()
