@@ -12,7 +12,7 @@ from pydantic import Field
 
 from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES
 from claw_pipelines.lease import Lease
-from claw_pipelines.maintenance import Retention, maintain_lake
+from claw_pipelines.maintenance import MIN_LOG_RETENTION_MINUTES, Retention, maintain_lake
 from claw_pipelines.settings import get_settings
 from resources.lake import LakeResource
 
@@ -36,18 +36,18 @@ class LandingMaintenanceConfig(dg.Config):
         description="Refuse a retention shorter than delta.deletedFileRetentionDuration "
         "(default CLAW_VACUUM_ENFORCE_RETENTION).",
     )
-    log_retention_hours: int | None = Field(
+    log_retention_minutes: int | None = Field(
         default=None,
-        ge=1,
-        description="Delete log entries and checkpoints older than this "
-        "(default CLAW_LOG_RETENTION_HOURS).",
+        ge=MIN_LOG_RETENTION_MINUTES,
+        description="Delete log entries and checkpoints older than this, unless a reader has "
+        "yet to read them (default CLAW_LOG_RETENTION_MINUTES).",
     )
 
     def retention(self) -> Retention:
         chosen = {
             "vacuum_retention_hours": self.vacuum_retention_hours,
             "enforce_retention_duration": self.enforce_retention_duration,
-            "log_retention_hours": self.log_retention_hours,
+            "log_retention_minutes": self.log_retention_minutes,
         }
         defaults = Retention.from_settings(get_settings())
         return defaults.model_copy(

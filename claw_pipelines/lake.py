@@ -406,11 +406,14 @@ def changes(
     with the storage options the table was opened with). Every reader of what is new goes
     through here (an ``Increment`` for its run's range).
 
-    The feed reads the files each version added. Once compaction merged them and a vacuum
-    deleted them (the landing tables, ``assets.maintenance``), a read from the start of an
-    append-only table takes its rows from the snapshot instead (all it ever inserted), each
-    with ``up_to_version`` as ``_commit_version`` (committed at or before it); a read from a
-    later version raises ``VersionsVacuumed``, as those rows can no longer be told apart.
+    The feed reads the log entries of those versions and the files they added. Once the
+    entries were cleaned up, or compaction merged the files and a vacuum deleted them (the
+    landing tables, ``claw_pipelines.maintenance``), a read from the start of an append-only
+    table takes its rows from the snapshot instead (all it ever inserted), each with
+    ``up_to_version`` as ``_commit_version`` (committed at or before it); a read from a later
+    version raises ``VersionsVacuumed``, as those rows can no longer be told apart (maintenance
+    keeps what a reader it knows of has yet to read, so only an outside cleanup gets there).
+    A reader whose own version's entry is gone reads on from the entries after it.
     """
     if after_version is not None and up_to_version <= after_version:
         return None
@@ -419,15 +422,15 @@ def changes(
         inserted = appended_rows(delta_table, start, up_to_version, columns)
         if inserted is None:
             inserted = _inserted(delta_table, start, up_to_version, columns)
-    except Exception as error:  # delta-rs tells a missing file only by a bare Exception's text
-        if "not found" not in str(error):
+    except Exception as error:  # delta-rs tells these apart only by a bare Exception's text
+        if not any(sign in str(error) for sign in GONE):
             raise
         if after_version is not None or up_to_version != delta_table.version():
             raise VersionsVacuumed(
                 f"{delta_table.table_uri}: versions {start} to {up_to_version} can no longer be "
                 "read from the change data feed: the files they added were compacted and then "
-                "vacuumed, as this reader fell further behind than the vacuum retention "
-                "(assets.maintenance)"
+                "vacuumed, or their log entries cleaned up, as this reader fell further behind "
+                "than the vacuum retention or the log retention (claw_pipelines.maintenance)"
             ) from error
         inserted = (
             pl.scan_delta(delta_table)
@@ -438,6 +441,10 @@ def changes(
     kept = ["_commit_version"] if with_version else []
     return inserted.drop(sorted(set(CHANGE_COLUMNS) - set(kept)), strict=False)
 
+
+GONE = ("not found", "Invalid table version")
+"""How delta-rs says a version range cannot be read: a file it added is gone (vacuumed), or a
+log entry is (cleaned up: ``Invalid table version``)."""
 
 CHANGE_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 """The columns a change-data-feed read adds to a table's own."""
@@ -456,8 +463,16 @@ def _inserted(
     return pl.DataFrame(reader.read_all())
 
 
+REOPEN_AFTER_S = 60.0
+"""A writer's handle is re-opened once this old: a commit or an update through a handle reads
+the log entries since its version, and maintenance deletes entries older than the log
+retention (at least ``maintenance.MIN_LOG_RETENTION_MINUTES``), so an idle handle kept longer
+would fail with ``Invalid table version``."""
+
+
 class TableWriter:
-    """Appends to one table through a long-lived handle, re-opened every ``reopen_every`` commits.
+    """Appends to one table through a long-lived handle, re-opened every ``reopen_every`` commits
+    and once ``REOPEN_AFTER_S`` old.
 
     Re-using the handle saves a log load per commit; re-opening bounds the snapshot a handle
     accumulates (delta-rs keeps every file it ever saw, and commit latency grows with it).
@@ -473,18 +488,31 @@ class TableWriter:
         self.writer_properties = landing_writer(table) if table in LANDING_MODELS else None
         self._handle: DeltaTable | None = None
         self._commits = 0
+        self._opened_at = 0.0
+
+    def _current(self) -> DeltaTable | None:
+        """The handle, unless it is due to be re-opened (then None)."""
+        if (
+            self._commits >= self.reopen_every
+            or time.monotonic() - self._opened_at > REOPEN_AFTER_S
+        ):
+            self._handle = None
+        return self._handle
 
     def _open(self, schema: pa.Schema) -> DeltaTable:
-        if self._handle is None or self._commits >= self.reopen_every:
+        if self._current() is None:
             self._handle = self.lake.ensure(self.table, schema)
-            self._commits = 0
+            self._commits, self._opened_at = 0, time.monotonic()
         return self._handle
 
     def committed_app_version(self, app_id: str) -> int | None:
-        handle = self.lake.open(self.table) if self._handle is None else self._handle
+        handle = self._current()
         if handle is None:
-            return None
-        handle.update_incremental()
+            handle = self.lake.open(self.table)
+            if handle is None:
+                return None
+        else:
+            handle.update_incremental()
         return handle.transaction_version(app_id)
 
     def append(

@@ -10,7 +10,7 @@ One pass (``maintain_lake``) per table, in this order:
    data change, so change-data-feed readers skip it, and appends running meanwhile stand);
 3. writes a checkpoint at the version after the merge, which lists the few merged files, so an
    open reads that and the commits after it, however old the table;
-4. deletes the log entries and checkpoints older than ``log_retention_hours`` and than that
+4. deletes the log entries and checkpoints older than ``log_retention_minutes`` and than that
    checkpoint (``cleanup_metadata``);
 5. vacuums the files merged away more than ``vacuum_retention_hours`` ago.
 
@@ -37,9 +37,10 @@ import math
 import random
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from deltalake import DeltaTable
+from deltalake.fs import DeltaStorageHandler
 from pydantic import BaseModel, ConfigDict, Field
 
 from claw_pipelines.lake import (
@@ -69,6 +70,15 @@ read as the app transaction ``claw/<asset>/<table>`` on its own output table (``
 a pass keeps what the slowest of them has yet to read."""
 
 
+MIN_LOG_RETENTION_MINUTES = 5
+"""Well past the age at which a writer re-opens its handle (``lake.REOPEN_AFTER_S``): a handle
+reads the log entries since its version on its next commit."""
+
+CLOCK_SKEW = timedelta(minutes=1)
+"""How far the writers' clocks (commit timestamps) and the store's (log entries' ages) may
+disagree."""
+
+
 class Retention(BaseModel):
     """How long what maintenance removes stays (``ClawSettings``, or the Dagster job's config)."""
 
@@ -76,7 +86,7 @@ class Retention(BaseModel):
 
     vacuum_retention_hours: int = Field(default=168, ge=0)
     enforce_retention_duration: bool = True
-    log_retention_hours: int = Field(default=4, ge=1)
+    log_retention_minutes: int = Field(default=10, ge=MIN_LOG_RETENTION_MINUTES)
     compact_after_files: int = Field(default=64, ge=1)
 
     @classmethod
@@ -84,13 +94,13 @@ class Retention(BaseModel):
         return cls(
             vacuum_retention_hours=settings.vacuum_retention_hours,
             enforce_retention_duration=settings.vacuum_enforce_retention,
-            log_retention_hours=settings.log_retention_hours,
+            log_retention_minutes=settings.log_retention_minutes,
         )
 
     def properties(self, table: str) -> dict[str, str]:
         """The properties a pass sets on ``table``: its creation ones and the log retention."""
         return table_configuration(table) | {
-            "delta.logRetentionDuration": f"interval {self.log_retention_hours} hours"
+            "delta.logRetentionDuration": f"interval {self.log_retention_minutes} minutes"
         }
 
 
@@ -106,19 +116,35 @@ class TablePass:
     unread_since: datetime | None
 
 
-def first_unread_commit(lake: Lake, name: str, table: DeltaTable) -> datetime | None:
-    """When the first rows of landing table ``name`` that one of its readers has yet to read were
-    committed (None when all are up to date). A reader that never read it reads its snapshot
-    from the start, which neither vacuum nor log cleanup can break, so it does not count."""
+def slowest_read(lake: Lake, name: str) -> int | None:
+    """The version up to which the slowest reader of landing table ``name`` has read (None when
+    none has). A reader that never read it reads its snapshot from the start, which neither
+    vacuum nor log cleanup can break, so it does not count."""
     read = [
         version
         for reader in LANDING_READERS[name]
         if (version := lake.committed_app_version(reader, watermark_app(reader, name))) is not None
     ]
-    unread = data_commits(table, min(read)) if read else []
+    return min(read) if read else None
+
+
+def first_unread_commit(table: DeltaTable, read: int | None) -> datetime | None:
+    """When the first rows after version ``read`` were committed (None when there are none)."""
+    unread = data_commits(table, read) if read is not None else []
     if not unread:
         return None
     return datetime.fromtimestamp(min(c["timestamp"] for c in unread) / 1000, UTC)
+
+
+def first_unread_entry(lake: Lake, table: DeltaTable, read: int | None) -> datetime | None:
+    """When the log entry after version ``read`` was written, as the store dates it (the age
+    the log cleanup goes by); None when there is none. A reader's next read starts there,
+    whatever the entry holds (a compaction, a property change, rows)."""
+    if read is None or table.version() <= read:
+        return None
+    store = DeltaStorageHandler(table.table_uri, lake.storage_options or None)
+    (entry,) = store.get_file_info([f"_delta_log/{read + 1:020d}.json"])
+    return None if entry.mtime is None else entry.mtime.astimezone(UTC)
 
 
 def retention_hours(configured: int, unread_since: datetime | None, now: datetime) -> int:
@@ -128,6 +154,12 @@ def retention_hours(configured: int, unread_since: datetime | None, now: datetim
     if unread_since is None:
         return configured
     return max(configured, math.ceil((now - unread_since).total_seconds() / 3600) + 1)
+
+
+def log_kept(minutes: int, unread_entry: datetime | None, now: datetime) -> bool:
+    """Whether the log must stay whole: the first entry a reader has yet to read is (nearly, by
+    ``CLOCK_SKEW``) as old as the retention, so the cleanup could delete it."""
+    return unread_entry is not None and now - unread_entry > timedelta(minutes=minutes) - CLOCK_SKEW
 
 
 class LeaseLost(RuntimeError):
@@ -151,11 +183,11 @@ def maintain_table(
     before = len(table.file_uris())
     compact(table, max_files=retention.compact_after_files, writer_properties=landing_writer(name))
     table.create_checkpoint()
-    unread_since = first_unread_commit(lake, name, table)
+    read = slowest_read(lake, name)
+    unread_since = first_unread_commit(table, read)
     now = utc_now()
-    log_cleaned = (
-        retention_hours(retention.log_retention_hours, unread_since, now)
-        == retention.log_retention_hours
+    log_cleaned = not log_kept(
+        retention.log_retention_minutes, first_unread_entry(lake, table, read), now
     )
     if log_cleaned:
         table.cleanup_metadata()

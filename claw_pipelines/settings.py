@@ -91,11 +91,12 @@ class ClawSettings(BaseSettings):
         description="Refuse a vacuum retention shorter than the table's "
         "delta.deletedFileRetentionDuration (7 days unless set).",
     )
-    log_retention_hours: int = Field(
-        default=4,
-        ge=1,
+    log_retention_minutes: int = Field(
+        default=10,
+        ge=5,
         description="Log entries and checkpoints are deleted this long after (the landing "
-        "tables' delta.logRetentionDuration); older versions can no longer be read by version.",
+        "tables' delta.logRetentionDuration), unless a reader has yet to read them; older "
+        "versions can no longer be read by version.",
     )
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024,

@@ -31,25 +31,29 @@ from claw_pipelines.schemas import Turn, rows_to_arrow, utc_now
 NOW = Retention(
     vacuum_retention_hours=0,
     enforce_retention_duration=False,
-    log_retention_hours=1,
+    log_retention_minutes=60,
     compact_after_files=16,
 )
 """Vacuum at once; log entries go after an hour (the tests age them with ``_age_log``)."""
 
 
+def _turn(index: int) -> Turn:
+    now = utc_now()
+    return Turn(
+        turn_id=f"turn-{index:06d}",
+        trajectory_id=f"traj-{index // 3:06d}",
+        model="m",
+        started_at=now,
+        ended_at=now,
+        prompt_token_ids=[1, 2, 3],
+    )
+
+
 def _land(lake: Lake, commits: int, first: int = 0) -> None:
     """``commits`` commits of one turn each, as a proxy under steady traffic makes them."""
-    writer, now = lake.writer("turns"), utc_now()
+    writer = lake.writer("turns")
     for index in range(first, first + commits):
-        turn = Turn(
-            turn_id=f"turn-{index:06d}",
-            trajectory_id=f"traj-{index // 3:06d}",
-            model="m",
-            started_at=now,
-            ended_at=now,
-            prompt_token_ids=[1, 2, 3],
-        )
-        writer.append(rows_to_arrow(Turn, [turn.model_dump()]))
+        writer.append(rows_to_arrow(Turn, [_turn(index).model_dump()]))
 
 
 def _age_log(lake: Lake, hours: float = 2) -> None:
@@ -107,6 +111,71 @@ def test_the_log_and_files_a_lagging_reader_has_yet_to_read_are_kept(tmp_path: P
     assert new.height == 30
 
 
+def _read_up_to(lake: Lake, version: int) -> None:
+    """``steps`` records that it read turns up to ``version`` (its watermark)."""
+    lake.append("steps", pa.table({"step_id": [f"s{version}"]}),
+                app_id=watermark_app("steps", "turns"), app_version=version)  # fmt: skip
+
+
+def _new_turn_ids(lake: Lake, after: int | None) -> list[str]:
+    """The turns a reader whose watermark is ``after`` reads next (an ``Increment``'s read)."""
+    turns = lake.open("turns")
+    return sorted(changes(turns, after, turns.version(), ["turn_id"]).get_column("turn_id"))
+
+
+def test_a_reader_whose_read_log_was_cleaned_up_reads_every_new_row_once(tmp_path: Path) -> None:
+    """The entries up to a reader's watermark are deleted (it read them): it reads the rows
+    landed since from the entries after it, each once; a reader that never read the table reads
+    its snapshot, each row once, whatever the log has lost."""
+    lake = Lake(str(tmp_path / "lake"))
+    _land(lake, 40)
+    lease, first_read = Lease(lake, "proxy-1", 60), lake.version("turns")
+    for _ in range(2):  # the second pass deletes up to the first one's checkpoint
+        read = lake.version("turns")
+        _read_up_to(lake, read)
+        _age_log(lake)
+        (done,) = maintain_lake(lake, NOW, lease)
+        assert done.log_cleaned
+    assert not Path(lake.uri("turns"), "_delta_log", f"{first_read:020d}.json").exists()
+    _land(lake, 5, first=40)
+    assert _new_turn_ids(lake, read) == [f"turn-{i:06d}" for i in range(40, 45)]
+    assert _new_turn_ids(lake, None) == [f"turn-{i:06d}" for i in range(45)]
+
+
+def test_an_idle_readers_next_entry_is_kept_however_old_its_rows(tmp_path: Path) -> None:
+    """A reader read everything; the pass's own commits (properties, compaction) follow its
+    watermark and age while no row lands. When rows land, those old entries are still the
+    first it reads: the next pass keeps the log, and the reader reads the new rows once."""
+    lake = Lake(str(tmp_path / "lake"))
+    _land(lake, 40)
+    read = lake.version("turns")
+    _read_up_to(lake, read)
+    maintain_lake(lake, NOW, Lease(lake, "proxy-1", 60))
+    assert lake.version("turns") > read  # the pass committed after the watermark
+    _age_log(lake)
+    _land(lake, 3, first=40)
+    (done,) = maintain_lake(lake, NOW, Lease(lake, "proxy-1", 60))
+    assert not done.log_cleaned
+    assert _new_turn_ids(lake, read) == [f"turn-{i:06d}" for i in range(40, 43)]
+
+
+def test_a_writer_idle_past_a_cleanup_commits_on_a_fresh_handle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer's handle predating a log cleanup cannot commit (delta-rs reads the entries
+    since its version: ``Invalid table version``); a handle older than ``REOPEN_AFTER_S`` is
+    re-opened first, so an idle proxy's next commit lands."""
+    lake = Lake(str(tmp_path / "lake"))
+    idle = lake.writer("turns")
+    idle.append(rows_to_arrow(Turn, [_turn(0).model_dump()]))
+    _land(lake, 40, first=1)
+    _age_log(lake)
+    maintain_lake(lake, NOW, Lease(lake, "proxy-1", 60))
+    monkeypatch.setattr("claw_pipelines.lake.REOPEN_AFTER_S", 0.0)
+    idle.append(rows_to_arrow(Turn, [_turn(99).model_dump()]))
+    assert len(_turn_ids(lake)) == 42
+
+
 def _rchar() -> int:
     """Bytes this process has read through read(2) and friends so far."""
     io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
@@ -149,7 +218,7 @@ from claw_pipelines.lease import Lease
 from claw_pipelines.maintenance import Retention, maintain_lake
 lake = Lake(sys.argv[1])
 retention = Retention(vacuum_retention_hours=0, enforce_retention_duration=False,
-                      log_retention_hours=1, compact_after_files=2)
+                      log_retention_minutes=60, compact_after_files=2)
 print("maintaining", flush=True)
 maintain_lake(lake, retention, Lease(lake, "doomed", 1))
 print("done", flush=True)
