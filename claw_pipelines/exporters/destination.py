@@ -113,6 +113,7 @@ def row_group_rows(table: pa.Table) -> int:
 
 def _numeric_list(kind: pa.DataType) -> bool:
     lists = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    lists = lists or pa.types.is_fixed_size_list(kind)  # verl's padded tensors
     return lists and (pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type))
 
 

@@ -33,12 +33,19 @@ length filters), so batches concatenate; a recipe with neither gets each batch's
 Rows are padded to ``pad_to_multiple`` (data-parallel ranks, ``chunk``) with rows that carry no
 loss: response_mask 0, one attended pad token (no empty sequence reaches an attention kernel),
 a uid of their own.
+
+``batch.parquet`` is written a row group of about ``GROUP_BYTES`` of arrays at a time (the
+padded arrays of a 512-row batch at 65,536 + 32,768 are ~2 GB), so exporting a batch holds its
+token lists and one row group's arrays; ``verl_arrays`` (``Batch.to_verl``) builds them whole.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from claw_pipelines.batches.manifest import VerlLayout
 from claw_pipelines.exporters.destination import Destination
@@ -51,10 +58,22 @@ PAD_UID = "__pad__"
 RESPONSE_LISTS = ["response_token_ids", "response_mask", "response_logprobs"]
 """The per-token lists of a row's response, cut together when it is too long."""
 
+TENSOR_SOURCES = ["prompt_token_ids", *RESPONSE_LISTS, "reward", "advantage"]
+"""The columns of a row the tensors are made of."""
+
+BATCH_FILE, NON_TENSOR_FILE = "verl/batch.parquet", "verl/non_tensor.parquet"
+
+GROUP_BYTES = 256 << 20
+"""About this many bytes of padded arrays per row group of ``batch.parquet``: at fixed widths
+of 65,536 + 32,768 a row takes ~4 MB, so a 512-row batch built whole took ~2 GB of arrays
+(and as much again to encode them); a row group of ~64 rows keeps the export's arrays at one
+group's, whatever the batch's size."""
+
 
 def _widths(rows: pl.DataFrame, layout: VerlLayout) -> tuple[int, int]:
-    width_p = layout.prompt_length or int(lengths(rows["prompt_token_ids"]).max(initial=0))
-    width_r = layout.response_length or int(lengths(rows["response_token_ids"]).max(initial=0))
+    """The layout's widths, else the rows' longest (at least 1: Arrow has no empty array)."""
+    width_p = layout.prompt_length or int(lengths(rows["prompt_token_ids"]).max(initial=1))
+    width_r = layout.response_length or int(lengths(rows["response_token_ids"]).max(initial=1))
     return width_p, width_r
 
 
@@ -115,19 +134,65 @@ def _scores(rows: pl.DataFrame, response_mask: np.ndarray) -> np.ndarray:
     return scores
 
 
-def verl_tensors(rows: pl.DataFrame, layout: VerlLayout | None = None) -> dict[str, np.ndarray]:
-    """The DataProto ``batch`` tensors of ``rows`` (``BATCH_ROWS`` or ``SEQUENCE_ROWS``),
-    without padding rows."""
-    layout = layout or VerlLayout()
-    width_p, width_r = _widths(rows, layout)
-    rows = fitted(rows, layout)
+@dataclass(frozen=True)
+class TensorShape:
+    """What every row of a batch's tensors shares: the widths, the pad id and the optional
+    tensors, each present only when every row of the batch has its values."""
+
+    width_p: int
+    width_r: int
+    pad_id: int
+    logprobs: bool
+    advantages: bool
+
+    @classmethod
+    def of(cls, rows: pl.DataFrame, layout: VerlLayout) -> TensorShape:
+        """The shape of ``rows``, a whole batch ``fitted`` to ``layout``."""
+        width_p, width_r = _widths(rows, layout)
+        advantage = rows.get_column("advantage", default=None)
+        return cls(
+            width_p=width_p,
+            width_r=width_r,
+            pad_id=layout.pad_token_id,
+            logprobs=rows["response_logprobs"].null_count() == 0,
+            advantages=advantage is not None and advantage.null_count() == 0 and rows.height > 0,
+        )
+
+    def columns(self) -> dict[str, tuple[int, type[np.generic]]]:
+        """Each tensor's (width, dtype), in file order."""
+        both = self.width_p + self.width_r
+        columns = {
+            "prompts": (self.width_p, np.int64),
+            "responses": (self.width_r, np.int64),
+            "input_ids": (both, np.int64),
+            "attention_mask": (both, np.int64),
+            "position_ids": (both, np.int64),
+            "response_mask": (self.width_r, np.int64),
+            "rm_scores": (self.width_r, np.float32),
+            "token_level_scores": (self.width_r, np.float32),
+        }
+        if self.logprobs:
+            columns["rollout_log_probs"] = (self.width_r, np.float32)
+        if self.advantages:
+            columns["advantages"] = columns["returns"] = (self.width_r, np.float32)
+        return columns
+
+    def group_rows(self) -> int:
+        """Rows per row group of ``batch.parquet``, so one group's arrays take about
+        ``GROUP_BYTES``."""
+        row = sum(width * np.dtype(dtype).itemsize for width, dtype in self.columns().values())
+        return max(1, GROUP_BYTES // max(row, 1))
+
+
+def _tensors(rows: pl.DataFrame, shape: TensorShape) -> dict[str, np.ndarray]:
+    """The tensors of ``rows``, fitted to ``shape``'s widths."""
+    width_p, width_r = shape.width_p, shape.width_r
     prompt_len, response_len = (
         lengths(rows["prompt_token_ids"]),
         lengths(rows["response_token_ids"]),
     )
-    pad_id = layout.pad_token_id
-    prompt_ids = pad(rows["prompt_token_ids"], width_p, pad_id, np.int64, left=True)
-    response_ids = pad(rows["response_token_ids"], width_r, pad_id, np.int64, left=False)
+    prompt_ids = pad(rows["prompt_token_ids"], width_p, shape.pad_id, np.int64, left=True)
+    response_ids = pad(rows["response_token_ids"], width_r, shape.pad_id, np.int64, left=False)
     attended = right_mask(response_len, width_r)
     if is_sequence(rows):
         response_mask = pad(rows["response_mask"], width_r, 0, np.int64, left=False)
@@ -145,14 +210,22 @@ def verl_tensors(rows: pl.DataFrame, layout: VerlLayout | None = None) -> dict[s
         "rm_scores": scores,
         "token_level_scores": scores.copy(),
     }
-    logprobs = rows["response_logprobs"]
-    if logprobs.null_count() == 0:
+    if shape.logprobs:
+        logprobs = rows["response_logprobs"]
         tensors["rollout_log_probs"] = pad(logprobs, width_r, 0.0, np.float32, left=False)
-    if "advantage" in rows.columns and rows["advantage"].null_count() == 0 and rows.height:
+    if shape.advantages:
         advantage = rows["advantage"].to_numpy().astype(np.float32)[:, None] * response_mask
         tensors["advantages"] = advantage.astype(np.float32)
         tensors["returns"] = tensors["advantages"].copy()
     return tensors
+
+
+def verl_tensors(rows: pl.DataFrame, layout: VerlLayout | None = None) -> dict[str, np.ndarray]:
+    """The DataProto ``batch`` tensors of ``rows`` (``BATCH_ROWS`` or ``SEQUENCE_ROWS``),
+    without padding rows."""
+    layout = layout or VerlLayout()
+    rows = fitted(rows, layout)
+    return _tensors(rows, TensorShape.of(rows, layout))
 
 
 def verl_non_tensors(rows: pl.DataFrame, layout: VerlLayout | None = None) -> pl.DataFrame:
@@ -192,16 +265,19 @@ def _json_lists(spans: pl.Series) -> pl.Series:
     return ("[" + items + "]").rename(spans.name)
 
 
-def _padding_rows(tensors: dict[str, np.ndarray], count: int, pad_id: int) -> dict[str, np.ndarray]:
-    """``count`` rows that carry no loss, shaped like ``tensors``' rows."""
-    width_p = tensors["prompts"].shape[1]
-    out = {
-        name: np.zeros((count, *array.shape[1:]), array.dtype) for name, array in tensors.items()
+def _padding_rows(count: int, like: pl.DataFrame, pad_id: int) -> pl.DataFrame:
+    """``count`` rows that carry no loss, in ``like``'s tensor columns: one attended pad token
+    as the prompt (never an empty sequence) and no response."""
+    values = {
+        "prompt_token_ids": [[pad_id]],
+        "response_token_ids": [[]],
+        "response_mask": [[]],
+        "response_logprobs": [[]],
+        "reward": [None],
+        "advantage": [0.0],
     }
-    for name in ("prompts", "responses", "input_ids"):
-        out[name][:] = pad_id
-    out["attention_mask"][:, width_p - 1] = 1  # one pad token: never an empty sequence
-    return out
+    one = pl.DataFrame({name: values[name] for name in like.columns}, schema=like.schema)
+    return pl.concat([one] * count)
 
 
 def _padding_non_tensors(count: int) -> pl.DataFrame:
@@ -229,6 +305,25 @@ def _object_or_native(series: pl.Series) -> np.ndarray:
     return series.to_numpy().copy()
 
 
+def _tensor_rows(rows: pl.DataFrame) -> pl.DataFrame:
+    """The columns of ``rows`` the tensors are made of."""
+    return rows.select(c for c in TENSOR_SOURCES if c in rows.columns)
+
+
+def _with_padding(
+    sources: pl.DataFrame, non_tensors: pl.DataFrame, layout: VerlLayout
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``sources`` (``_tensor_rows``) and ``non_tensors`` with the padding rows that make
+    their row count a multiple of ``layout.pad_to_multiple``, last."""
+    extra = -sources.height % layout.pad_to_multiple
+    if not extra:
+        return sources, non_tensors
+    return (
+        pl.concat([sources, _padding_rows(extra, sources, layout.pad_token_id)]),
+        pl.concat([non_tensors, _padding_non_tensors(extra)], how="diagonal_relaxed"),
+    )
+
+
 def padded(
     rows: pl.DataFrame, layout: VerlLayout | None = None
 ) -> tuple[dict[str, np.ndarray], pl.DataFrame]:
@@ -236,14 +331,10 @@ def padded(
     rows with rows that carry no loss."""
     layout = layout or VerlLayout()
     rows = fitted(rows, layout)  # once: the tensors and the non-tensors take the rows as cut
-    tensors = verl_tensors(rows, layout)
+    shape = TensorShape.of(rows, layout)
     non_tensors = verl_non_tensors(rows, layout)
-    extra = -rows.height % layout.pad_to_multiple
-    if extra:
-        padding = _padding_rows(tensors, extra, layout.pad_token_id)
-        tensors = {name: np.concatenate([array, padding[name]]) for name, array in tensors.items()}
-        non_tensors = pl.concat([non_tensors, _padding_non_tensors(extra)], how="diagonal_relaxed")
-    return {name: np.ascontiguousarray(array) for name, array in tensors.items()}, non_tensors
+    sources, non_tensors = _with_padding(_tensor_rows(rows), non_tensors, layout)
+    return _tensors(sources, shape), non_tensors
 
 
 def verl_arrays(
@@ -259,45 +350,67 @@ def verl_arrays(
 def write_verl(
     rows: pl.DataFrame, out: Destination, layout: VerlLayout | None = None
 ) -> list[tuple[str, str, int]]:
-    """Write ``verl/batch.parquet`` and ``verl/non_tensor.parquet`` (padded as ``padded``);
-    (path, description, rows) of each."""
-    tensors, non_tensors = padded(rows, layout)
-    columns = [pl.Series(name, array) for name, array in tensors.items()]
-    out.parquet(pl.DataFrame(columns), "verl/batch.parquet")
-    out.parquet(non_tensors, "verl/non_tensor.parquet")
-    return [
-        (
-            "verl/batch.parquet",
-            f"DataProto tensors: {', '.join(sorted(tensors))}",
-            non_tensors.height,
-        ),
-        (
-            "verl/non_tensor.parquet",
-            "DataProto non_tensor_batch (uid = group_id), row-aligned",
-            non_tensors.height,
-        ),
-    ]
+    """Write ``verl/batch.parquet`` and ``verl/non_tensor.parquet`` of the batch ``rows``
+    (padded as ``padded``); (path, description, rows) of each."""
+    with VerlFiles(out, layout) as files:
+        files.write(rows)
+        return files.finish()
 
 
 class VerlFiles:
-    """A batch's verl files. Its tensors are built whole (widths may be the batch's longest
-    row, and padding rows come last), so the chunks of rows are kept and written together when
-    the batch is complete."""
+    """A batch's verl files, written at ``finish``. Which optional tensors a batch has, and
+    without fixed widths its widths, depend on all its rows, so each chunk is fitted and kept
+    as the columns its tensors are made of (its token lists: a fraction of the padded bytes
+    at fixed widths) with its non-tensors; ``finish`` pads them a row group at a time
+    (``TensorShape.group_rows``) through one Parquet writer, padding rows last, so the padded
+    arrays in memory are one row group's, not the batch's."""
 
     def __init__(self, out: Destination, layout: VerlLayout | None) -> None:
-        self.out, self.layout = out, layout
-        self._chunks: list[pl.DataFrame] = []
+        self.out, self.layout = out, layout or VerlLayout()
+        self._sources: list[pl.DataFrame] = []
+        self._non_tensors: list[pl.DataFrame] = []
 
     def write(self, rows: pl.DataFrame) -> None:
-        self._chunks.append(rows)
+        rows = fitted(rows, self.layout)  # a chunk fits alone: widths are fixed or its longest
+        self._non_tensors.append(verl_non_tensors(rows, self.layout))
+        self._sources.append(_tensor_rows(rows))
 
     def finish(self) -> list[tuple[str, str, int]]:
-        rows = pl.concat(self._chunks)
-        self._chunks = []
-        return write_verl(rows, self.out, self.layout)
+        sources, self._sources = pl.concat(self._sources), []
+        non_tensors = pl.concat(self._non_tensors, how="diagonal_relaxed")
+        self._non_tensors = []
+        shape = TensorShape.of(sources, self.layout)
+        sources, non_tensors = _with_padding(sources, non_tensors, self.layout)
+        columns = shape.columns()
+        schema = pa.schema(
+            (name, pa.list_(pa.from_numpy_dtype(dtype), width))
+            for name, (width, dtype) in columns.items()
+        )
+        step = shape.group_rows()
+        with self.out.parquet_writer(BATCH_FILE, schema) as writer:
+            for start in range(0, sources.height, step):
+                tensors = _tensors(sources.slice(start, step), shape)
+                writer.write_table(
+                    pa.table([_fixed_lists(tensors[name]) for name in columns], schema=schema)
+                )
+        self.out.parquet(non_tensors, NON_TENSOR_FILE)
+        return [
+            (BATCH_FILE, f"DataProto tensors: {', '.join(sorted(columns))}", non_tensors.height),
+            (
+                NON_TENSOR_FILE,
+                "DataProto non_tensor_batch (uid = group_id), row-aligned",
+                non_tensors.height,
+            ),
+        ]
 
     def __enter__(self) -> VerlFiles:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._chunks = []
+        self._sources, self._non_tensors = [], []
+
+
+def _fixed_lists(array: np.ndarray) -> pa.FixedSizeListArray:
+    """A [rows, width] array as Arrow fixed-size lists, sharing its memory."""
+    values = pa.array(np.ascontiguousarray(array).reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(values, array.shape[1])
