@@ -12,16 +12,23 @@ One pass (``maintain_lake``) per table, in this order:
    open reads that and the commits after it, however old the table;
 4. deletes the log entries and checkpoints older than ``log_retention_minutes`` and than that
    checkpoint (``cleanup_metadata``);
-5. vacuums the files merged away more than ``vacuum_retention_hours`` ago.
+5. vacuums the files merged away more than ``vacuum_retention_hours`` ago, then those no
+   version refers to any more (the checkpoints list removed files for the log retention only,
+   ``Retention.properties``) written that long ago, and at least ``UNCOMMITTED_HOURS`` (a
+   full vacuum, by the files' age). Under traffic a file compaction removes was written
+   since the last compaction (the small files, and the merged file they joined), so it stays
+   the retention, as with Delta's vacuum by removal time; a merged file older than the
+   retention that new files join goes at that pass, which only a read begun on the snapshot
+   before it can notice (it fails; the next one reads the new).
 
 Each derived asset reads the landing tables by Delta version, from the change data feed after
 its watermark (``incremental.increment``): the feed reads the log entries of those versions and
 the small files they added. So a pass keeps both for the slowest reader (``LANDING_READERS``):
 the vacuum's retention is stretched to the first version it has yet to read, and the log cleanup
-waits until that version is older than the log retention (a pipeline that lagged, Dagster
-stopped or an asset failing for days, catches up). A read from the start (a new derived table,
-the inspector) takes the table's snapshot instead. A vacuum done outside this module that
-deletes them makes that reader fail with ``lake.VersionsVacuumed``.
+waits while the first entry it has yet to read is about as old as the log retention (a pipeline
+that lagged, Dagster stopped or an asset failing for days, catches up). A read from the start (a
+new derived table, the inspector) takes the table's snapshot instead. A vacuum or cleanup done
+outside this module that deletes them makes that reader fail with ``lake.VersionsVacuumed``.
 
 Who runs it: every proxy worker (``Maintainer``, every ``maintenance_interval_s``) and Dagster's
 ``landing_maintenance`` schedule, all through the lease in the lake (``lease.Lease``), so only
@@ -74,6 +81,10 @@ MIN_LOG_RETENTION_MINUTES = 5
 """Well past the age at which a writer re-opens its handle (``lake.REOPEN_AFTER_S``): a handle
 reads the log entries since its version on its next commit."""
 
+UNCOMMITTED_HOURS = 1
+"""The full vacuum never takes a file written within this for an orphan: a writer's file is
+referenced by no version until its commit lands."""
+
 CLOCK_SKEW = timedelta(minutes=1)
 """How far the writers' clocks (commit timestamps) and the store's (log entries' ages) may
 disagree."""
@@ -98,9 +109,15 @@ class Retention(BaseModel):
         )
 
     def properties(self, table: str) -> dict[str, str]:
-        """The properties a pass sets on ``table``: its creation ones and the log retention."""
+        """The properties a pass sets on ``table``: its creation ones, the log retention, and
+        as long a retention of the tombstones (removed files) each checkpoint lists: Delta's
+        7 days made a landing table's checkpoint list every small file compaction merged
+        away that week, ~85 bytes each, read by every open (the vacuum finds the files
+        without them)."""
+        retention = f"interval {self.log_retention_minutes} minutes"
         return table_configuration(table) | {
-            "delta.logRetentionDuration": f"interval {self.log_retention_minutes} minutes"
+            "delta.logRetentionDuration": retention,
+            "delta.deletedFileRetentionDuration": retention,
         }
 
 
@@ -192,10 +209,15 @@ def maintain_table(
     if log_cleaned:
         table.cleanup_metadata()
     _renew(lease)
+    hours = retention_hours(retention.vacuum_retention_hours, unread_since, now)
+    enforce = retention.enforce_retention_duration
     deleted = table.vacuum(
-        retention_hours=retention_hours(retention.vacuum_retention_hours, unread_since, now),
-        enforce_retention_duration=retention.enforce_retention_duration,
+        retention_hours=hours, enforce_retention_duration=enforce, dry_run=False
+    ) + table.vacuum(
+        retention_hours=max(hours, UNCOMMITTED_HOURS),
+        enforce_retention_duration=enforce,
         dry_run=False,
+        full=True,
     )
     return TablePass(name, before, len(table.file_uris()), len(deleted), log_cleaned, unread_since)
 

@@ -89,7 +89,7 @@ class ClawSettings(BaseSettings):
     vacuum_enforce_retention: bool = Field(
         default=True,
         description="Refuse a vacuum retention shorter than the table's "
-        "delta.deletedFileRetentionDuration (7 days unless set).",
+        "delta.deletedFileRetentionDuration (maintenance sets the log retention).",
     )
     log_retention_minutes: int = Field(
         default=10,

@@ -76,7 +76,7 @@ def test_vacuuming_landing_tables_deletes_the_merged_files_and_keeps_every_row(
 
 def test_the_retention_is_enforced_unless_turned_off(driver: Driver, bound) -> None:
     land_rollouts(bound.lake, groups=1, group_size=2, steps=1)
-    too_short = {"ops": {"maintain_landing_tables": {"config": {"vacuum_retention_hours": 1}}}}
+    too_short = {"ops": {"maintain_landing_tables": {"config": {"vacuum_retention_hours": 0}}}}
     job = bound.defs.resolve_job_def("landing_maintenance")
     result = job.execute_in_process(
         instance=driver.instance, run_config=too_short, raise_on_error=False

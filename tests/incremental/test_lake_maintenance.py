@@ -111,6 +111,33 @@ def test_the_log_and_files_a_lagging_reader_has_yet_to_read_are_kept(tmp_path: P
     assert new.height == 30
 
 
+def _listed_removes(lake: Lake) -> int:
+    """Removed files (tombstones) the latest checkpoint of ``turns`` lists."""
+    checkpoint = max(Path(lake.uri("turns"), "_delta_log").glob("*.checkpoint.parquet"))
+    return pl.read_parquet(checkpoint).get_column("remove").is_not_null().sum()
+
+
+def test_checkpoints_list_removed_files_for_the_log_retention_only(tmp_path: Path) -> None:
+    """Delta keeps a removed file in every checkpoint for 7 days, so a landing table's
+    checkpoints grew with every small file compaction merged away. They list them for the log
+    retention only (here 0), and the vacuum still deletes them once old enough: from what no
+    version refers to, by their age."""
+    lake = Lake(str(tmp_path / "lake"))
+    _land(lake, 40)
+    short = Retention.model_construct(
+        **(NOW.model_dump() | {"log_retention_minutes": 0, "vacuum_retention_hours": 1})
+    )
+    (done,) = maintain_lake(lake, short, Lease(lake, "proxy-1", 60))
+    assert (done.files_after, done.vacuumed, _listed_removes(lake)) == (1, 0, 0)
+    assert _data_files(lake) == 41  # merged away an instant ago: kept for the retention
+    then = time.time() - 2 * 3600
+    for data_file in Path(lake.uri("turns")).glob("*.parquet"):
+        os.utime(data_file, (then, then))
+    (done,) = maintain_lake(lake, short, Lease(lake, "proxy-1", 60))
+    assert done.vacuumed == 40 and _data_files(lake) == 1
+    assert _turn_ids(lake) == [f"turn-{i:06d}" for i in range(40)]
+
+
 def _read_up_to(lake: Lake, version: int) -> None:
     """``steps`` records that it read turns up to ``version`` (its watermark)."""
     lake.append("steps", pa.table({"step_id": [f"s{version}"]}),
