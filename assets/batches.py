@@ -21,10 +21,13 @@ from assets.batch_work import (
     batch_checks,
     batch_key,
     batch_pool,
-    build_batch,
+    built_metadata,
+    check_result,
     export_key,
-    export_written,
+    export_metadata,
+    log_recipe_edited,
     partitions,
+    refused_as_failure,
 )
 from assets.landing import OWNERS
 from assets.metadata import declared_columns
@@ -32,10 +35,11 @@ from assets.quality import curated_steps
 from assets.races import retried_when_raced
 from assets.release import release_key
 from assets.runs import TO_COME, has_run
-from claw_pipelines.batches.names import ledger_table
+from claw_pipelines.batches.names import MANIFEST, batches_table, exports_folder, ledger_table
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.building import batch_schema
 from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.batching.release import build_batch, export_batch
 from claw_pipelines.config_files import recipes
 from claw_pipelines.incremental.increment import ConcurrentRun
 from claw_pipelines.lake import Lake
@@ -87,17 +91,21 @@ def build_batch_asset(recipe: Recipe) -> dg.AssetsDefinition:
         description=(
             f"Training batches of the `{name}` recipe ({recipe.algorithm}, groups of "
             f"{recipe.group_size}, {recipe.groups_per_batch} per batch): framework-neutral rows "
-            f"in `batches/{name}`, one partition per batch."
+            f"in `{batches_table(name)}`, one partition per batch."
         ),
         check_specs=batch_checks(name, parts),
         metadata=declared_columns(batch_schema(recipe)),
     )
     @retried_when_raced
     def batch_asset(context: dg.AssetExecutionContext, lake: LakeResource):
-        built = build_batch(lake.lake(), recipe, context.partition_key, context.log)
+        with refused_as_failure():
+            built = build_batch(lake.lake(), recipe, context.partition_key)
         if built is None:
             raise dg.Failure(f"not enough ready curated steps for a full `{name}` batch yet")
-        return dg.MaterializeResult(metadata=built.metadata, check_results=built.checks)
+        log_recipe_edited(context.log, built)
+        return dg.MaterializeResult(
+            metadata=built_metadata(built), check_results=[check_result(c) for c in built.checks]
+        )
 
     return batch_asset
 
@@ -116,12 +124,13 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
         retry_policy=EXPORT_RETRIES,
         description=(
             f"`{name}` batches in the trainers' formats ({', '.join(recipe.exports)}) under "
-            f"`exports/{name}/<batch_id>/` with a manifest.json."
+            f"`{exports_folder(name)}/<batch_id>/` with a {MANIFEST}."
         ),
     )
     def export_asset(context: dg.AssetExecutionContext, lake: LakeResource):
-        metadata = export_written(lake.lake(), recipe, context.partition_key)
-        return dg.MaterializeResult(metadata=metadata)
+        with refused_as_failure():
+            exported = export_batch(lake.lake(), recipe, context.partition_key)
+        return dg.MaterializeResult(metadata=export_metadata(exported))
 
     return export_asset
 

@@ -13,36 +13,39 @@ import dagster as dg
 
 from assets.automation import on_new_data
 from assets.batch_work import (
-    Built,
     batch_key,
     batch_pool,
-    build_batch,
+    built_metadata,
+    check_result,
     export_key,
-    export_written,
+    export_metadata,
+    log_recipe_edited,
     partitions,
+    refused_as_failure,
 )
 from assets.landing import OWNERS
 from assets.quality import curated_steps
-from claw_pipelines.batching import ledger
 from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.batching.release import BuiltBatch, ExportedBatch, RaceLost, release_ready
 from claw_pipelines.config_files import recipes
-from claw_pipelines.incremental.increment import ConcurrentRun
-from claw_pipelines.lake import Lake
 from resources.lake import LakeResource
-
-MAX_BATCHES_PER_RUN = 8
-"""Batches of one recipe built per run; the next run goes on with the rest."""
 
 
 def release_key(recipe: str) -> str:
     return f"release_{recipe}"
 
 
-def _record(context: dg.AssetExecutionContext, recipe: Recipe, batch_id: str, built: Built) -> None:
-    """The batch's partition materialization and checks, as its own asset would record them."""
-    key = batch_key(recipe.name)
-    context.log_event(dg.AssetMaterialization(key, partition=batch_id, metadata=built.metadata))
-    for check in built.checks:
+def _record_built(context: dg.AssetExecutionContext, built: BuiltBatch) -> None:
+    """The batch's partition and its materialization and checks, as its own asset would
+    record them."""
+    key = batch_key(built.recipe)
+    context.instance.add_dynamic_partitions(partitions(built.recipe).name, [built.batch_id])
+    log_recipe_edited(context.log, built)
+    context.log_event(
+        dg.AssetMaterialization(key, partition=built.batch_id, metadata=built_metadata(built))
+    )
+    for outcome in built.checks:
+        check = check_result(outcome)
         context.log_event(
             dg.AssetCheckEvaluation(
                 asset_key=key,
@@ -50,35 +53,27 @@ def _record(context: dg.AssetExecutionContext, recipe: Recipe, batch_id: str, bu
                 passed=check.passed,
                 metadata=check.metadata,
                 blocking=True,
-                partition=batch_id,
+                partition=built.batch_id,
             )
         )
 
 
-def release(context: dg.AssetExecutionContext, lake: Lake, recipe: Recipe) -> list[str]:
-    """Reserve, write, check and export ``recipe``'s ready batches; their ids."""
+def release(context: dg.AssetExecutionContext, lake: LakeResource, recipe: Recipe) -> list[str]:
+    """Record each batch ``batching.release.release_ready`` builds and exports; their ids."""
     released = []
-    for _ in range(MAX_BATCHES_PER_RUN):
-        batch_id = ledger.next_batch_id(lake, recipe.name)
-        try:
-            built = build_batch(lake, recipe, batch_id, context.log)
-        except ConcurrentRun as race:  # a planner or a UI launch got there first
-            context.log.info("%s; the next run goes on", race)
-            break
-        if built is None:
-            break
-        context.instance.add_dynamic_partitions(partitions(recipe.name).name, [batch_id])
-        _record(context, recipe, batch_id, built)
-        if built.passed:  # the blocking checks gate the export, as in a batch's own run
-            metadata = export_written(lake, recipe, batch_id, built)
-            context.log_event(
-                dg.AssetMaterialization(
-                    export_key(recipe.name), partition=batch_id, metadata=metadata
+    with refused_as_failure():
+        for event in release_ready(lake.lake(), recipe):
+            if isinstance(event, RaceLost):  # a planner or a UI launch got there first
+                context.log.info("%s; the next run goes on", event.message)
+            elif isinstance(event, BuiltBatch):
+                _record_built(context, event)
+                released.append(event.batch_id)
+            elif isinstance(event, ExportedBatch):
+                metadata = export_metadata(event)
+                key = export_key(recipe.name)
+                context.log_event(
+                    dg.AssetMaterialization(key, partition=event.batch_id, metadata=metadata)
                 )
-            )
-        released.append(batch_id)
-        if not built.more:  # the next plan would read every curated step in play to find too few
-            break
     return released
 
 
@@ -103,7 +98,7 @@ def build_release_asset(recipe: Recipe, priority: int) -> dg.AssetsDefinition:
         ),
     )
     def release_asset(context: dg.AssetExecutionContext, lake: LakeResource):
-        released = release(context, lake.lake(), recipe)
+        released = release(context, lake, recipe)
         return dg.MaterializeResult(
             metadata={"batches": dg.MetadataValue.json(released), "released": len(released)}
         )

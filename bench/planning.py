@@ -49,6 +49,8 @@ def phase_plan(lake: Lake, batch_id: str, groups: int, retired: bool) -> dict:
     from the same inputs that reads everything, and records nothing)."""
     import pyarrow.compute  # noqa: F401  (imported once by the long-running planner, not per plan)
 
+    from claw_pipelines.batches.names import ledger_table
+    from claw_pipelines.batches.pins import Pins
     from claw_pipelines.batching import ledger
     from claw_pipelines.config_files import recipes
     from claw_pipelines.schemas import utc_now
@@ -59,12 +61,12 @@ def phase_plan(lake: Lake, batch_id: str, groups: int, retired: bool) -> dict:
         reserved = ledger.reserve(lake, recipe, batch_id, utc_now())
         rows = 0 if reserved is None else reserved.plan.planned.height
     else:
-        pins = {
-            "curated_steps": lake.version("curated_steps"),
-            "steps": lake.version("steps"),
-            "batch_ledger": lake.version(ledger.ledger_table(recipe.name)),
-            "planned_at": utc_now().isoformat(),
-        }
+        pins = Pins(
+            curated_steps=lake.version("curated_steps"),
+            steps=lake.version("steps"),
+            batch_ledger=lake.version(ledger_table(recipe.name)),
+            planned_at=utc_now(),
+        )
         rows = ledger.plan_from_pins(lake, recipe, batch_id, pins).planned.height
     return {"seconds": time.perf_counter() - started, "batch_rows": rows}
 

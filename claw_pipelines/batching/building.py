@@ -12,6 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.batches.names import batches_table, ledger_table, retired_table
+from claw_pipelines.batches.pins import Pins
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.planner import BatchPlan
 from claw_pipelines.batching.recipe import Recipe
@@ -32,7 +33,7 @@ class Planned(NamedTuple):
     plan: BatchPlan
     recipe: Recipe
     """The recipe as it was when the batch was reserved (``ledger.pinned_recipe``)."""
-    pins: dict
+    pins: Pins
     reserved_now: bool
     """Reserved by this call, not re-planned from an earlier reservation."""
 
@@ -78,11 +79,11 @@ def write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> DeltaTable:
     return table
 
 
-def retired_before(lake: Lake, recipe: str, pins: dict) -> int:
+def retired_before(lake: Lake, recipe: str, pins: Pins) -> int:
     """How many steps earlier plans retired (the plan left them out), from the file statistics
     of the pinned version: no data read, however many there are."""
-    version = pins.get("batch_retired", -1)
-    if version < 0:
+    if pins.batch_retired < 0:
         return 0
-    files = pl.DataFrame(lake.open(retired_table(recipe), version).get_add_actions(flatten=True))
+    retired = lake.open(retired_table(recipe), pins.batch_retired)
+    files = pl.DataFrame(retired.get_add_actions(flatten=True))
     return int(files.get_column("num_records").sum()) if files.height else 0

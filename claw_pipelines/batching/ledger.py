@@ -12,7 +12,6 @@ retried (``ConcurrentRun``) and plans again from the ledger the winner left.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import NamedTuple
 
@@ -22,6 +21,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.batches.names import batches_table, ledger_table, manifest_path, retired_table
+from claw_pipelines.batches.pins import Pins
 from claw_pipelines.batching.planner import BatchPlan, plan_batch
 from claw_pipelines.batching.recipe import PINNED, Recipe
 from claw_pipelines.batching.retirements import Retirements
@@ -32,6 +32,10 @@ from claw_pipelines.policy_versions import highest_announced_version, lag_refere
 
 PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
 """The ledger as written here: each row also carries its batch's pins (JSON)."""
+
+
+SOURCE_PINS = {"curated_steps", "steps", "turns", "batch_ledger"}
+"""The pins a batch's rows record as their ``source_versions``."""
 
 
 def _plan_app(recipe: str) -> str:
@@ -62,14 +66,14 @@ class PinnedInputs(NamedTuple):
     retired: DeltaTable | None
 
 
-def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> BatchPlan:
+def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: Pins) -> BatchPlan:
     """The plan for ``batch_id`` from exactly the inputs it was (or is being) planned from.
     The rows' token lists are read from the latest ``turns``: turns are append-only and never
     rewritten, so a turn reads the same in every version from the pinned ``turns`` one on, and
     the landing table's vacuum (which makes old versions unreadable) cannot break a re-plan."""
-    ledger_version, retired_version = pins["batch_ledger"], pins.get("batch_retired", -1)
+    ledger_version, retired_version = pins.batch_ledger, pins.batch_retired
     inputs = PinnedInputs(
-        lake.open("curated_steps", pins["curated_steps"]),
+        lake.open("curated_steps", pins.curated_steps),
         lake.open("turns"),
         None if ledger_version < 0 else lake.open(ledger_table(recipe.name), ledger_version),
         None if retired_version < 0 else lake.open(retired_table(recipe.name), retired_version),
@@ -77,7 +81,7 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: dict) -> Bat
     return plan_pinned(recipe, batch_id, pins, inputs)
 
 
-def plan_pinned(recipe: Recipe, batch_id: str, pins: dict, inputs: PinnedInputs) -> BatchPlan:
+def plan_pinned(recipe: Recipe, batch_id: str, pins: Pins, inputs: PinnedInputs) -> BatchPlan:
     """``plan_from_pins`` with its inputs already open (a reservation has them open: on an
     object store each open costs a dozen requests or more). The plan has read the curated
     steps, the ledger and the retirements when it returns (only ``BatchPlan.turns`` stays a
@@ -87,30 +91,27 @@ def plan_pinned(recipe: Recipe, batch_id: str, pins: dict, inputs: PinnedInputs)
         pl.scan_delta(inputs.curated),
         None if inputs.turns is None else pl.scan_delta(inputs.turns),
         None if inputs.ledger is None else pl.scan_delta(inputs.ledger),
-        datetime.fromisoformat(pins["planned_at"]),
+        pins.planned_at,
         retired=None if inputs.retired is None else pl.scan_delta(inputs.retired),
-        open_from=pins.get("open_from"),
+        open_from=pins.open_from,
         batch_id=batch_id,
-        latest_policy_version=lag_reference(pins.get("announced_policy_version"), inputs.curated),
-        source_versions={
-            "curated_steps": pins["curated_steps"],
-            "steps": pins["steps"],
-            "turns": pins.get("turns", -1),
-            "batch_ledger": pins["batch_ledger"],
-        },
+        latest_policy_version=lag_reference(pins.announced_policy_version, inputs.curated),
+        source_versions=pins.model_dump(
+            include={"curated_steps", "steps", "turns", "batch_ledger"}
+        ),
     )
 
 
-def pinned_recipe(recipe: Recipe, pins: dict) -> Recipe:
+def pinned_recipe(recipe: Recipe, pins: Pins | None) -> Recipe:
     """The recipe as it was when the batch was planned, with today's exports: re-planning under
     an edited recipe would silently change a batch that may have been trained on already.
     Batches reserved before recipes were pinned re-plan under ``recipe``."""
-    if "recipe" not in pins:
+    if pins is None or pins.recipe is None:
         return recipe
-    return Recipe.model_validate({**pins["recipe"], "exports": recipe.exports}, context=PINNED)
+    return Recipe.model_validate({**pins.recipe, "exports": recipe.exports}, context=PINNED)
 
 
-def recorded_pins(ledger: DeltaTable | None, batch_id: str) -> dict | None:
+def recorded_pins(ledger: DeltaTable | None, batch_id: str) -> Pins | None:
     """The pins ``ledger`` (a recipe's ledger as opened) records for ``batch_id`` (None if it
     was never reserved there)."""
     if ledger is None:
@@ -122,10 +123,10 @@ def recorded_pins(ledger: DeltaTable | None, batch_id: str) -> dict | None:
         .head(1)
         .collect()
     )
-    return json.loads(found.item()) if found.height else None
+    return Pins.model_validate_json(found.item()) if found.height else None
 
 
-def pins_of(lake: Lake, recipe: str, batch_id: str) -> dict | None:
+def pins_of(lake: Lake, recipe: str, batch_id: str) -> Pins | None:
     """The pins recorded when ``batch_id`` was reserved (None if it never was)."""
     return recorded_pins(lake.open(ledger_table(recipe)), batch_id)
 
@@ -186,7 +187,7 @@ class Reservation(NamedTuple):
     """A batch just reserved: its plan and the pins recorded with it."""
 
     plan: BatchPlan
-    pins: dict
+    pins: Pins
 
 
 def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> Reservation | None:
@@ -209,23 +210,23 @@ def reserve_on(
     curated_version = curated.version()
     retirements = Retirements.current(lake, recipe, curated)
     turns = lake.open("turns")
-    pins = {
-        "curated_steps": curated_version,
-        "steps": lake.version("steps"),
-        "turns": None if turns is None else turns.version(),
-        "batch_ledger": -1 if snapshot is None else snapshot.version(),
-        "batch_retired": retirements.version,
-        "open_from": retirements.open_from,
-        "announced_policy_version": highest_announced_version(lake),
-        "planned_at": now.isoformat(),
-        "recipe": recipe.model_dump(mode="json", exclude={"exports"}),
-    }
+    pins = Pins(
+        curated_steps=curated_version,
+        steps=lake.version("steps"),
+        turns=None if turns is None else turns.version(),
+        batch_ledger=-1 if snapshot is None else snapshot.version(),
+        batch_retired=retirements.version,
+        open_from=retirements.open_from,
+        announced_policy_version=highest_announced_version(lake),
+        planned_at=now,
+        recipe=recipe.model_dump(mode="json", exclude={"exports"}),
+    )
     retired = retirements.table if retirements.usable else None
     plan = plan_pinned(recipe, batch_id, pins, PinnedInputs(curated, turns, snapshot, retired))
     if not plan.ready:
         retirements.record(plan, curated_version, now)
         return None
-    recorded = json.dumps(pins)
+    recorded = pins.model_dump_json()
     rows = conform(
         plan.ledger_rows(recipe.name, now).with_columns(pins=pl.lit(recorded)), PINNED_LEDGER
     )
@@ -246,4 +247,4 @@ def reserve_on(
         ) from error
     compact(target, max_files=COMPACT_AFTER_FILES)
     retirements.record(plan, curated_version, now)  # after: it assumes the batch consumed
-    return Reservation(plan, json.loads(recorded))  # the pins as a re-plan reads them back
+    return Reservation(plan, Pins.model_validate_json(recorded))  # as a re-plan reads them

@@ -14,8 +14,8 @@ from dagster_harness import Driver, retry_reasons
 from dagster_rollouts import land_rollouts
 from deltalake import DeltaTable
 
-from assets import batch_work
 from claw_pipelines.batching import building, ledger
+from claw_pipelines.batching import release as batch_release
 from claw_pipelines.config_files import recipes
 from claw_pipelines.schemas import utc_now
 
@@ -193,7 +193,7 @@ def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monk
     exports = ExportTicks(bound, instance)
     exports.tick()
     writing, release = threading.Event(), threading.Event()
-    written_alone = batch_work.write_batch
+    written_alone = batch_release.write_batch
 
     def first_waits(lake, recipe, plan):
         if plan.batch_id == first:
@@ -201,7 +201,7 @@ def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monk
             assert release.wait(60)
         return written_alone(lake, recipe, plan)
 
-    monkeypatch.setattr(batch_work, "write_batch", first_waits)
+    monkeypatch.setattr(batch_release, "write_batch", first_waits)
     slow = threading.Thread(target=driver.materialize, args=(["batch_grpo"], first))
     slow.start()
     assert writing.wait(60)
@@ -216,15 +216,15 @@ def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monk
 
 def _fail_group_check_of(bad: str, monkeypatch) -> None:
     """The ``groups_complete`` check fails for batch ``bad`` (and passes as usual for others)."""
-    checked_alone = batch_work._group_check
+    checked_alone = batch_release.groups_complete
 
     def fails_for_bad(recipe, rows):
         result = checked_alone(recipe, rows)
         if rows.get_column("batch_id")[0] == bad:
-            return dg.AssetCheckResult(check_name=result.check_name, passed=False)
+            return result.model_copy(update={"passed": False})
         return result
 
-    monkeypatch.setattr(batch_work, "_group_check", fails_for_bad)
+    monkeypatch.setattr(batch_release, "groups_complete", fails_for_bad)
 
 
 def test_a_batch_whose_blocking_check_failed_is_not_exported(bound, instance, monkeypatch) -> None:

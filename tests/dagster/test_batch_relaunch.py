@@ -19,8 +19,9 @@ from dagster._core.storage.tags import WILL_RETRY_TAG
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
-from assets import batch_work, batches
+from assets import batches
 from claw_pipelines.batching import ledger
+from claw_pipelines.batching import release as batch_release
 from claw_pipelines.config_files import recipes
 from claw_pipelines.schemas import utc_now
 
@@ -166,7 +167,7 @@ def test_a_batch_whose_runs_keep_failing_is_relaunched_up_to_the_cap_then_logged
     def worker_killed(lake, recipe, plan):
         raise RuntimeError("worker killed")
 
-    monkeypatch.setattr(batch_work, "write_batch", worker_killed)
+    monkeypatch.setattr(batch_release, "write_batch", worker_killed)
     assert not driver.attempt(_selected(lost), partition_key=lost.partition_key).success
     _past_the_grace_period(monkeypatch)
     run_keys = []

@@ -206,9 +206,9 @@ def test_an_export_whose_write_failed_is_retried_in_its_run(
     driver: Driver, bound, monkeypatch
 ) -> None:
     """Nothing else would export a batch its own run built, so a failed write is retried."""
-    import assets.batch_work
+    from claw_pipelines.batching import release as batch_release
 
-    export_chunks, failures = assets.batch_work.export_chunks, []
+    export_chunks, failures = batch_release.export_chunks, []
 
     def fails_once(*args, **kwargs):
         if not failures:
@@ -216,7 +216,7 @@ def test_an_export_whose_write_failed_is_retried_in_its_run(
             raise failures[0]
         return export_chunks(*args, **kwargs)
 
-    monkeypatch.setattr(assets.batch_work, "export_chunks", fails_once)
+    monkeypatch.setattr(batch_release, "export_chunks", fails_once)
     land_rollouts(bound.lake, groups=4, group_size=4, steps=1)
     driver.refresh()
     (request,) = driver.tick("batch_grpo_planner").run_requests

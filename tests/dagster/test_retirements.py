@@ -9,6 +9,7 @@ from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
 from claw_pipelines.batches.names import retired_table
+from claw_pipelines.batches.pins import Pins
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.retirements import Retirements
 from claw_pipelines.config_files import recipes
@@ -58,8 +59,8 @@ def test_a_racing_planner_retires_nothing_and_a_changed_recipe_voids_all(bound, 
     Driver(bound, instance).refresh()
     recipe, curated = recipes()["grpo"], bound.lake.version("curated_steps")
     now = utc_now()
-    pins = {"curated_steps": curated, "steps": bound.lake.version("steps"),
-            "batch_ledger": -1, "planned_at": now.isoformat()}  # fmt: skip
+    pins = Pins(curated_steps=curated, steps=bound.lake.version("steps"), batch_ledger=-1,
+                planned_at=now)  # fmt: skip
     plan = ledger.plan_from_pins(bound.lake, recipe, "grpo-000001", pins)
     curated_table = bound.lake.open("curated_steps", curated)
     winner = Retirements.current(bound.lake, recipe, curated_table)

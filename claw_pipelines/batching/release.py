@@ -1,0 +1,211 @@
+"""A recipe's batch as one call each for the Dagster layer: ``build_batch`` (plan or re-plan,
+write ``batches/<recipe>``, check), ``export_batch`` (check again unless just built, write the
+export files and manifest) and ``release_ready`` (reserve, build and export every ready batch
+in turn). Each returns plain results that the assets record; a batch breaking an invariant
+raises ``BatchRefused``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import polars as pl
+from pydantic import BaseModel
+
+from claw_pipelines.batches.manifest import Manifest
+from claw_pipelines.batches.names import batches_table, export_folder, ledger_table
+from claw_pipelines.batches.pins import Pins
+from claw_pipelines.batches.rows import completed_chunks, stored_rows
+from claw_pipelines.batching import ledger
+from claw_pipelines.batching.building import planned, retired_before, write_batch
+from claw_pipelines.batching.checks import CheckOutcome, groups_complete, no_step_consumed_twice
+from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.derived_schemas import with_turn_columns
+from claw_pipelines.exporters import Destination, export_chunks
+from claw_pipelines.incremental.increment import ConcurrentRun
+from claw_pipelines.lake import Lake
+
+SAMPLE_ROWS = 8
+SAMPLE_COLUMNS = ["group_id", "trajectory_id", "step_index", "reward", "chosen_reward"]
+
+MAX_BATCHES_PER_RELEASE = 8
+"""Batches of one recipe a release builds; the next release goes on with the rest."""
+
+
+class BatchRefused(RuntimeError):
+    """A batch breaks an invariant (its re-plan differs from its reservation, it has no rows, it
+    fails a check): running it again changes nothing, a person has to look."""
+
+
+class BuiltBatch(BaseModel):
+    """A batch written to ``batches/<recipe>``, with its check outcomes."""
+
+    recipe: str
+    batch_id: str
+    planned_under: Recipe
+    """The recipe as it was when the batch was reserved (``ledger.pinned_recipe``)."""
+    recipe_edited: bool
+    """The recipe was edited since the reservation: the batch kept the one it was planned with."""
+    pins: Pins
+    rows: int
+    groups: int
+    trajectories: int
+    rewards: list[float | None]
+    """Each row's reward (dpo: the chosen reply's)."""
+    sample: list[dict[str, Any]]
+    """The first rows' ids, rewards and reply text."""
+    dropped: dict[str, int]
+    """Steps in play left out of this batch, by reason."""
+    retired: dict[str, int]
+    """Steps this plan retired for good, by reason."""
+    retired_before: int
+    """Steps earlier plans retired (left out without being read)."""
+    table_rows: int
+    table_version: int
+    table_uri: str
+    checks: list[CheckOutcome]
+    more: bool
+    """Another batch could be ready right after this one: false only when this batch was
+    reserved now and its plan left too few units for another (``BatchPlan.more``)."""
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+
+class ExportedBatch(BaseModel):
+    """A batch's export: its folder and the manifest written there last."""
+
+    batch_id: str
+    uri: str
+    manifest: Manifest
+
+
+class RaceLost(BaseModel):
+    """A planner or a UI launch reserved first: the release stops, the next one goes on."""
+
+    message: str
+
+
+def _counts(frame: pl.DataFrame, column: str) -> dict[str, int]:
+    return {str(k): n for k, n in frame.group_by(column).len().sort(column).iter_rows()}
+
+
+def _sample(lake: Lake, rows: pl.DataFrame, algorithm: str) -> list[dict[str, Any]]:
+    """The first rows with their reply's text: dpo pairs carry the chosen message, step rows
+    read theirs from ``turns`` (batches point at their turns)."""
+    rows = rows.head(SAMPLE_ROWS)
+    if algorithm == "dpo":
+        message = pl.col("chosen_message")
+    else:
+        rows = with_turn_columns(rows, lake.scan("turns"), ["response_message"])
+        message = pl.col("response_message")
+    text = message.str.json_path_match("$.content").alias("response_text")
+    return rows.select(*(c for c in SAMPLE_COLUMNS if c in rows.columns), text).to_dicts()
+
+
+def _checks(
+    lake: Lake, recipe: Recipe, rows: pl.DataFrame, turn_ids: pl.Series
+) -> list[CheckOutcome]:
+    ledger_rows = lake.scan(ledger_table(recipe.name))
+    return [groups_complete(recipe, rows), no_step_consumed_twice(ledger_rows, turn_ids)]
+
+
+def build_batch(lake: Lake, recipe: Recipe, batch_id: str) -> BuiltBatch | None:
+    """Plan, write and check ``batch_id`` (None: never reserved, and not enough ready data
+    for it). A batch re-planned from its pins must reproduce the steps its reservation
+    consumed."""
+    found = planned(lake, recipe, batch_id)
+    if found is None:
+        return None
+    plan, planned_under, pins, reserved_now = found
+    consumed = plan.consumed.get_column("turn_id").sort()
+    if not reserved_now:
+        recorded = ledger.consumed_turns(lake, recipe.name, batch_id)
+        if consumed.to_list() != recorded:
+            raise BatchRefused(f"re-planning {batch_id} from its pins did not reproduce its ledger")
+    rows = plan.planned
+    table = write_batch(lake, planned_under, plan)
+    files = pl.DataFrame(table.get_add_actions(flatten=True))
+    reward = "chosen_reward" if recipe.algorithm == "dpo" else "reward"
+    return BuiltBatch(
+        recipe=recipe.name,
+        batch_id=batch_id,
+        planned_under=planned_under,
+        recipe_edited=planned_under != recipe,
+        pins=pins,
+        rows=rows.height,
+        groups=rows.get_column("group_id").n_unique(),
+        trajectories=rows.get_column("trajectory_id").n_unique(),
+        rewards=rows.get_column(reward).to_list(),
+        sample=_sample(lake, rows, recipe.algorithm),
+        dropped=_counts(plan.dropped, "reason"),
+        retired=_counts(plan.final, "reason"),
+        retired_before=retired_before(lake, recipe.name, pins),
+        table_rows=int(files.get_column("num_records").sum()) if files.height else 0,
+        table_version=table.version(),
+        table_uri=lake.uri(batches_table(recipe.name)),
+        checks=_checks(lake, planned_under, rows, consumed),
+        more=plan.more or not reserved_now,
+    )
+
+
+def _rechecked(
+    lake: Lake, recipe: Recipe, batch_id: str, rows: pl.DataFrame
+) -> tuple[Recipe, Pins | None]:
+    """The batch's pinned recipe and pins, once its checks pass again (an export launched
+    alone is not gated by its batch's run)."""
+    pins = ledger.pins_of(lake, recipe.name, batch_id)
+    planned_under = ledger.pinned_recipe(recipe, pins)
+    consumed = pl.Series("turn_id", ledger.consumed_turns(lake, recipe.name, batch_id))
+    failed = [c.name for c in _checks(lake, planned_under, rows, consumed) if not c.passed]
+    if failed:
+        raise BatchRefused(f"batch {batch_id} fails {', '.join(failed)}: not exported")
+    return planned_under, pins
+
+
+def export_batch(
+    lake: Lake, recipe: Recipe, batch_id: str, built: BuiltBatch | None = None
+) -> ExportedBatch:
+    """Export the written ``batch_id`` under the recipe it was planned with (today's export
+    formats); ``built``: it was just built and checked, so it is not checked again."""
+    rows = stored_rows(lake, recipe.name, recipe.algorithm, batch_id)
+    if rows.is_empty():
+        raise BatchRefused(f"batch {batch_id} has no rows in {batches_table(recipe.name)}")
+    if built is None:
+        planned_under, pins = _rechecked(lake, recipe, batch_id, rows)
+    else:
+        planned_under, pins = built.planned_under, built.pins
+    out = Destination(lake.uri(export_folder(recipe.name, batch_id)), lake.storage_options)
+    manifest = export_chunks(
+        planned_under,
+        completed_chunks(lake, recipe.algorithm, rows, planned_under.layout or "step"),
+        out,
+        source_versions=json.loads(rows["source_versions"][0]),
+        planned_with=pins,
+    )
+    return ExportedBatch(batch_id=batch_id, uri=out.root, manifest=manifest)
+
+
+def release_ready(
+    lake: Lake, recipe: Recipe, limit: int = MAX_BATCHES_PER_RELEASE
+) -> Iterator[BuiltBatch | ExportedBatch | RaceLost]:
+    """Reserve, build and export ``recipe``'s ready batches, ``limit`` at most, yielding each
+    batch as built and then as exported (a batch failing its checks is not exported), so the
+    caller records each as it lands. Stops when no batch is ready, when the last plan found
+    too few units for another, or (yielding ``RaceLost``) when another run reserved first."""
+    for _ in range(limit):
+        batch_id = ledger.next_batch_id(lake, recipe.name)
+        try:
+            built = build_batch(lake, recipe, batch_id)
+        except ConcurrentRun as race:
+            yield RaceLost(message=str(race))
+            return
+        if built is None:
+            return
+        yield built
+        if built.passed:
+            yield export_batch(lake, recipe, batch_id, built)
+        if not built.more:
+            return
