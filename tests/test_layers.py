@@ -1,10 +1,15 @@
 """The layers import downward only: the library (``claw_pipelines``) imports neither the Dagster
 layer (``assets``, ``resources``) nor Dagster, every module of ``assets`` holds Dagster
-definitions, and the transforms build on the schemas, the settings and the lake alone."""
+definitions, and the transforms build on the schemas, the settings and the lake alone. A
+stored batch (``batches``: its names, manifest, pins and rows) lies below everything that
+plans, exports, trains on or shows batches, so a trainer reading a finished batch never loads
+the planner, and no module of those packages imports one that imports it back."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -14,18 +19,42 @@ BELOW_THE_TRANSFORMS = {
     "claw_pipelines.lake",
     "claw_pipelines.schemas",
     "claw_pipelines.settings",
+    "claw_pipelines.turn_prompts",
 }
+
+ABOVE_THE_BATCHES = {
+    "claw_pipelines.batching",
+    "claw_pipelines.exporters",
+    "claw_pipelines.trainer",
+    "claw_pipelines.inspector",
+    "assets",
+    "resources",
+    "dagster",
+}
+"""What ``claw_pipelines.batches`` may not import: it is the layer these build on."""
+
+BATCH_PACKAGES = ("batches", "batching", "exporters", "trainer")
 
 
 def _imported(path: Path) -> set[str]:
-    """The absolute module names ``path`` imports (anywhere in it, not only at the top)."""
+    """The absolute module names ``path`` imports (anywhere in it, not only at the top), with
+    ``package.name`` for each name a ``from package import name`` takes."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
+            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
     return names
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _within(name: str, packages: set[str]) -> bool:
+    return any(name == p or name.startswith(f"{p}.") for p in packages)
 
 
 def _packages(path: Path) -> set[str]:
@@ -49,9 +78,48 @@ def test_every_module_of_assets_holds_dagster_definitions() -> None:
 def test_the_transforms_build_on_the_schemas_and_the_lake_alone() -> None:
     for path in (REPO / "claw_pipelines" / "transforms").rglob("*.py"):
         ours = {name for name in _imported(path) if name.split(".")[0] == "claw_pipelines"}
-        above = {
-            name
-            for name in ours - BELOW_THE_TRANSFORMS
-            if not name.startswith("claw_pipelines.transforms")
-        }
+        allowed = BELOW_THE_TRANSFORMS | {"claw_pipelines.transforms"}
+        above = {name for name in ours if not _within(name, allowed)}
         assert not above, f"{path.name} imports {sorted(above)}"
+
+
+def test_the_stored_batch_imports_nothing_that_plans_exports_trains_or_shows() -> None:
+    upward = {
+        path.name: sorted(n for n in _imported(path) if _within(n, ABOVE_THE_BATCHES))
+        for path in sorted((REPO / "claw_pipelines" / "batches").rglob("*.py"))
+    }
+    assert upward and {name: above for name, above in upward.items() if above} == {}
+
+
+def test_a_trainer_reads_a_finished_batch_without_loading_the_planner() -> None:
+    """``Batch.load`` and ``BatchConsumer`` import only what reads a stored batch."""
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, claw_pipelines.trainer; print('\\n'.join(sys.modules))",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert "claw_pipelines.trainer.batch" in loaded
+    assert "claw_pipelines.batching.planner" not in loaded
+
+
+def test_no_module_of_the_batch_packages_imports_one_that_imports_it_back() -> None:
+    """No file circle (as ``batch_tables`` and ``exporters/manifest`` once were): the modules
+    of ``BATCH_PACKAGES`` reach each other along one direction only."""
+    modules = {_module(p): p for p in (REPO / "claw_pipelines").rglob("*.py")}
+    graph = {m: (_imported(p) & modules.keys()) - {m} for m, p in modules.items()}
+    ours = [m for m in modules if _within(m, {f"claw_pipelines.{p}" for p in BATCH_PACKAGES})]
+    circles = []
+    for start in ours:
+        reached, frontier = set(), set(graph[start])
+        while frontier:
+            reached |= frontier
+            frontier = set().union(*(graph[m] for m in frontier)) - reached
+        if start in reached:
+            circles.append(start)
+    assert circles == []
