@@ -6,8 +6,12 @@ that are final. ``units``: how a plan picks whole trajectories, complete groups 
 pairs. ``ledger``: reserving a plan (at most one batch per step) with the pins that re-plan it
 exactly. ``retirements``: the steps dropped for good, kept out of later plans until their data
 changes. ``building``: a batch's plan (reserved now or re-planned) written to
-``batches/<recipe>``. Nothing here needs Dagster: ``assets.batches`` and ``assets.release``
-wire it, and the inspector previews the next batch with the same planner.
+``batches/<recipe>``. ``checks``: what a written batch passes before export. ``release``: the
+one call per Dagster job (build, export, release the ready batches) with plain results. What a
+stored batch is (names, manifest, pins, rows in export order) lives below, in
+``claw_pipelines.batches``. Nothing here needs Dagster: ``assets.batches`` and
+``assets.release`` map ``release``'s results, and the inspector previews the next batch with
+the same planner.
 
 Words used throughout:
 

@@ -1,6 +1,6 @@
 """Building one batch: its plan (reserved now, or re-planned from its pins under the recipe it
-was planned with) and its rows in ``batches/<recipe>``. ``assets.batch_work`` checks and
-exports what this writes, and records both in Dagster."""
+was planned with) and its rows in ``batches/<recipe>``. ``batching.release`` checks and
+exports what this writes."""
 
 from __future__ import annotations
 
