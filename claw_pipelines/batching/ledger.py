@@ -96,9 +96,7 @@ def plan_pinned(recipe: Recipe, batch_id: str, pins: Pins, inputs: PinnedInputs)
         open_from=pins.open_from,
         batch_id=batch_id,
         latest_policy_version=lag_reference(pins.announced_policy_version, inputs.curated),
-        source_versions=pins.model_dump(
-            include={"curated_steps", "steps", "turns", "batch_ledger"}
-        ),
+        source_versions=pins.model_dump(include=SOURCE_PINS),
     )
 
 

@@ -11,6 +11,7 @@ import yaml
 from pydantic import ValidationError
 from transform_rows import SYSTEM, T0, at, chain, event, events, rewards, turn, turns
 
+from claw_pipelines.batches.pins import Pins
 from claw_pipelines.batching.ledger import pinned_recipe
 from claw_pipelines.batching.planner import final_drops, plan_batch
 from claw_pipelines.batching.recipe import PINNED, Recipe, load_recipes
@@ -310,7 +311,8 @@ def test_algorithms_without_groups_take_groups_of_one():
 def test_a_batch_planned_under_a_recipe_refused_today_re_plans_under_it():
     pinned = {**_recipe().model_dump(mode="json", exclude={"exports"}), "group_size": 1}
     assert Recipe.model_validate(pinned, context=PINNED).group_size == 1
-    assert pinned_recipe(_recipe(), {"recipe": pinned}).group_size == 1
+    pins = Pins(curated_steps=0, batch_ledger=-1, planned_at=at(0), recipe=pinned)
+    assert pinned_recipe(_recipe(), pins).group_size == 1
 
 
 def test_stale_trajectories_are_measured_against_the_newest_policy_seen():
