@@ -61,12 +61,13 @@ def _token_ids(value: Any, handler: ValidatorFunctionWrapHandler) -> list[int]:
     a token (3.5 ms on a 50k-token prompt, on the proxy's request path). A list that fails the
     whole-list check is validated item by item, so its error names the first bad item."""
     try:
-        ids = TokenIdList(_PLAIN_INTS.validate_python(value))
-        unsigned = array("I", ids)  # OverflowError below 0
+        plain = _PLAIN_INTS.validate_python(value)
+        unsigned = array("I", plain)  # OverflowError below 0; a list subclass is 6x slower
     except (ValueError, OverflowError):
         return handler(value)
     if unsigned and np.frombuffer(unsigned, dtype=np.uint32).max() >= 2**31:
         return handler(value)
+    ids = TokenIdList(plain)
     ids.int32 = unsigned.tobytes()
     return ids
 
