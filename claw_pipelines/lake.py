@@ -33,10 +33,18 @@ from claw_pipelines.lake_store import check_store, is_remote, store_options
 from claw_pipelines.schemas import LANDING_MODELS
 from claw_pipelines.settings import ClawSettings, get_settings
 
-TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true", "delta.checkpointInterval": "10"}
+TABLE_CONFIGURATION = {
+    "delta.enableChangeDataFeed": "true",
+    "delta.checkpointInterval": "10",
+    "delta.deletedFileRetentionDuration": "interval 1 hours",
+}
 """Landing and derived tables keep a change data feed so readers can take only what is new, and
 a checkpoint every 10 commits: opening a table replays at most 9 JSON commits (~6 ms instead of
-~15 ms at 25 commits), and a pipeline run opens tables a few dozen times."""
+~15 ms at 25 commits), and a pipeline run opens tables a few dozen times. A checkpoint lists the
+files removed within ``delta.deletedFileRetentionDuration``: Delta's 7 days made it list every
+file a derived table's runs replaced or compacted that week (a few a run, ~85 bytes each, read
+by every open); the only vacuums of derived tables (``drop_removed_files``) run right after the
+removal. Tables made before are set so by their next run (``keep_configured``)."""
 
 LANDING_CHECKPOINT_INTERVAL = 25
 """The landing tables take a commit per writer and commit window (a second or so), and a
@@ -373,6 +381,17 @@ def compact(
     if len(delta_table.file_uris()) > max_files:
         with contextlib.suppress(CommitFailedError):
             delta_table.optimize.compact(writer_properties=writer_properties)
+
+
+def keep_configured(delta_table: DeltaTable, lake: Lake) -> None:
+    """Set the ``TABLE_CONFIGURATION`` properties ``delta_table`` (a derived table) lacks or
+    holds otherwise: one commit the first time, nothing after (its metadata is in memory)."""
+    configured = delta_table.metadata().configuration
+    if any(configured.get(key) != value for key, value in TABLE_CONFIGURATION.items()):
+        with contextlib.suppress(CommitFailedError):  # another run set them first
+            delta_table.alter.set_table_properties(
+                TABLE_CONFIGURATION, commit_properties=lake.commit_properties()
+            )
 
 
 def drop_removed_files(delta_table: DeltaTable, keep_versions: list[int] | None = None) -> None:

@@ -31,7 +31,7 @@ from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.derived_schemas import CLOSED_TAILS, OPEN_STATE, conform, empty, fit
 from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER
-from claw_pipelines.lake import Lake, column_bound, compact, drop_removed_files
+from claw_pipelines.lake import Lake, column_bound, compact, drop_removed_files, keep_configured
 from claw_pipelines.schemas import utc_now
 
 TABLE = "steps_tails"
@@ -147,6 +147,7 @@ class ClosedTails:
             with contextlib.suppress(CommitFailedError):
                 table.delete(f"closed_at < '{cutoff.isoformat()}'")
         compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
+        keep_configured(table, self.lake)
         drop_removed_files(table)
 
 

@@ -50,6 +50,7 @@ from claw_pipelines.lake import (
     changes,
     compact,
     drop_removed_files,
+    keep_configured,
     sql_in,
     watermark_app,
     within_keys,
@@ -314,6 +315,7 @@ class Increment:
         self._chunks_written += not watermark
         if watermark:
             compact(target, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
+            keep_configured(target, self.lake)
         return target
 
     def predates(self, schema: pa.Schema) -> bool:
@@ -358,6 +360,7 @@ class Increment:
         """Overwrite the carried-over state, tagged with this run's watermark; returns the
         state table's version holding it."""
         target = self.lake.ensure(state_table, schema)
+        keep_configured(target, self.lake)
         write_deltalake(
             target,
             conform(state, schema),

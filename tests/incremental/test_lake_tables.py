@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from claw_pipelines.derived_schemas import EXTRACTED_STEPS, TOKEN_COLUMNS
-from claw_pipelines.incremental.increment import WRITER
-from claw_pipelines.lake import Lake, changes, column_bound, compact, keyed
+from claw_pipelines.incremental.increment import WRITER, Increment
+from claw_pipelines.lake import TABLE_CONFIGURATION, Lake, changes, column_bound, compact, keyed
 
 
 def test_keyed_reads_exactly_the_keys_across_files(tmp_path: Path) -> None:
@@ -98,3 +98,25 @@ def test_a_change_feed_read_holds_the_rows_columns_and_on_request_their_version(
     assert every.columns == ["id", "_commit_version"]
     assert dict(every.iter_rows()) == {"a": first, "b": last}
     assert changes(table, last, last) is None
+
+
+def test_a_derived_table_made_before_lists_removed_files_for_an_hour_after_its_next_run(
+    tmp_path: Path,
+) -> None:
+    """A derived table created with Delta's 7-day tombstone retention takes the hour on its
+    next run's commit (its checkpoints then stop listing older removed files), keeps its rows,
+    and later runs commit nothing more for it."""
+    lake = Lake(str(tmp_path / "lake"))
+    lake.append("source", pa.table({"trajectory_id": ["t-1", "t-2"]}))
+    retention = "delta.deletedFileRetentionDuration"
+    old = {k: v for k, v in TABLE_CONFIGURATION.items() if k != retention}
+    lake.ensure("summary", pa.schema([("trajectory_id", pa.string())]), old)
+    versions = []
+    for run in range(2):
+        increment = Increment.begin(lake, "summary", "summary", ["source"])
+        written = increment.commit(increment.new_rows("source", ["trajectory_id"]).to_arrow())
+        assert written.metadata().configuration[retention] == "interval 1 hours"
+        versions.append(written.version())
+        lake.append("source", pa.table({"trajectory_id": [f"t-{run + 3}"]}))
+    assert versions[1] == versions[0] + 1  # the second run's own commit only
+    assert sorted(lake.scan("summary").collect()["trajectory_id"]) == ["t-1", "t-2", "t-3"]
