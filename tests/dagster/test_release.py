@@ -12,6 +12,16 @@ from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
 from assets.landing import REFRESH
+from claw_pipelines.batching import ledger
+from claw_pipelines.batching.release import (
+    BatchRefused,
+    BuiltBatch,
+    ExportedBatch,
+    build_batch,
+    export_batch,
+    release_ready,
+)
+from claw_pipelines.config_files import recipes
 
 
 def _queued_refresh(
@@ -102,3 +112,24 @@ def test_the_release_plans_no_batch_its_last_plan_left_too_few_groups_for(
     released = result.asset_materializations_for_node("release_grpo")[-1].metadata["batches"]
     assert released.value == [f"grpo-{n:06d}" for n in range(1, batches + 1)]
     assert planned == released.value
+
+
+def test_a_batch_is_one_library_call_with_plain_results(bound, instance, monkeypatch):
+    """``release_ready`` yields each batch built (checks passed) and then exported; building it
+    again re-plans it from its pins; a re-plan that differs from the ledger, or an export of a
+    batch with no rows, is refused."""
+    land_rollouts(bound.lake, groups=4, group_size=4, steps=1, seed=8)
+    Driver(bound, instance).refresh()
+    grpo = recipes()["grpo"]
+    built, exported = release_ready(bound.lake, grpo)
+    assert isinstance(built, BuiltBatch) and isinstance(exported, ExportedBatch)
+    assert (built.batch_id, built.groups, built.rows, built.passed) == ("grpo-000001", 4, 16, True)
+    assert [c.name for c in built.checks] == ["groups_complete", "no_step_consumed_twice"]
+    assert exported.manifest.planned_with == built.pins and exported.manifest.rows == 16
+    again = build_batch(bound.lake, grpo, "grpo-000001")
+    assert again.pins == built.pins and again.rows == 16 and not again.recipe_edited
+    monkeypatch.setattr(ledger, "consumed_turns", lambda *args: ["another-turn"])
+    with pytest.raises(BatchRefused, match="did not reproduce its ledger"):
+        build_batch(bound.lake, grpo, "grpo-000001")
+    with pytest.raises(BatchRefused, match="has no rows"):
+        export_batch(bound.lake, grpo, "grpo-000009")
