@@ -11,7 +11,11 @@ One pass (``maintain_lake``) per table, in this order:
 3. writes a checkpoint at the version after the merge, which lists the few merged files, so an
    open reads that and the commits after it, however old the table;
 4. deletes the log entries and checkpoints older than ``log_retention_minutes`` and than that
-   checkpoint (``cleanup_metadata``);
+   checkpoint (``cleanup_metadata``), and, however young, every checkpoint a newer one
+   superseded minutes ago (``drop_superseded_checkpoints``): an open reads the latest one only
+   and readers of what is new read the entries themselves, while a checkpoint every 25
+   commits, listing every small file since the last merge with its statistics, made up most
+   of a small table's log;
 5. vacuums the files merged away more than ``vacuum_retention_hours`` ago, then those no
    version refers to any more (the checkpoints list removed files for the log retention only,
    ``Retention.properties``) written that long ago, and at least ``UNCOMMITTED_HOURS`` (a
@@ -39,15 +43,18 @@ point leaves the table as the last step it finished left it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import random
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from deltalake import DeltaTable
 from deltalake.fs import DeltaStorageHandler
+from pyarrow.fs import FileSelector
 from pydantic import BaseModel, ConfigDict, Field
 
 from claw_pipelines.lake import (
@@ -84,6 +91,10 @@ reads the log entries since its version on its next commit."""
 UNCOMMITTED_HOURS = 1
 """The full vacuum never takes a file written within this for an orphan: a writer's file is
 referenced by no version until its commit lands."""
+
+SUPERSEDED_AFTER = timedelta(minutes=MIN_LOG_RETENTION_MINUTES)
+"""How long a checkpoint stays after a newer one was written (``drop_superseded_checkpoints``):
+well past a writer handle's life."""
 
 CLOCK_SKEW = timedelta(minutes=1)
 """How far the writers' clocks (commit timestamps) and the store's (log entries' ages) may
@@ -188,6 +199,29 @@ def _renew(lease: Lease) -> None:
         raise LeaseLost(f"{lease.holder} lost the maintenance lease")
 
 
+def drop_superseded_checkpoints(lake: Lake, table: DeltaTable, now: datetime) -> int:
+    """Delete each checkpoint whose successor was written ``SUPERSEDED_AFTER`` ago (how many).
+    Opening the latest version reads the latest checkpoint and the entries after it, and a
+    change-data-feed read of the landing tables reads the entries of its versions
+    (``appended.appended_rows``), so only a handle opened before the successor was written
+    reads the older one again (delta-rs reads a snapshot's checkpoint lazily, e.g. for an app
+    transaction); a writer re-opens its handle within ``lake.REOPEN_AFTER_S``."""
+    store = DeltaStorageHandler(table.table_uri, lake.storage_options or None)
+    checkpoints = sorted(
+        (int(Path(entry.path).name.split(".")[0]), entry.path, entry.mtime)
+        for entry in store.get_file_info_selector(FileSelector("_delta_log"))
+        if ".checkpoint." in Path(entry.path).name
+    )
+    superseded = [
+        path
+        for (_, path, _), (_, _, successor_written) in itertools.pairwise(checkpoints)
+        if successor_written is not None and now - successor_written > SUPERSEDED_AFTER
+    ]
+    for path in superseded:
+        store.delete_file(path)
+    return len(superseded)
+
+
 def maintain_table(
     lake: Lake, name: str, table: DeltaTable, retention: Retention, lease: Lease
 ) -> TablePass:
@@ -219,6 +253,7 @@ def maintain_table(
         dry_run=False,
         full=True,
     )
+    drop_superseded_checkpoints(lake, table, now)
     return TablePass(name, before, len(table.file_uris()), len(deleted), log_cleaned, unread_since)
 
 

@@ -20,9 +20,11 @@ import pytest
 from claw_pipelines.lake import Lake, changes, data_commits, watermark_app
 from claw_pipelines.lease import Lease
 from claw_pipelines.maintenance import (
+    SUPERSEDED_AFTER,
     LeaseLost,
     Maintainer,
     Retention,
+    drop_superseded_checkpoints,
     maintain_lake,
     maintain_table,
 )
@@ -136,6 +138,26 @@ def test_checkpoints_list_removed_files_for_the_log_retention_only(tmp_path: Pat
     (done,) = maintain_lake(lake, short, Lease(lake, "proxy-1", 60))
     assert done.vacuumed == 40 and _data_files(lake) == 1
     assert _turn_ids(lake) == [f"turn-{i:06d}" for i in range(40)]
+
+
+def test_checkpoints_superseded_minutes_ago_are_deleted_however_young(tmp_path: Path) -> None:
+    """A checkpoint every 25 commits made up most of a small table's log. A pass deletes each
+    checkpoint whose successor is older than ``SUPERSEDED_AFTER`` (a handle opened before it
+    may still read it), keeps the latest, and the table opens and reads whole."""
+    lake = Lake(str(tmp_path / "lake"))
+    _land(lake, 80)  # checkpoints at 24, 49 and 74
+    log = Path(lake.uri("turns"), "_delta_log")
+    checkpoints = sorted(log.glob("*.checkpoint.parquet"))
+    assert len(checkpoints) == 3
+    then = time.time() - SUPERSEDED_AFTER.total_seconds() - 60
+    for checkpoint in checkpoints[:2]:  # 74 stays young: 49 is superseded only just now
+        os.utime(checkpoint, (then, then))
+    assert drop_superseded_checkpoints(lake, lake.open("turns"), utc_now()) == 1
+    assert sorted(log.glob("*.checkpoint.parquet")) == checkpoints[1:]
+    assert len(_turn_ids(lake)) == 80
+    maintain_lake(lake, NOW, Lease(lake, "proxy-1", 60))  # its checkpoint supersedes 74 now
+    assert len(list(log.glob("*.checkpoint.parquet"))) == 3  # 49, 74 and the pass's own
+    assert len(_turn_ids(lake)) == 80
 
 
 def _read_up_to(lake: Lake, version: int) -> None:
