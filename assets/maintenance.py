@@ -58,8 +58,8 @@ class LandingMaintenanceConfig(dg.Config):
 
 @dg.op(
     description="Compact each landing table holding more than COMPACT_AFTER_FILES files, write "
-    "a checkpoint, delete the expired log and vacuum the files merged away longer than the "
-    "retention ago, under the lake's maintenance lease."
+    "a checkpoint, delete the expired log and the superseded checkpoints and vacuum the files "
+    "merged away longer than the retention ago, under the lake's maintenance lease."
 )
 def maintain_landing_tables(
     context: dg.OpExecutionContext, config: LandingMaintenanceConfig, lake: LakeResource
