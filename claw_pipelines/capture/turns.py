@@ -11,13 +11,13 @@ a 200 whose row never lands or a 500 after its row landed.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
-from pydantic_core import to_json
 
 from claw_pipelines.capture.identity import IDENTITY_FIELDS, TurnIdentity
 from claw_pipelines.capture.redact import Redactor
@@ -76,11 +76,10 @@ def require_choices(response: object) -> list[Any]:
 
 
 def scrubbed_json(value: object, redactor: Redactor) -> str | None:
-    """``value`` as JSON text with secrets scrubbed (None stays None). Written by pydantic's
-    serializer: a 50k-token request's messages in 0.1 ms, where ``json.dumps`` took 0.4 ms."""
+    """``value`` as JSON text with secrets scrubbed (None stays None)."""
     if value is None:
         return None
-    return to_json(redactor.data(value), fallback=str).decode()
+    return json.dumps(redactor.data(value), ensure_ascii=False, default=str)
 
 
 def field_of(obj: object, name: str) -> Any:
