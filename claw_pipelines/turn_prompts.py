@@ -23,6 +23,8 @@ PROMPT_REFERENCE = (REFERENCE, PREFIX_LEN, PROMPT_LEN)
 """The columns that say what a stored prompt refers to, and how long it is whole."""
 TEXTS = ("request_messages", "request_tools", "api_request")
 STORED_COLUMNS = (PROMPT, *TEXTS)
+_SHARE = {PROMPT: PREFIX_LEN, **{text: f"{text}_shared" for text in TEXTS}}
+"""The column that says how much of each stored column a turn shares with its reference."""
 """The columns a turn may store as a difference."""
 
 _INPUTS = {
@@ -49,7 +51,10 @@ def read_columns(columns: list[str], available: list[str]) -> list[str]:
 def with_whole_prompts(
     rows: pl.DataFrame, landed: pl.LazyFrame | pl.DataFrame | None
 ) -> pl.DataFrame:
-    """``rows`` of ``turns`` (read with ``read_columns``) with their stored columns whole.
+    """``rows`` of ``turns`` (read with ``read_columns``) with their stored columns whole, and
+    those columns' shares (``prompt_prefix_len``, ``<text>_shared``) null, as for a turn stored
+    whole: a reader given these rows never applies a reference twice. ``prompt_prefix_turn_id``
+    still names the turn it extended.
 
     Referenced turns missing from ``rows`` are read from ``landed``: the earlier turns of the
     referring rows' trajectories. Raises ``BrokenReference`` rather than return an inexact
@@ -63,7 +68,11 @@ def with_whole_prompts(
     for name in rebuilt:
         whole = _whole_column(pool, name, wanted)
         placed = placed.join(whole, on="turn_id", how="left", maintain_order="left")
-    return rows.with_columns(placed.get_column(name) for name in rebuilt)
+    shares = [_SHARE[name] for name in rebuilt if _SHARE[name] in rows.columns]
+    return rows.with_columns(
+        *(placed.get_column(name) for name in rebuilt),
+        *(pl.lit(None, rows.schema[share]).alias(share) for share in shares),
+    )
 
 
 def whole_prompts(
