@@ -1,7 +1,9 @@
 """Access to the Delta Lake tables under one lake root (local path or object-store URI).
 
-Every reader and writer in the project goes through ``Lake``, so table locations, storage options,
-commit retries and the change-data-feed reads are decided in one place.
+Tables are located and opened through ``Lake``, so locations, storage options, commit retries
+and the change-data-feed reads are decided in one place. Landing rows are appended by
+``TableWriter``; the derived tables' writes still call ``write_deltalake`` themselves, on handles
+``Lake`` opened (``incremental``, ``batching``, ``lease``).
 """
 
 from __future__ import annotations
