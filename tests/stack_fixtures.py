@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 import anthropic
 import openai
 import polars as pl
+import psutil
 
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import Service, free_port, stop_group
@@ -96,6 +98,22 @@ class CaptureStack:
 
 
 CLI = [sys.executable, "-m", "claw_pipelines.cli"]
+
+
+def stopped_by_ctrl_c(up: Service, children: list[psutil.Process]) -> list[int]:
+    """Ctrl-C ``claw up`` as a user would; the pids of its ``children`` still running after."""
+    os.kill(up.pid, signal.SIGINT)
+    up.process.wait(timeout=120)
+    time.sleep(1)
+    return [p.pid for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def kill_leftovers(up: Service, children: list[psutil.Process]) -> None:
+    """Whatever of ``claw up`` a failed test left running."""
+    stop_group(up.process, grace_s=5)
+    for child in children:
+        if child.is_running():
+            child.kill()
 
 
 def refused_start(workdir: Path, *args: str, env: dict[str, str] | None = None) -> str:

@@ -6,7 +6,6 @@ to the proxy."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,12 +16,13 @@ import httpx
 import polars as pl
 import psutil
 import pytest
+from stack_fixtures import kill_leftovers, stopped_by_ctrl_c
 from typer.testing import CliRunner
 
 from claw_pipelines.cli import app
 from claw_pipelines.demo_trainer import CONSUMER
 from claw_pipelines.lake import Lake
-from claw_pipelines.processes import free_port, start_service, stop_group
+from claw_pipelines.processes import free_port, start_service
 from claw_pipelines.settings import LOCAL_MASTER_KEY
 
 CLI = [sys.executable, "-m", "claw_pipelines.cli"]
@@ -83,16 +83,10 @@ def test_claw_up_demo_batch_and_clean_stop(tmp_path: Path) -> None:
         assert sorted(announced["version"]) == [1, 2]
         assert_next_turn_carries_version(proxy_url, lake, 2)
 
-        os.kill(up.pid, signal.SIGINT)
-        up.process.wait(timeout=120)
-        time.sleep(1)
-        left = [p.pid for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left = stopped_by_ctrl_c(up, children)
         assert not left, f"processes left running after Ctrl-C: {left}"
     finally:
-        stop_group(up.process, grace_s=5)
-        for child in children:
-            if child.is_running():
-                child.kill()
+        kill_leftovers(up, children)
 
 
 def assert_next_turn_carries_version(proxy_url: str, lake: Lake, version: int) -> None:

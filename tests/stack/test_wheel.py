@@ -9,7 +9,6 @@ the wheel without dependencies, as ``make`` does with the checkout."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,8 +17,9 @@ from pathlib import Path
 import httpx
 import psutil
 import yaml
+from stack_fixtures import kill_leftovers, stopped_by_ctrl_c
 
-from claw_pipelines.processes import free_port, start_service, stop_group
+from claw_pipelines.processes import free_port, start_service
 
 REPO = Path(__file__).resolve().parents[2]
 UV = Path(sys.executable).parent / "uv"
@@ -116,13 +116,7 @@ def test_a_wheel_installed_in_a_fresh_venv_runs_claw_up_in_an_empty_folder(tmp_p
         assert {"turns", "steps", f"batch_{RECIPE}", f"export_{RECIPE}"} <= assets
         assert "batch_grpo" not in assets  # the user's batches.yaml replaced the shipped one
 
-        os.kill(up.pid, signal.SIGINT)
-        up.process.wait(timeout=120)
-        time.sleep(1)
-        left = [p.pid for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left = stopped_by_ctrl_c(up, children)
         assert not left, f"processes left running after Ctrl-C: {left}"
     finally:
-        stop_group(up.process, grace_s=5)
-        for child in children:
-            if child.is_running():
-                child.kill()
+        kill_leftovers(up, children)
