@@ -28,7 +28,6 @@ from deltalake import (
 )
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
-from pyarrow.fs import FileType
 
 from claw_pipelines.appended import appended_rows
 from claw_pipelines.lake_store import check_store, is_remote, store_options
@@ -147,11 +146,13 @@ class Lake:
 
     def files_exist(self, paths: list[str]) -> list[bool]:
         """Whether each of ``paths`` (relative to the root) is a file, through delta-rs's store,
-        local or object store alike."""
-        if not paths:
-            return []
-        store = DeltaStorageHandler(self.root_uri, self._options())
-        return [info.type == FileType.File for info in store.get_file_info(paths)]
+        local or object store alike: one HEAD each on an object store (``get_file_info`` adds a
+        LIST for every path it does not find, and these are mostly polls that find nothing)."""
+        try:
+            store = DeltaStorageHandler(self.root_uri, self._options())
+        except TableNotFoundError:  # a local lake nothing was written to yet
+            return [False] * len(paths)
+        return [_is_file(store, path) for path in paths]
 
     def _options(self) -> dict[str, str] | None:
         return self.storage_options or None
@@ -482,6 +483,14 @@ def _inserted(
         predicate="_change_type = 'insert'",
     )
     return pl.DataFrame(reader.read_all())
+
+
+def _is_file(store: DeltaStorageHandler, path: str) -> bool:
+    try:
+        store.open_input_file(path).close()
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+    return True
 
 
 REOPEN_AFTER_S = 60.0

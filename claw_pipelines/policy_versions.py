@@ -102,18 +102,23 @@ def _commit_file(version: int) -> str:
 class PolicyLog:
     """Follows ``policy_versions`` cheaply: a poll asks whether the Delta log's next commit file
     exists (one stat, or one HEAD on an object store) and reads only the commits made since.
-    Until the table exists a poll tries to open it (a failed open costs about as little); the
-    first that finds it reads its snapshot, so a proxy started late adopts the state at once."""
+    The first poll opens the table, so a proxy started late adopts its state at once; while it
+    does not exist, a poll asks the same of its first commit file: an open lists the log, which
+    a fleet of proxies polling four times a second would make most of an object store's load."""
 
     def __init__(self, lake: Lake) -> None:
         self.lake = lake
         self.state = PolicyState()
         self._table: DeltaTable | None = None
         self._newest: pl.DataFrame | None = None
+        self._tried_open = False
 
     def poll(self) -> bool:
         """Fold in what was committed since the last poll; whether the state changed."""
         if self._table is None:
+            if self._tried_open and not self.lake.files_exist([_commit_file(0)])[0]:
+                return False
+            self._tried_open = True
             self._table = self.lake.open(TABLE)
             rows = None if self._table is None else pl.scan_delta(self._table)
         elif self.lake.files_exist([_commit_file(self._table.version() + 1)])[0]:
