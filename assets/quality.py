@@ -3,40 +3,24 @@
 import dagster as dg
 import polars as pl
 
-from assets.automation import on_new_data
-from assets.checks import schema_spec, schema_unchanged
-from assets.landing import OWNERS
-from assets.metadata import counts, declared_columns, histogram, sample, written_metadata
-from assets.races import retried_when_raced
-from assets.rewards import rewarded_steps
+from assets.incremental import Refreshed, incremental_asset
+from assets.metadata import counts, histogram, sample
 from claw_pipelines.config_files import quality_config
 from claw_pipelines.derived_schemas import CURATED_STEPS, SCORED_STEPS, empty
 from claw_pipelines.incremental.increment import Increment, trajectory_ids
 from claw_pipelines.policy_versions import highest_announced_version, lag_reference
 from claw_pipelines.transforms.curation import curate_steps
 from claw_pipelines.transforms.quality import score_steps
-from resources.lake import LakeResource
 
 
-@dg.asset(
-    group_name="quality",
-    kinds={"deltalake", "polars"},
-    owners=OWNERS,
-    deps=[rewarded_steps],
-    automation_condition=on_new_data(),
-    pool="claw_scored_steps",
-    check_specs=[schema_spec("scored_steps")],
-    metadata=declared_columns(SCORED_STEPS),
-)
-@retried_when_raced
-def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
+@incremental_asset("scored_steps", sources=["rewarded_steps"], schema=SCORED_STEPS, group="quality")
+def scored_steps(context: dg.AssetExecutionContext, increment: Increment) -> Refreshed:
     """A quality score in [0, 1] per step and the reasons that lowered it.
 
     Signals and weights come from assets/quality.yaml; trajectories re-credited upstream are
     re-scored and their rows replaced. Token signals come from what the step extractor stored
     (``SIGNAL_COLUMNS``), or else from the rows' token lists read from ``turns``.
     """
-    increment = Increment.begin(lake.lake(), "scored_steps", "scored_steps", ["rewarded_steps"])
     affected = trajectory_ids(increment.new_rows("rewarded_steps", ["trajectory_id"]))
     latest_policy = None
     if affected.len():
@@ -63,9 +47,10 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     reasons = summary.select(
         pl.col("quality_reasons").explode(empty_as_null=False).alias("reason")
     ).drop_nulls()
-    return dg.MaterializeResult(
+    return Refreshed(
+        written.table,
+        summary.height,
         metadata={
-            **written_metadata(increment, written.table, summary.height),
             "sample": sample(
                 written.head,
                 [
@@ -80,29 +65,17 @@ def scored_steps(context: dg.AssetExecutionContext, lake: LakeResource):
             "quality_distribution": histogram(summary.get_column("quality_score")),
             "quality_reasons": dg.MetadataValue.json(counts(reasons, "reason")),
         },
-        check_results=[schema_unchanged(written.table, SCORED_STEPS)],
     )
 
 
-@dg.asset(
-    group_name="curation",
-    kinds={"deltalake", "polars"},
-    owners=OWNERS,
-    deps=[scored_steps, "labels"],
-    automation_condition=on_new_data(),
-    pool="claw_curated_steps",
-    check_specs=[schema_spec("curated_steps")],
-    metadata=declared_columns(CURATED_STEPS),
+@incremental_asset(
+    "curated_steps", sources=["scored_steps", "labels"], schema=CURATED_STEPS, group="curation"
 )
-@retried_when_raced
-def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):
+def curated_steps(context: dg.AssetExecutionContext, increment: Increment) -> Refreshed:
     """Scored steps with human labels applied (latest wins): label, trainable flag, tags.
 
     A new label re-curates only the trajectory it targets; batches read this table.
     """
-    increment = Increment.begin(
-        lake.lake(), "curated_steps", "curated_steps", ["scored_steps", "labels"]
-    )
     rescored = increment.new_rows("scored_steps", ["trajectory_id"])
     labelled = _labelled_trajectories(increment, increment.new_rows("labels"))
     affected = trajectory_ids(rescored, labelled)
@@ -115,9 +88,10 @@ def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     written = increment.recompute(affected, build, CURATED_STEPS, ["trainable", "quality_label"])
     summary = written.summary
     context.log.info("%d steps curated", summary.height)
-    return dg.MaterializeResult(
+    return Refreshed(
+        written.table,
+        summary.height,
         metadata={
-            **written_metadata(increment, written.table, summary.height),
             "sample": sample(
                 written.head,
                 [
@@ -133,7 +107,6 @@ def curated_steps(context: dg.AssetExecutionContext, lake: LakeResource):
             "trainable_share": float(summary["trainable"].mean()) if summary.height else None,
             "quality_labels": dg.MetadataValue.json(counts(summary, "quality_label")),
         },
-        check_results=[schema_unchanged(written.table, CURATED_STEPS)],
     )
 
 

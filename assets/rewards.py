@@ -3,35 +3,25 @@
 import dagster as dg
 import polars as pl
 
-from assets.automation import on_new_data
-from assets.checks import schema_spec, schema_unchanged
-from assets.landing import OWNERS
-from assets.metadata import declared_columns, histogram, sample, written_metadata
-from assets.races import retried_when_raced
-from assets.steps import steps
+from assets.incremental import Refreshed, incremental_asset
+from assets.metadata import histogram, sample
 from claw_pipelines.config_files import reward_config
 from claw_pipelines.derived_schemas import REWARDED_STEPS, STEPS, with_turn_columns
 from claw_pipelines.incremental.increment import Increment, trajectory_ids
 from claw_pipelines.lake import Lake
 from claw_pipelines.transforms.reward_rules import ModelJudge, openai_judge
 from claw_pipelines.transforms.rewards import affected_trajectories, reward_steps
-from resources.lake import LakeResource
 
 REWARD_SAMPLE = ["trajectory_id", "step_index", "reward", "reward_sources", "response_text"]
 
 
-@dg.asset(
-    group_name="rewards",
-    kinds={"deltalake", "polars"},
-    owners=OWNERS,
-    deps=[steps, "rewards", "trajectory_events", "trajectory_registrations"],
-    automation_condition=on_new_data(),
-    pool="claw_rewarded_steps",
-    check_specs=[schema_spec("rewarded_steps")],
-    metadata=declared_columns(REWARDED_STEPS),
+@incremental_asset(
+    "rewarded_steps",
+    sources=["steps", "rewards", "trajectory_events", "trajectory_registrations"],
+    schema=REWARDED_STEPS,
+    group="rewards",
 )
-@retried_when_raced
-def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
+def rewarded_steps(context: dg.AssetExecutionContext, increment: Increment) -> Refreshed:
     """Steps with their credited reward; late rewards and registrations (ground truth for the
     rule rewards) re-credit their trajectory on arrival.
 
@@ -39,8 +29,6 @@ def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     steps and rewards) and their rows replaced, so a reward that lands a day late still reaches
     the next batch without reprocessing the table.
     """
-    sources = ["steps", "rewards", "trajectory_events", "trajectory_registrations"]
-    increment = Increment.begin(lake.lake(), "rewarded_steps", "rewarded_steps", sources)
     identity = ["turn_id", "trajectory_id", "group_id"]
     new_steps = increment.new_rows("steps", identity)
     new_rewards = increment.new_rows("rewards")
@@ -72,16 +60,16 @@ def rewarded_steps(context: dg.AssetExecutionContext, lake: LakeResource):
     written = increment.recompute(affected, build, REWARDED_STEPS, ["reward", "reward_present"])
     summary = written.summary
     context.log.info("%d trajectories re-credited (%d steps)", len(affected), summary.height)
-    return dg.MaterializeResult(
+    return Refreshed(
+        written.table,
+        summary.height,
         metadata={
-            **written_metadata(increment, written.table, summary.height),
             "sample": sample(written.head, REWARD_SAMPLE, increment.lake.scan("turns")),
             "reward_distribution": histogram(summary.get_column("reward")),
             "reward_present_share": (
                 float(summary["reward_present"].mean()) if summary.height else None
             ),
         },
-        check_results=[schema_unchanged(written.table, REWARDED_STEPS)],
     )
 
 

@@ -7,18 +7,10 @@ import dagster as dg
 import polars as pl
 from deltalake import DeltaTable
 
-from assets.automation import on_new_data, on_new_data_or_idle_sweep
-from assets.checks import (
-    STEP_CHECKS,
-    logprobs_aligned,
-    misaligned_logprobs,
-    schema_spec,
-    schema_unchanged,
-    unique_step_ids,
-)
-from assets.landing import OWNERS
-from assets.metadata import counts, declared_columns, histogram, sample, written_metadata
-from assets.races import retried_when_raced
+from assets.automation import on_new_data_or_idle_sweep
+from assets.checks import STEP_CHECKS, logprobs_aligned, misaligned_logprobs, unique_step_ids
+from assets.incremental import Refreshed, incremental_asset
+from assets.metadata import counts, histogram, sample
 from claw_pipelines.config_files import quality_config
 from claw_pipelines.derived_schemas import (
     OPEN_STATE,
@@ -36,7 +28,6 @@ from claw_pipelines.transforms.trajectories import (
     SUMMARIZED_COLUMNS,
     summarize_trajectories,
 )
-from resources.lake import LakeResource
 
 STEP_SAMPLE = ["trajectory_id", "step_index", "is_last", "token_source", "response_text"]
 
@@ -48,18 +39,17 @@ class StepsConfig(dg.Config):
     reopen_window_s: float = 86_400.0
 
 
-@dg.asset(
-    group_name="steps",
-    kinds={"deltalake", "polars"},
-    owners=OWNERS,
-    deps=["turns", "trajectory_events"],
+@incremental_asset(
+    "steps",
+    sources=["turns", "trajectory_events"],
+    schema=STEPS,
+    group="steps",
+    checks=STEP_CHECKS,
     automation_condition=on_new_data_or_idle_sweep(),
-    pool="claw_steps",
-    check_specs=STEP_CHECKS,
-    metadata=declared_columns(STEPS),
 )
-@retried_when_raced
-def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeResource):
+def steps(
+    context: dg.AssetExecutionContext, increment: Increment, config: StepsConfig
+) -> Refreshed:
     """Turns of closed trajectories as ordered steps, with prefix-consistency per step.
 
     A step points at its turn (turn_id, started_at, source_version) instead of copying its
@@ -74,7 +64,6 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     holding its last new turn), one commit each; only the last moves the watermark, and each
     replaces its step ids, so re-running after a crash part-way cannot duplicate steps.
     """
-    increment = Increment.begin(lake.lake(), "steps", "steps", ["turns", "trajectory_events"])
     tails = ClosedTails.for_attempt(
         increment.lake, increment.run, increment.attempt, increment.committed_attempt
     )
@@ -86,23 +75,23 @@ def steps(context: dg.AssetExecutionContext, config: StepsConfig, lake: LakeReso
     new_steps = pl.concat(run.written) if run.written else None
     rows = 0 if new_steps is None else new_steps.height
     context.log.info("%d new steps, %d turns still open", rows, run.open_turns)
-    metadata = {
-        "open_turns": run.open_turns,
-        "sample": sample(new_steps, ["step_id", *STEP_SAMPLE]),
-        "prefix_consistent_share": float(new_steps["prefix_consistent"].mean()) if rows else None,
-    }
-    if run.table is not None:
-        metadata.update(written_metadata(increment, run.table, rows))
     checked = (
         new_steps
         if new_steps is not None
         else pl.DataFrame(schema={"step_id": pl.String, "logprobs_misaligned": pl.Boolean})
     )
     table = None if run.table is None else pl.scan_delta(run.table)
-    return dg.MaterializeResult(
-        metadata=metadata,
-        check_results=[
-            schema_unchanged(run.table, STEPS),
+    return Refreshed(
+        run.table,
+        rows,
+        metadata={
+            "open_turns": run.open_turns,
+            "sample": sample(new_steps, ["step_id", *STEP_SAMPLE]),
+            "prefix_consistent_share": (
+                float(new_steps["prefix_consistent"].mean()) if rows else None
+            ),
+        },
+        checks=[
             unique_step_ids(table, checked.get_column("step_id")),
             logprobs_aligned(checked),
         ],
@@ -176,26 +165,18 @@ def _extract(
     return run
 
 
-@dg.asset(
-    group_name="steps",
-    kinds={"deltalake", "polars"},
-    owners=OWNERS,
-    deps=[steps, "trajectory_events"],
-    automation_condition=on_new_data(),
-    pool="claw_trajectories",
+@incremental_asset(
+    "trajectories",
+    sources=["steps", "trajectory_events"],
+    schema=TRAJECTORIES,
+    group="steps",
     op_tags={"dagster/priority": "-1"},  # off the way to a batch: after the releases in a run
-    check_specs=[schema_spec("trajectories")],
-    metadata=declared_columns(TRAJECTORIES),
 )
-@retried_when_raced
-def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
+def trajectories(context: dg.AssetExecutionContext, increment: Increment) -> Refreshed:
     """One summary row per trajectory: steps, tokens, duration, outcome, prefix-tree saving.
 
     Recomputes only the trajectories touched by new steps or events and replaces their rows.
     """
-    increment = Increment.begin(
-        lake.lake(), "trajectories", "trajectories", ["steps", "trajectory_events"]
-    )
     affected = trajectory_ids(
         increment.new_rows("steps", ["trajectory_id"]),
         increment.new_rows("trajectory_events", ["trajectory_id"]),
@@ -214,9 +195,10 @@ def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
     )
     summary = written.summary
     context.log.info("%d trajectories recomputed", summary.height)
-    return dg.MaterializeResult(
+    return Refreshed(
+        written.table,
+        summary.height,
         metadata={
-            **written_metadata(increment, written.table, summary.height),
             "sample": sample(
                 written.head,
                 ["trajectory_id", "num_steps", "complete", "outcome", "outcome_reward"],
@@ -224,5 +206,4 @@ def trajectories(context: dg.AssetExecutionContext, lake: LakeResource):
             "steps_per_trajectory": histogram(summary.get_column("num_steps")),
             "outcomes": dg.MetadataValue.json(counts(summary, "outcome")),
         },
-        check_results=[schema_unchanged(written.table, TRAJECTORIES)],
     )

@@ -137,3 +137,22 @@ def test_no_module_of_the_batch_packages_imports_one_that_imports_it_back() -> N
     ours = [m for m in graph if _within(m, {f"claw_pipelines.{p}" for p in BATCH_PACKAGES})]
     circles = [m for m in ours if any(m in _reached(n, graph) for n in graph[m])]
     assert circles == []
+
+
+def _opens_an_increment(path: Path) -> bool:
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "begin"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "Increment"
+        for node in ast.walk(ast.parse(path.read_text()))
+    )
+
+
+def test_only_the_incremental_asset_factory_opens_an_increment() -> None:
+    """``assets/incremental.py`` names an asset's sources once, as its deps and as what its
+    ``Increment`` reads (``tests/dagster/test_incremental_assets.py`` checks the two agree on a
+    run): an asset opening its own would read tables its lineage may not show."""
+    openers = [p.name for p in sorted((REPO / "assets").glob("*.py")) if _opens_an_increment(p)]
+    assert openers == ["incremental.py"]
