@@ -23,8 +23,12 @@ class Pins(BaseModel):
     """-1: the ledger did not exist yet."""
     batch_retired: int = -1
     """-1: no retirements were usable."""
-    open_from: str | None = None
-    """The smallest trajectory id still in play (None: read every curated step)."""
+    open_since: datetime | None = None
+    """The earliest start of a step of a trajectory still in play: the plan read the curated
+    steps started since (None: every curated step). Pins recorded before it held
+    ``open_from``, a trajectory id, now ignored: re-planned from every curated step, such a
+    batch comes out the same, as what a plan skips is consumed or retired at the pinned
+    versions."""
     announced_policy_version: int | None = None
     planned_at: datetime
     recipe: dict[str, Any] | None = None

@@ -21,5 +21,6 @@ Words used throughout:
 * *retired*: a step dropped for a reason that later plans would find again (a final drop);
   left out of them until a row of its trajectory or group changes.
 * *settled*: consumed by a batch or retired; *in play*: neither, so a later plan may use it.
-  ``open_from`` is the smallest trajectory id still in play: a plan reads from there on.
+  ``open_since`` is the earliest start of a step of a trajectory still in play: a plan reads
+  the curated steps started since.
 """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 
 import polars as pl
@@ -23,7 +23,7 @@ from claw_pipelines.derived_schemas import (
     STORED_BATCH_ROWS,
     fit,
 )
-from claw_pipelines.lake import keyed
+from claw_pipelines.lake import floor_ms, keyed
 from claw_pipelines.transforms.credit import assign_credit
 from claw_pipelines.transforms.sequences import segment_index, sequence_lengths
 
@@ -51,10 +51,11 @@ class BatchPlan:
     chosen and the rejected step."""
     final: pl.DataFrame
     """The rows of ``dropped`` that later plans drop too (``final_drops``): to retire."""
-    open_from_next: str | None
-    """The smallest trajectory id still in play once this batch is reserved (if ``ready``) and
-    the final drops retired, or the newest id when none is: the next plan's ``open_from``, valid
-    only after the reservation committed. None for an empty table."""
+    open_since_next: datetime | None
+    """The earliest start (``started_at``, to the millisecond) of a step of a trajectory still
+    in play once this batch is reserved (if ``ready``) and the final drops retired, or the
+    newest start read when none is: the next plan's ``open_since``, valid only after the
+    reservation committed. None for an empty table."""
 
     @cached_property
     def rows(self) -> pl.DataFrame:
@@ -160,12 +161,19 @@ def _step_reasons(recipe: Recipe, latest_policy: pl.Expr) -> pl.Expr:
 def _unconsumed(recipe: Recipe, curated: pl.LazyFrame, excluded: pl.LazyFrame) -> pl.LazyFrame:
     """Credited curated steps the recipe has neither consumed nor retired: trajectory-based
     algorithms skip any trajectory with an excluded step, dpo skips excluded steps (credit is
-    still assigned over the whole trajectory). The excluded keys and then the open trajectory
-    ids are collected first (one plan joining the whole id columns took ~3x the memory), so
+    still assigned over the whole trajectory). The excluded keys of the curated rows read are
+    collected first (only the key column of the ledger and the retirements is read: they hold
+    no start time, and a late step of a trajectory consumed long ago must still find it), then
+    the open trajectory ids (one plan joining the whole id columns took ~3x the memory), so
     planning holds the open trajectories' rows, not the table's. With none excluded in play (a
     recipe's first plan) every trajectory is open: nothing to match."""
     key = "turn_id" if recipe.algorithm == "dpo" else "trajectory_id"
-    keys = excluded.select(key).unique().collect(engine="streaming")
+    keys = (
+        excluded.select(key)
+        .join(curated.select(key), on=key, how="semi")
+        .unique()
+        .collect(engine="streaming")
+    )
     if keys.is_empty():
         open_rows = curated.filter(pl.col("trajectory_id").is_not_null())
         return assign_credit(open_rows, recipe.credit_assignment)
@@ -227,7 +235,7 @@ def plan_batch(
     now: datetime,
     *,
     retired: pl.LazyFrame | pl.DataFrame | None = None,
-    open_from: str | None = None,
+    open_since: datetime | None = None,
     batch_id: str | None = None,
     source_versions: dict[str, int] | None = None,
     latest_policy_version: int | None = None,
@@ -242,10 +250,12 @@ def plan_batch(
     form a fragment); dpo skips consumed steps. Everything is ordered by explicit keys
     (start time, then ids), so the same inputs and ``now`` give the same batch. ``batch_id``
     defaults to ``<recipe>-<n+1>`` with n the batches in the ledger. ``retired`` steps (rows of
-    earlier plans' ``final_drops``) are left out like consumed ones. ``open_from`` (an earlier
-    plan's ``open_from_next``, lowered to any trajectory changed since) says every trajectory
-    sorting before it is consumed or retired: only the rest of each table is read, which file
-    statistics make cheap as ids are time-ordered. Planning reads only the narrow curated
+    earlier plans' ``final_drops``) are left out like consumed ones. ``open_since`` (an earlier
+    plan's ``open_since_next``, lowered to the start of any trajectory changed since) says every
+    step that started before it belongs to a trajectory consumed or retired: only the curated
+    steps started since are read, which file statistics make cheap whatever the trajectory ids
+    look like (they need not sort by time), and of the ledger and the retirements only the
+    rows of those steps' trajectories. Planning reads only the narrow curated
     columns: a grpo-style batch's rows point at their turns (``BatchPlan.rows`` reads their
     token lists from ``turns``); dpo reads the eligible steps' token lists to pair them.
     """
@@ -254,9 +264,8 @@ def plan_batch(
         latest_policy_version = curated.select(pl.col("policy_version").max()).collect().item()
     if batch_id is None:
         batch_id = _next_batch_id(recipe, ledger)
-    in_play = _in_play(open_from)
-    curated = curated.filter(in_play)
-    frame = _candidates(recipe, curated, [ledger, retired], in_play, latest_policy_version)
+    curated = curated.filter(_in_play(open_since))
+    frame = _candidates(recipe, curated, [ledger, retired], latest_policy_version)
     versions = json.dumps(source_versions or {}, sort_keys=True)
     if recipe.algorithm == "dpo":
         units = dpo_batch(recipe, frame, turns, batch_id, versions)
@@ -274,8 +283,8 @@ def plan_batch(
         more=units.more,
         consumed=units.consumed.sort("turn_id"),
         final=final,
-        open_from_next=_open_from_next(
-            frame, pl.concat(part.select("turn_id") for part in settled), curated, open_from
+        open_since_next=_open_since_next(
+            frame, pl.concat(part.select("turn_id") for part in settled), curated, open_since
         ),
     )
 
@@ -288,19 +297,18 @@ def _next_batch_id(recipe: Recipe, ledger: pl.LazyFrame | pl.DataFrame | None) -
     return f"{recipe.name}-{batches_so_far + 1:06d}"
 
 
-def _in_play(open_from: str | None) -> pl.Expr:
-    """The rows a plan starting at ``open_from`` reads (a trajectory id sorting before it is
-    consumed or retired)."""
-    if open_from is None:
+def _in_play(open_since: datetime | None) -> pl.Expr:
+    """The curated rows a plan reading from ``open_since`` reads (a step started before it
+    belongs to a trajectory consumed or retired)."""
+    if open_since is None:
         return pl.lit(True)
-    return pl.col("trajectory_id").is_null() | (pl.col("trajectory_id") >= open_from)
+    return pl.col("started_at").is_null() | (pl.col("started_at") >= open_since)
 
 
 def _candidates(
     recipe: Recipe,
     curated: pl.LazyFrame,
     excluding: list[pl.LazyFrame | pl.DataFrame | None],
-    in_play: pl.Expr,
     latest_policy_version: int | None,
 ) -> pl.DataFrame:
     """The credited curated steps in play that no frame of ``excluding`` (ledger, retired
@@ -310,9 +318,7 @@ def _candidates(
     if "failed_calls" not in names:  # a table written before the column
         curated = curated.with_columns(pl.lit(None, pl.Int32).alias("failed_calls"))
     excluded = [
-        frame.lazy().filter(in_play).select("turn_id", "trajectory_id")
-        for frame in excluding
-        if frame is not None
+        frame.lazy().select("turn_id", "trajectory_id") for frame in excluding if frame is not None
     ]
     candidates = (
         _unconsumed(recipe, curated, pl.concat(excluded))
@@ -330,14 +336,22 @@ def _candidates(
     )
 
 
-def _open_from_next(
-    candidates: pl.DataFrame, settled: pl.DataFrame, curated: pl.LazyFrame, open_from: str | None
-) -> str | None:
-    """The smallest trajectory id among the ``candidates`` not ``settled`` (consumed by this
-    batch, retired), or the newest curated id when none is left: what comes later is newer, or
-    shows in the change feed."""
-    still_in_play = candidates.join(settled, on="turn_id", how="anti").get_column("trajectory_id")
-    if still_in_play.len():
-        return still_in_play.min()
-    newest = curated.select(pl.col("trajectory_id").max()).collect().item()
-    return newest if newest is not None else open_from
+def _open_since_next(
+    candidates: pl.DataFrame,
+    settled: pl.DataFrame,
+    curated: pl.LazyFrame,
+    open_since: datetime | None,
+) -> datetime | None:
+    """The earliest start among the curated rows read of each trajectory with a candidate not
+    ``settled`` (consumed by this batch, retired), floored to the millisecond of Delta's file
+    statistics so that no file holding such a row is skipped; when none is left, the next
+    millisecond after the newest start read: every step read is settled, and what lands later
+    starts later or shows in the change feed. Every row of a trajectory in play counts,
+    consumed dpo steps too (credit is assigned over the whole trajectory)."""
+    in_play = candidates.join(settled, on="turn_id", how="anti").select("trajectory_id").unique()
+    if in_play.height:
+        rows = curated.join(in_play.lazy(), on="trajectory_id", how="semi")
+        earliest = rows.select(pl.col("started_at").min()).collect().item()
+        return open_since if earliest is None else floor_ms(earliest)
+    newest = curated.select(pl.col("started_at").max()).collect().item()
+    return open_since if newest is None else floor_ms(newest) + timedelta(milliseconds=1)

@@ -14,11 +14,13 @@ through transaction: a planner that raced another one fails its commit instead o
 from stale data, then plans without retirements (always right, only slower) and retires
 nothing.
 
-Each retirement commit also records where the next plan may start reading (``claw.open_from``,
-the plan's ``open_from_next``): every trajectory sorting before it is consumed or retired, so
-planning reads the tables' recent end only. A trajectory changed since (even with an old or
-unordered id) lowers it again. The inspector's batch preview plans with the retirements that
-still stand (``current_through``, ``voided``, ``lowered``) the same way.
+Each retirement commit also records where the next plan may start reading (``claw.open_since``,
+the plan's ``open_since_next``, a start time): every step started before it belongs to a
+trajectory consumed or retired, so planning reads the curated table's recent end only, whatever
+the trajectory ids look like. A trajectory changed since (a late step, a late reward, one that
+ran long) or voided lowers it again to its earliest step. The inspector's batch preview plans
+with the retirements that still stand (``current_through``, ``voided``, ``lowered``) the same
+way.
 """
 
 from __future__ import annotations
@@ -37,18 +39,23 @@ from claw_pipelines.batching.planner import BatchPlan
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import RETIRED, conform
 from claw_pipelines.incremental.increment import CHUNK_TRAJECTORIES, COMPACT_AFTER_FILES
-from claw_pipelines.lake import Lake, changes, compact, keyed, sql_in
+from claw_pipelines.lake import Lake, changes, compact, floor_ms, keyed, sql_in
 
 LOG = logging.getLogger(__name__)
 
 RECIPE_APP = "claw/retired/recipe"
 """App transaction naming the recipe the retirements were decided under (its fingerprint as a
 number): a table last written under another recipe (even an earlier one edited back) is voided."""
-OPEN_FROM = "claw.open_from"
-"""Commit metadata of every retirement commit: where the next plan may start ("" for nowhere)."""
+OPEN_SINCE = "claw.open_since"
+"""Commit metadata of every retirement commit: the start time (ISO) the next plan may read from
+("" for the beginning). Commits made before it carry ``claw.open_from``, a trajectory id, which
+is ignored: that plan reads everything once, which is always right."""
 HISTORY_SEARCHED = 20
-"""Commits searched back for the last ``claw.open_from`` (past voids and compactions); when
+"""Commits searched back for the last ``claw.open_since`` (past voids and compactions); when
 none is found the next plan reads the tables whole, which is always right."""
+CHANGE_COLUMNS = ["trajectory_id", "group_id", "started_at"]
+"""What the curated change feed is read for: the changed trajectories, their groups, and how
+far back their steps started (a trajectory's rows are rewritten together)."""
 
 
 def through_app(recipe: str) -> str:
@@ -71,11 +78,11 @@ def current_through(table: DeltaTable, recipe: Recipe) -> int | None:
     return table.transaction_version(through_app(recipe.name))
 
 
-def recorded_open_from(table: DeltaTable) -> str | None:
-    """``claw.open_from`` as the last plan recorded it (None: read everything)."""
+def recorded_open_since(table: DeltaTable) -> datetime | None:
+    """``claw.open_since`` as the last plan recorded it (None: read everything)."""
     for commit in table.history(HISTORY_SEARCHED):
-        if OPEN_FROM in commit:
-            return commit[OPEN_FROM] or None
+        if OPEN_SINCE in commit:
+            return datetime.fromisoformat(commit[OPEN_SINCE]) if commit[OPEN_SINCE] else None
     return None
 
 
@@ -97,12 +104,22 @@ def voided(retired: pl.LazyFrame, changed: pl.DataFrame) -> pl.Series:
     )
 
 
-def lowered(open_from: str | None, changed: pl.DataFrame, void: pl.Series) -> str | None:
-    """``open_from`` lowered to every changed or voided trajectory (None stays: read all)."""
-    if open_from is None:
+def lowered(
+    open_since: datetime | None,
+    changed: pl.DataFrame,
+    void: pl.Series,
+    curated: pl.LazyFrame,
+) -> datetime | None:
+    """``open_since`` lowered to the earliest step of every changed trajectory (``changed``
+    holds each one's rows, with ``started_at``) and of every voided one (looked up in
+    ``curated``, only when there are any), to the millisecond (None stays: read all)."""
+    if open_since is None:
         return None
-    lower = [changed.get_column("trajectory_id").min(), void.min()]
-    return min([open_from, *(v for v in lower if v is not None)])
+    starts = [open_since, changed.get_column("started_at").min()]
+    if void.len():
+        rows = keyed(curated.select("trajectory_id", "started_at"), "trajectory_id", void)
+        starts.append(rows.select(pl.col("started_at").min()).collect().item())
+    return floor_ms(min(start for start in starts if start is not None))
 
 
 @dataclass
@@ -116,11 +133,11 @@ class Retirements:
     conflicts with it."""
     through: int | None
     """The curated_steps version the retirements are current through (None: none yet)."""
-    recorded_open_from: str | None = None
-    """``claw.open_from`` as the last plan recorded it."""
-    open_from: str | None = None
-    """Where this plan may start reading: the recorded one, lowered to every trajectory
-    changed since (None: read everything)."""
+    recorded_open_since: datetime | None = None
+    """``claw.open_since`` as the last plan recorded it."""
+    open_since: datetime | None = None
+    """Where this plan may start reading: the recorded start, lowered to every trajectory
+    changed or voided since (None: read everything)."""
     usable: bool = True
 
     @property
@@ -145,20 +162,20 @@ class Retirements:
 
     def _void(self, curated: DeltaTable) -> None:
         """Void what changed since ``through`` up to ``curated``'s version and lower
-        ``open_from`` to it."""
+        ``open_since`` to it."""
         if self.through is None:
             if self.table.file_uris():
                 self._delete(None)
             return
-        self.recorded_open_from = recorded_open_from(self.table)
-        self.open_from = self.recorded_open_from
-        changed = changes(curated, self.through, curated.version(), ["trajectory_id", "group_id"])
+        self.recorded_open_since = recorded_open_since(self.table)
+        self.open_since = self.recorded_open_since
+        changed = changes(curated, self.through, curated.version(), CHANGE_COLUMNS)
         if changed is None:
             return
         void = voided(pl.scan_delta(self.table), changed)
         for start in range(0, void.len(), CHUNK_TRAJECTORIES):
             self._delete(sql_in("trajectory_id", void.slice(start, CHUNK_TRAJECTORIES)))
-        self.open_from = lowered(self.open_from, changed, void)
+        self.open_since = lowered(self.open_since, changed, void, pl.scan_delta(curated))
 
     def _delete(self, predicate: str | None) -> None:
         self.table.delete(predicate, commit_properties=self._commit(self.through))
@@ -173,7 +190,7 @@ class Retirements:
 
     def _give_up(self, action: str, error: CommitFailedError) -> None:
         self.usable = False
-        self.open_from = None
+        self.open_since = None
         LOG.warning(
             "another planner changed %s first (%s); this plan %s no retirements",
             retired_table(self.recipe.name),
@@ -188,7 +205,7 @@ class Retirements:
             return
         rows = plan.final.with_columns(retired_at=pl.lit(now))
         unchanged = self.through == curated_version and (
-            plan.open_from_next == self.recorded_open_from
+            plan.open_since_next == self.recorded_open_since
         )
         if rows.is_empty() and unchanged:
             return
@@ -197,11 +214,14 @@ class Retirements:
                 self.table,
                 conform(rows, RETIRED),
                 mode="append",
-                commit_properties=self._commit(
-                    curated_version, {OPEN_FROM: plan.open_from_next or ""}
-                ),
+                commit_properties=self._commit(curated_version, {OPEN_SINCE: _iso(plan)}),
             )
         except CommitFailedError as error:
             self._give_up("record", error)
             return
         compact(self.table, max_files=COMPACT_AFTER_FILES)
+
+
+def _iso(plan: BatchPlan) -> str:
+    """The plan's ``open_since_next`` as ``claw.open_since`` records it."""
+    return "" if plan.open_since_next is None else plan.open_since_next.isoformat()

@@ -26,7 +26,7 @@ from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.batching.retirements import (
     current_through,
     lowered,
-    recorded_open_from,
+    recorded_open_since,
     voided,
 )
 from claw_pipelines.inspector.tables import LakeState
@@ -42,11 +42,12 @@ def dagster_asset_url(recipe: str) -> str:
     return f"{base}/assets/batch_{recipe}"
 
 
-CHANGE_KEYS = ["trajectory_id", "group_id"]
+CHANGE_KEYS = ["trajectory_id", "group_id", "started_at"]
 
 
 def _labelled(state: LakeState, after_version: int | None) -> pl.DataFrame:
-    """(trajectory_id, group_id) of every step or trajectory labelled after ``after_version``."""
+    """(trajectory_id, group_id, started_at) of every step or trajectory labelled after
+    ``after_version``."""
     labels = state["labels"]
     if after_version is not None:
         labels = labels.filter(pl.col("_commit_version") > after_version)
@@ -69,8 +70,8 @@ class Standing(NamedTuple):
 
     retired: pl.LazyFrame | None
     """The retired steps that still stand (None: none)."""
-    open_from: str | None
-    """Where the plan may start reading (None: everything)."""
+    open_since: datetime | None
+    """Where the plan may start reading: a start time (None: everything)."""
 
 
 def standing_retirements(lake: Lake, state: LakeState, recipe: Recipe) -> Standing:
@@ -102,7 +103,8 @@ def standing_retirements(lake: Lake, state: LakeState, recipe: Recipe) -> Standi
     retired = pl.scan_delta(table)
     void = voided(retired, changed)
     standing = retired.join(void.to_frame().lazy(), on="trajectory_id", how="anti")
-    return Standing(standing, lowered(recorded_open_from(table), changed, void))
+    since = lowered(recorded_open_since(table), changed, void, pl.scan_delta(curated))
+    return Standing(standing, since)
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,7 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
         )
     labels = state["labels"].drop("_commit_version")
     ledger = ledger_table(recipe.name)
-    retired, open_from = standing_retirements(lake, state, recipe)
+    retired, open_since = standing_retirements(lake, state, recipe)
     scored = lake.open("scored_steps", state.versions["scored_steps"])
     plan = plan_batch(
         recipe,
@@ -208,7 +210,7 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
         lake.scan(ledger, state.versions[ledger]) if state.has(ledger) else None,
         datetime.now(UTC),
         retired=retired,
-        open_from=open_from,
+        open_since=open_since,
         latest_policy_version=lag_reference(highest_announced_version(lake), scored),
     )
     dropped = plan.dropped

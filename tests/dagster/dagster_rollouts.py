@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
@@ -32,17 +32,19 @@ def land_rollouts(
     trajectory_prefix: str = "t",
     policy_version: int = 1,
     request_tools: str | None = None,
+    start: datetime | None = None,
 ) -> Rollouts:
     """Land ``groups`` GRPO groups of multi-step trajectories, then their completion events.
 
     Each step's prompt extends the previous prompt + response exactly (prefix-consistent), and
     rewards differ within a group so no group has zero variance (``flat``: all score 1).
-    Trajectory ids are ``<trajectory_prefix>-<time-ordered id>``.
+    Trajectory ids are ``<trajectory_prefix>-<time-ordered id>``; the turns start at ``start``
+    (default now), a millisecond apart.
     """
     rng = random.Random(seed)
     landed = Rollouts()
     turn_rows, event_rows = [], []
-    start = utc_now()
+    start = start or utc_now()
     for _ in range(groups):
         group_id = f"g-{new_id()}"
         landed.groups[group_id] = []

@@ -3,6 +3,8 @@ of their group changes, a changed recipe voids them, and a racing planner retire
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import dagster as dg
 import polars as pl
 from dagster_harness import Driver
@@ -13,6 +15,7 @@ from claw_pipelines.batches.pins import Pins
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.retirements import Retirements
 from claw_pipelines.config_files import recipes
+from claw_pipelines.lake import floor_ms
 from claw_pipelines.schemas import Reward, rows_to_arrow, utc_now
 
 RETIRED = retired_table("grpo")
@@ -84,23 +87,26 @@ def test_a_racing_planner_retires_nothing_and_a_changed_recipe_voids_all(bound, 
     assert _retired(bound, edited_back).is_empty()  # decided under the other recipe
 
 
-def test_a_trajectory_sorting_before_the_read_start_is_still_planned(bound, instance) -> None:
-    """Plans read from the oldest trajectory still in play; one landing later with an id that
-    sorts before it (agents may bring their own ids) lowers that start through the change feed."""
+def test_a_trajectory_started_before_the_read_start_is_still_planned(bound, instance) -> None:
+    """Plans read the curated steps started since the earliest one still in play; a trajectory
+    landing later that started before it (a long session) lowers that start through the change
+    feed."""
     driver = Driver(bound, instance)
     first = land_rollouts(bound.lake, groups=4, group_size=4, steps=1)
     driver.refresh()
     assert len(driver.tick("batch_grpo_planner").run_requests) == 1
     recipe = recipes()["grpo"]
     assert ledger.reserve(bound.lake, recipe, "grpo-000002", utc_now()) is None
-    start = Retirements.current(bound.lake, recipe, bound.lake.open("curated_steps")).open_from
-    assert start == max(t for group in first.groups.values() for t in group)
+    start = Retirements.current(bound.lake, recipe, bound.lake.open("curated_steps")).open_since
+    newest = max(turn["started_at"] for turn in first.turns.values())
+    assert start == floor_ms(newest) + timedelta(milliseconds=1)
 
-    early = land_rollouts(bound.lake, groups=4, group_size=4, steps=1, trajectory_prefix="a")
+    early = land_rollouts(bound.lake, groups=4, group_size=4, steps=1, trajectory_prefix="z",
+                          start=start - timedelta(hours=1))  # fmt: skip
     driver.refresh()
     (request,) = driver.tick("batch_grpo_planner").run_requests
     result = driver.materialize(["batch_grpo"], partition_key=request.partition_key)
     batch = bound.lake.scan("batches/grpo").filter(pl.col("batch_id") == request.partition_key)
     assert set(batch.collect()["group_id"]) == set(early.groups)
-    pins = driver.metadata(result, "batch_grpo")["pinned_versions"]
-    assert pins["open_from"] == min(t for group in early.groups.values() for t in group)
+    pins = Pins.model_validate(driver.metadata(result, "batch_grpo")["pinned_versions"])
+    assert pins.open_since == floor_ms(min(turn["started_at"] for turn in early.turns.values()))

@@ -332,11 +332,11 @@ def test_stale_trajectories_are_measured_against_the_newest_policy_seen():
 
 def _same_batch_without(earlier, recipe: Recipe, curated, steps, ledger, now, **kw):
     """The plan leaving out the ``earlier`` plans' final drops and starting at the last one's
-    ``open_from_next``, after checking it picks what reading everything picks."""
+    ``open_since_next``, after checking it picks what reading everything picks."""
     retired = pl.concat([plan.final for plan in earlier])
     full = plan_batch(recipe, curated, steps, ledger, now, **kw)
     lean = plan_batch(recipe, curated, steps, ledger, now, retired=retired,
-                      open_from=earlier[-1].open_from_next, **kw)  # fmt: skip
+                      open_since=earlier[-1].open_since_next, **kw)  # fmt: skip
     assert lean.rows.equals(full.rows) and lean.consumed.equals(full.consumed)
     assert lean.ready == full.ready
     kept = full.dropped.join(retired.select("turn_id"), on="turn_id", how="anti")
@@ -359,7 +359,7 @@ def test_final_drops_leave_every_later_batch_unchanged():
     assert set(first.rows["group_id"]) == {"ok"}
     assert set(first.final["trajectory_id"]) == {"flat:0", "flat:1", "late:1"}
     assert _reasons(first)["over:0"] == "zero_variance"
-    assert first.open_from_next == "late:0"  # flat:* are retired
+    assert first.open_since_next == at(1)  # over:0 starts first in play: flat:* are retired
 
     ledger = first.ledger_rows("grpo", at(200))
     second = _same_batch_without([first], recipe, curated, steps, ledger, at(5000),
@@ -368,12 +368,14 @@ def test_final_drops_leave_every_later_batch_unchanged():
     assert _reasons(second) == {"over:0": "stale", "late:0": "straggler_dropped",
                                 "s:0": "straggler_dropped"}  # fmt: skip
     assert set(second.final["trajectory_id"]) == {"late:0", "s:0", "over:0"}
-    assert second.open_from_next == "s:0"  # nothing left in play once reserved: the newest id
+    assert second.open_since_next == at(
+        14.001
+    )  # none in play once reserved: after the newest start
     ledger = pl.concat([ledger, second.ledger_rows("grpo", at(5000))])
     third = _same_batch_without([first, second], recipe, curated, steps, ledger, at(9000),
                                 latest_policy_version=4)  # fmt: skip
     assert third.rows.is_empty() and third.dropped.is_empty()
-    assert third.open_from_next == "s:0"  # nothing left in play: the newest id
+    assert third.open_since_next == at(14.001)  # nothing left in play: after the newest start
 
 
 def test_groups_waiting_or_queued_are_not_final():
@@ -411,7 +413,7 @@ def test_dpo_retires_single_steps_but_never_unpaired_ones():
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_plans_from_retirements_and_open_from_equal_full_plans_on_random_backlogs(seed):
+def test_plans_from_retirements_and_open_since_equal_full_plans_on_random_backlogs(seed):
     """Random groups (flat ones common), untrainable steps, policy lag, straggler policies and
     batch sizes; time passes, the policy moves on and ready batches are consumed."""
     rng = random.Random(seed)
