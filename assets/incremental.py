@@ -63,6 +63,7 @@ def incremental_asset(
     description is the body's docstring.
     """
     inputs = list(sources)
+    condition = on_new_data() if automation_condition is None else automation_condition
 
     def asset(body: Callable[..., Refreshed]) -> dg.AssetsDefinition:
         @functools.wraps(body)
@@ -88,7 +89,7 @@ def incremental_asset(
             kinds={"deltalake", "polars"},
             owners=OWNERS,
             deps=inputs,
-            automation_condition=automation_condition or on_new_data(),
+            automation_condition=condition,
             pool=pool(table),
             op_tags=op_tags,
             check_specs=[schema_spec(table), *checks],
