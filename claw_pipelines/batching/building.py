@@ -53,18 +53,19 @@ def planned(lake: Lake, recipe: Recipe, batch_id: str) -> Planned | None:
     return Planned(plan, planned_under, pins, False)
 
 
-def write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> DeltaTable:
+def write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> tuple[DeltaTable, pa.Table]:
     """Replace the batch's rows in one commit, so a re-run never duplicates them; the table as
-    written. Rows point at their turns (no token lists: ``derived_schemas.STORED_BATCH_ROWS``),
-    so even a batch of every step is a small write. A batch is one file, so the table is
-    compacted as batches pile up. The schema is merged: a table from before a batch column
-    gains it, null in older batches' rows."""
+    written and the rows written. Rows point at their turns (no token lists:
+    ``derived_schemas.STORED_BATCH_ROWS``), so even a batch of every step is a small write. A
+    batch is one file, so the table is compacted as batches pile up. The schema is merged: a
+    table from before a batch column gains it, null in older batches' rows."""
     schema = batch_schema(recipe)
     table = lake.ensure(batches_table(recipe.name), schema)
+    rows = conform(plan.planned, schema)
     try:
         write_deltalake(
             table,
-            conform(plan.planned, schema),
+            rows,
             mode="overwrite",
             predicate=sql_in("batch_id", [plan.batch_id]),
             schema_mode="merge",
@@ -76,7 +77,7 @@ def write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> DeltaTable:
             f"while {plan.batch_id} was written"
         ) from error
     compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
-    return table
+    return table, rows
 
 
 def retired_before(lake: Lake, recipe: str, pins: Pins) -> int:

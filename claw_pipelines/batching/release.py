@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import polars as pl
 from pydantic import BaseModel
@@ -16,10 +16,11 @@ from pydantic import BaseModel
 from claw_pipelines.batches.manifest import Manifest
 from claw_pipelines.batches.names import batches_table, export_folder, ledger_table
 from claw_pipelines.batches.pins import Pins
-from claw_pipelines.batches.rows import completed_chunks, stored_rows
+from claw_pipelines.batches.rows import completed_chunks, in_export_order, stored_rows
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.building import planned, retired_before, write_batch
 from claw_pipelines.batching.checks import CheckOutcome, groups_complete, no_step_consumed_twice
+from claw_pipelines.batching.planner import BatchPlan
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.exporters import Destination, export_chunks
@@ -92,14 +93,14 @@ def _counts(frame: pl.DataFrame, column: str) -> dict[str, int]:
     return {str(k): n for k, n in frame.group_by(column).len().sort(column).iter_rows()}
 
 
-def _sample(lake: Lake, rows: pl.DataFrame, algorithm: str) -> list[dict[str, Any]]:
-    """The first rows with their reply's text: dpo pairs carry the chosen message, step rows
-    read theirs from ``turns`` (batches point at their turns)."""
-    rows = rows.head(SAMPLE_ROWS)
+def _sample(plan: BatchPlan, algorithm: str) -> list[dict[str, Any]]:
+    """The plan's first rows with their reply's text: dpo pairs carry the chosen message, step
+    rows read theirs from the plan's ``turns`` (batches point at their turns)."""
+    rows = plan.planned.head(SAMPLE_ROWS)
     if algorithm == "dpo":
         message = pl.col("chosen_message")
     else:
-        rows = with_turn_columns(rows, lake.scan("turns"), ["response_message"])
+        rows = with_turn_columns(rows, plan.turns, ["response_message"])
         message = pl.col("response_message")
     text = message.str.json_path_match("$.content").alias("response_text")
     return rows.select(*(c for c in SAMPLE_COLUMNS if c in rows.columns), text).to_dicts()
@@ -116,6 +117,19 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str) -> BuiltBatch | None:
     """Plan, write and check ``batch_id`` (None: never reserved, and not enough ready data
     for it). A batch re-planned from its pins must reproduce the steps its reservation
     consumed."""
+    built = _built(lake, recipe, batch_id)
+    return None if built is None else built.batch
+
+
+class _Built(NamedTuple):
+    batch: BuiltBatch
+    rows: pl.DataFrame
+    """Its rows as ``batches/<recipe>`` stores them, in export order."""
+
+
+def _built(lake: Lake, recipe: Recipe, batch_id: str) -> _Built | None:
+    """``build_batch``, with the rows it wrote: a release exports them without reading them
+    back."""
     found = planned(lake, recipe, batch_id)
     if found is None:
         return None
@@ -126,10 +140,10 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str) -> BuiltBatch | None:
         if consumed.to_list() != recorded:
             raise BatchRefused(f"re-planning {batch_id} from its pins did not reproduce its ledger")
     rows = plan.planned
-    table = write_batch(lake, planned_under, plan)
+    table, written = write_batch(lake, planned_under, plan)
     files = pl.DataFrame(table.get_add_actions(flatten=True))
     reward = "chosen_reward" if recipe.algorithm == "dpo" else "reward"
-    return BuiltBatch(
+    batch = BuiltBatch(
         recipe=recipe.name,
         batch_id=batch_id,
         planned_under=planned_under,
@@ -139,7 +153,7 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str) -> BuiltBatch | None:
         groups=rows.get_column("group_id").n_unique(),
         trajectories=rows.get_column("trajectory_id").n_unique(),
         rewards=rows.get_column(reward).to_list(),
-        sample=_sample(lake, rows, recipe.algorithm),
+        sample=_sample(plan, recipe.algorithm),
         dropped=_counts(plan.dropped, "reason"),
         retired=_counts(plan.final, "reason"),
         retired_before=retired_before(lake, recipe.name, pins),
@@ -149,6 +163,7 @@ def build_batch(lake: Lake, recipe: Recipe, batch_id: str) -> BuiltBatch | None:
         checks=_checks(lake, planned_under, rows, consumed),
         more=plan.more or not reserved_now,
     )
+    return _Built(batch, in_export_order(recipe.algorithm, pl.from_arrow(written)))
 
 
 def _rechecked(
@@ -165,22 +180,25 @@ def _rechecked(
     return planned_under, pins
 
 
-def export_batch(
-    lake: Lake, recipe: Recipe, batch_id: str, built: BuiltBatch | None = None
-) -> ExportedBatch:
+def export_batch(lake: Lake, recipe: Recipe, batch_id: str) -> ExportedBatch:
     """Export the written ``batch_id`` under the recipe it was planned with (today's export
-    formats); ``built``: it was just built and checked, so it is not checked again."""
+    formats), once its checks pass again."""
     rows = stored_rows(lake, recipe.name, recipe.algorithm, batch_id)
     if rows.is_empty():
         raise BatchRefused(f"batch {batch_id} has no rows in {batches_table(recipe.name)}")
-    if built is None:
-        planned_under, pins = _rechecked(lake, recipe, batch_id, rows)
-    else:
-        planned_under, pins = built.planned_under, built.pins
-    out = Destination(lake.uri(export_folder(recipe.name, batch_id)), lake.storage_options)
+    planned_under, pins = _rechecked(lake, recipe, batch_id, rows)
+    return _exported(lake, planned_under, pins, rows)
+
+
+def _exported(
+    lake: Lake, planned_under: Recipe, pins: Pins | None, rows: pl.DataFrame
+) -> ExportedBatch:
+    """Write the export of one batch's stored ``rows`` (in export order) and its manifest."""
+    batch_id = rows.get_column("batch_id")[0]
+    out = Destination(lake.uri(export_folder(planned_under.name, batch_id)), lake.storage_options)
     manifest = export_chunks(
         planned_under,
-        completed_chunks(lake, recipe.algorithm, rows, planned_under.layout or "step"),
+        completed_chunks(lake, planned_under.algorithm, rows, planned_under.layout or "step"),
         out,
         source_versions=json.loads(rows["source_versions"][0]),
         planned_with=pins,
@@ -198,14 +216,15 @@ def release_ready(
     for _ in range(limit):
         batch_id = ledger.next_batch_id(lake, recipe.name)
         try:
-            built = build_batch(lake, recipe, batch_id)
+            built = _built(lake, recipe, batch_id)
         except ConcurrentRun as race:
             yield RaceLost(message=str(race))
             return
         if built is None:
             return
-        yield built
-        if built.passed:
-            yield export_batch(lake, recipe, batch_id, built)
-        if not built.more:
+        batch = built.batch
+        yield batch
+        if batch.passed:  # just checked: exported from the rows written, not read back
+            yield _exported(lake, batch.planned_under, batch.pins, built.rows)
+        if not batch.more:
             return
