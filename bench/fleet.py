@@ -154,6 +154,8 @@ def run_writer(index: int, calls_per_s: float, seconds: float, prompt: int, resp
     from claw_pipelines.capture.runtime import CaptureRuntime  # imports litellm: writers only
 
     errors = ErrorCount()
+    logging.basicConfig(level=logging.WARNING)  # to the writer's log
+    logging.getLogger("claw_pipelines.capture.staging").setLevel(logging.INFO)
     logging.getLogger().addHandler(errors)
     runtime = CaptureRuntime.current()
     print(json.dumps({"ready": runtime.writer.writer_id}), flush=True)
@@ -267,7 +269,8 @@ def measure(writers: int, s3: S3, workdir: Path, args: argparse.Namespace) -> di
     lake = s3.new_lake()
     root = workdir / f"fleet-{writers}"
     env = {**os.environ, **lake_env(lake.root, lake.storage_options),
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # fmt: skip
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "CLAW_COMMIT_MODE": args.commit_mode}  # fmt: skip
     s3_log = workdir / "s3.log"
     log_offset = s3_log.stat().st_size
     processes: list[subprocess.Popen] = []
@@ -393,6 +396,8 @@ def main() -> None:
     parser.add_argument("--calls-per-s", type=float, default=25.0, help="per writer")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--response-tokens", type=int, default=64)
+    parser.add_argument("--commit-mode", choices=["staged", "direct"], default="staged",
+                        help="the writers' CLAW_COMMIT_MODE")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="1 and 2 writers, 3 s each")
     parser.add_argument("--workdir", help="keep the S3 log and writers' logs here")
     parser.add_argument("--writer", type=int, default=None, help=argparse.SUPPRESS)
@@ -419,6 +424,7 @@ def main() -> None:
         "readable_p99_s": max(r["readable_p99_s"] for r in results.values()),
         "lost": sum(r["lost"] for r in results.values()),
         "duplicated": sum(r["duplicated"] for r in results.values()),
+        "commit_mode": args.commit_mode,
         "seconds": args.seconds,
         "calls_per_s_per_writer": args.calls_per_s,
         "poll_s": POLL_S,

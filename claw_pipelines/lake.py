@@ -250,18 +250,16 @@ class Lake:
         table: str,
         data: pa.Table,
         *,
-        app_id: str | None = None,
-        app_version: int | None = None,
+        apps: Mapping[str, int] | None = None,
         metadata: dict[str, str] | None = None,
     ) -> int:
         """Append rows in one commit and return the new table version.
 
-        With ``app_id``/``app_version`` the commit carries a Delta app transaction, so a caller that
-        crashed after committing can ask ``committed_app_version`` and never apply a batch twice.
+        With ``apps`` (app id: version) the commit carries Delta app transactions, so a caller
+        that crashed after committing can ask ``committed_app_version`` and never apply a batch
+        twice.
         """
-        return self.writer(table).append(
-            data, app_id=app_id, app_version=app_version, metadata=metadata
-        )
+        return self.writer(table).append(data, apps=apps, metadata=metadata)
 
     def commit_properties(
         self, apps: Mapping[str, int] | None = None, metadata: Mapping[str, str] | None = None
@@ -508,7 +506,10 @@ class TableWriter:
     accumulates (delta-rs keeps every file it ever saw, and commit latency grows with it).
     Appends merge the schema: a column added to a landing model (say ``turns.api``) is added to
     a table written before it existed, whose older rows read it as null. A commit refused
-    because the handle predates another writer's schema change is retried once on a fresh one.
+    because the handle predates another writer's schema change is retried once on a fresh one,
+    unless that one holds one of the commit's app transactions at its version or later: then
+    another process committed the same rows (say two committers, one whose lease ran out), and
+    the refusal stands.
     """
 
     def __init__(self, lake: Lake, table: str, reopen_every: int = 100) -> None:
@@ -545,34 +546,60 @@ class TableWriter:
             handle.update_incremental()
         return handle.transaction_version(app_id)
 
+    def snapshot(self, schema: pa.Schema) -> DeltaTable:
+        """The handle brought up to date (the table created if need be): what a caller reads
+        from it, say its app transactions, is what ``append(..., snapshot=)`` commits against."""
+        handle = self._current()
+        if handle is None:
+            return self._open(schema)
+        handle.update_incremental()
+        return handle
+
     def append(
         self,
         data: pa.Table,
         *,
-        app_id: str | None = None,
-        app_version: int | None = None,
+        apps: Mapping[str, int] | None = None,
         metadata: dict[str, str] | None = None,
+        snapshot: DeltaTable | None = None,
     ) -> int:
-        """Append rows in one commit; the table version it made (read from the handle that
-        made it, not from a new open)."""
-        apps = None if app_id is None or app_version is None else {app_id: app_version}
+        """Append rows in one commit, with ``apps`` as its app transactions; the table version
+        it made (read from the handle that made it, not from a new open). From a ``snapshot``
+        the commit is never retried: any commit since that snapshot with one of ``apps``
+        refuses it (``CommitFailedError``), so a caller that read those from it never appends
+        what another process appended meanwhile."""
         properties = self.lake.commit_properties(apps, metadata)
+        if snapshot is not None:
+            version = _write(snapshot, data, properties, self.writer_properties)
+            self._commits += 1
+            return version
         try:
             version = self._write(data, properties)
         except CommitFailedError:
             self._handle = None
+            fresh = self._open(data.schema)
+            if any((fresh.transaction_version(app) or -1) >= v for app, v in (apps or {}).items()):
+                raise  # another process committed these rows: the caller must not append them
             version = self._write(data, properties)
         self._commits += 1
         return version
 
     def _write(self, data: pa.Table, properties: CommitProperties) -> int:
-        handle = self._open(data.schema)
-        write_deltalake(
-            handle,
-            data,
-            mode="append",
-            schema_mode="merge",
-            commit_properties=properties,
-            writer_properties=self.writer_properties,
-        )
-        return handle.version()
+        return _write(self._open(data.schema), data, properties, self.writer_properties)
+
+
+def _write(
+    handle: DeltaTable,
+    data: pa.Table,
+    properties: CommitProperties,
+    writer_properties: WriterProperties | None,
+) -> int:
+    write_deltalake(
+        handle,
+        data,
+        mode="append",
+        schema_mode="merge",
+        commit_properties=properties,
+        writer_properties=writer_properties,
+    )
+    return handle.version()

@@ -1,13 +1,14 @@
 """A lease in the lake: which one of many processes (proxy workers on many machines, a Dagster
-run) may maintain the lake's tables now.
+run) may do a kind of work now: maintain the lake's tables, or commit a fleet's staged rows.
 
-The lease is the one row of a small Delta table, ``maintenance_lease``: its holder and until when
-it holds. Taking or renewing it is an overwrite of that row from the snapshot it was read in,
-carrying the app transaction ``claw/maintenance/lease`` = one more than the snapshot's. Two
-processes that read the same snapshot commit the same transaction version, and delta-rs rejects
-the second commit (a concurrent transaction), on a local disk and on an object store alike, as
-every Delta commit is a create-if-absent of its log entry (``lake_store``). So at most one
-process takes a lease that is free or expired, and a holder that finds it taken stops.
+A lease is the one row of a small Delta table (``maintenance_lease``, ``commit_lease``): its
+holder and until when it holds. Taking or renewing it is an overwrite of that row from the
+snapshot it was read in, carrying the app transaction ``claw/maintenance/lease`` = one more than
+the snapshot's. Two processes that read the same snapshot commit the same transaction version,
+and delta-rs rejects the second commit (a concurrent transaction), on a local disk and on an
+object store alike, as every Delta commit is a create-if-absent of its log entry
+(``lake_store``). So at most one process takes a lease that is free or expired, and a holder
+that finds it taken stops.
 
 A holder renews before each step of its work and stops when it cannot, so it holds the lease
 while it works as long as no step outlasts the lease; the expiry is compared with each
@@ -29,6 +30,8 @@ from claw_pipelines.schemas import utc_now
 
 LEASE_TABLE = "maintenance_lease"
 LEASE_APP = "claw/maintenance/lease"
+COMMIT_LEASE_TABLE = "commit_lease"
+"""The lease of the fleet's committer of staged spool segments (``capture.staging``)."""
 LEASE_SCHEMA = pa.schema(
     [
         pa.field("holder", pa.string(), nullable=False),
@@ -58,9 +61,11 @@ class Lease:
     lake: Lake
     holder: str
     duration_s: float
+    name: str = LEASE_TABLE
+    """The lease's table: one per kind of work (maintenance, ``COMMIT_LEASE_TABLE``)."""
 
     def table(self) -> DeltaTable:
-        return self.lake.ensure(LEASE_TABLE, LEASE_SCHEMA, LEASE_CONFIGURATION)
+        return self.lake.ensure(self.name, LEASE_SCHEMA, LEASE_CONFIGURATION)
 
     def holding(self, table: DeltaTable | None = None) -> Holding:
         """The lease as the latest snapshot (or ``table``) says."""

@@ -65,7 +65,7 @@ from claw_pipelines.lake import (
     table_configuration,
     watermark_app,
 )
-from claw_pipelines.lease import LEASE_TABLE, Lease
+from claw_pipelines.lease import COMMIT_LEASE_TABLE, LEASE_TABLE, Lease
 from claw_pipelines.schemas import LANDING_MODELS, utc_now
 from claw_pipelines.settings import ClawSettings
 
@@ -260,7 +260,7 @@ def maintain_table(
 def maintain_lake(lake: Lake, retention: Retention, lease: Lease) -> list[TablePass] | None:
     """A pass over every landing table while holding ``lease``; None when another process
     holds it. The lease is renewed before each table and each vacuum (``LeaseLost`` when it
-    cannot be). The lease table's own superseded rows and log are cleaned up last."""
+    cannot be). The lease tables' own superseded rows and logs are cleaned up last."""
     if not lease.acquire():
         return None
     passes = []
@@ -271,10 +271,12 @@ def maintain_lake(lake: Lake, retention: Retention, lease: Lease) -> list[TableP
         _renew(lease)
         passes.append(maintain_table(lake, name, table, retention, lease))
         log.info("maintenance of %s: %s", name, passes[-1])
-    lease_table = lake.open(LEASE_TABLE)
-    lease_table.create_checkpoint()
-    lease_table.cleanup_metadata()
-    lease_table.vacuum(retention_hours=1, enforce_retention_duration=False, dry_run=False)
+    for name in (LEASE_TABLE, COMMIT_LEASE_TABLE):
+        lease_table = lake.open(name)
+        if lease_table is not None:
+            lease_table.create_checkpoint()
+            lease_table.cleanup_metadata()
+            lease_table.vacuum(retention_hours=1, enforce_retention_duration=False, dry_run=False)
     return passes
 
 

@@ -65,12 +65,12 @@ class ClawSettings(BaseSettings):
         description="At most one commit per landing table per window: completions and rewards "
         "closing within it land together in the window's commit.",
     )
-    table_commits_per_s: float = Field(
-        default=4.0,
-        ge=0,
-        description="The commits a second each landing table takes from the whole fleet: a "
-        "writer that sees others commit widens its window to share them. 0: every writer "
-        "keeps commit_window_s.",
+    commit_mode: Literal["direct", "staged"] = Field(
+        default="direct",
+        description="direct: each proxy worker commits its rows to the landing tables. staged: "
+        "each stages them in the lake (_staging/) and one process of the fleet, holding the "
+        "commit lease, commits everyone's once per commit window: for a fleet past a few "
+        "writers on one lake (docs/deployment.md).",
     )
     max_commit_retries: int = Field(default=100, ge=0)
     maintenance_interval_s: float = Field(

@@ -22,6 +22,7 @@ from claw_pipelines.capture.policy import ServedPolicy
 from claw_pipelines.capture.redact import Redactor, ScrubbedLogs
 from claw_pipelines.capture.spool import SpoolErrorsLoggedOnce, SpoolWriter
 from claw_pipelines.capture.spool_flusher import SpoolFlusher
+from claw_pipelines.capture.staging import Committer, Stager
 from claw_pipelines.capture.turns import PendingCall
 from claw_pipelines.lake import Lake
 from claw_pipelines.maintenance import Maintainer, Retention
@@ -97,6 +98,11 @@ class CaptureRuntime:
         self.writer = SpoolWriter(
             settings.spool_dir.absolute(), fsync_per_answer=settings.fsync == "answer"
         )
+        self.committer = (
+            Committer(self.lake, self.writer.writer_id, settings.commit_window_s or 1.0)
+            if settings.commit_mode == "staged"
+            else None
+        )
         self.flusher = SpoolFlusher(
             self.writer,
             self.lake,
@@ -104,7 +110,7 @@ class CaptureRuntime:
             interval_s=settings.flush_interval_s,
             max_wait_s=settings.flush_max_wait_s,
             window_s=settings.commit_window_s,
-            table_commits_per_s=settings.table_commits_per_s,
+            stager=None if self.committer is None else Stager(self.committer.area),
             fsync_interval_s=settings.fsync_interval_ms / 1000
             if settings.fsync == "interval"
             else None,
@@ -113,6 +119,8 @@ class CaptureRuntime:
         logging.getLogger("LiteLLM Proxy").addFilter(SpoolErrorsLoggedOnce())
         ScrubbedLogs(self.redactor).install()
         self.flusher.start()
+        if self.committer is not None:
+            self.committer.start()
         self.policy = ServedPolicy(self.lake, self.writer.writer_id, settings.pause_max_hold_s)
         self.policy.start()
         self.maintainer = Maintainer(
@@ -139,6 +147,8 @@ class CaptureRuntime:
                 cls._instance.policy.stop()
                 cls._instance.maintainer.stop()
                 cls._instance.flusher.stop()
+                if cls._instance.committer is not None:
+                    cls._instance.committer.stop()
                 cls._instance.writer.close()
                 cls._instance = None
 

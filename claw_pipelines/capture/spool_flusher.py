@@ -17,14 +17,19 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from claw_pipelines.capture import spool_codec
+from claw_pipelines.capture.commit_rules import (
+    COMMIT_ORDER,
+    SEGMENT_BYTES,
+    dedupe_on_key,
+    log_failure,
+    runs_of_bytes,
+)
 from claw_pipelines.capture.spool import (
     LOCK_NAME,
     SpoolUnavailable,
@@ -32,15 +37,13 @@ from claw_pipelines.capture.spool import (
     Waiting,
     parse_segment_name,
 )
+from claw_pipelines.capture.staging import Sealed, Stager
 from claw_pipelines.lake import Lake, TableWriter
 from claw_pipelines.schemas import LANDING_MODELS
 
 log = logging.getLogger(__name__)
 
 QUARANTINE_DIR = "quarantine"
-SEGMENT_BYTES = 64 * 1024 * 1024
-"""A flush is asked for once the active segments hold this much (and a commit takes at most
-this much), so large rows never pile up in memory."""
 
 
 def quarantine(
@@ -62,15 +65,6 @@ def quarantine(
         os.fsync(file.fileno())
     partial.replace(target)
     return target
-
-
-def dedupe_on_key(data: pa.Table, key: str) -> pa.Table:
-    """Keep the first row per key: a replayed or repeated row must not land twice."""
-    if data.num_rows < 2 or pc.count_distinct(data.column(key)).as_py() == data.num_rows:
-        return data
-    indices = pa.table({key: data.column(key), "_i": pa.array(range(data.num_rows))})
-    first = indices.group_by(key, use_threads=False).aggregate([("_i", "min")]).column("_i_min")
-    return data.take(pc.take(first, pc.sort_indices(first)))
 
 
 @dataclass
@@ -136,54 +130,8 @@ class Schedule:
         return paused or now - waiting.oldest_at >= self.max_wait_s
 
 
-@dataclass
-class FleetWindow:
-    """The commit window, widened so a fleet of writers makes about ``table_commits_per_s``
-    commits a second on each table between them.
-
-    Each writer commits a table at most once per window, so N writers make N commits a window
-    on one Delta log; past a few a second those commits race (a loser reads the winner's entry
-    and tries again), and the races, not the rows, set the pace. A writer sees the others'
-    commits for free: the version its append made, less its previous append's, less one. From
-    their rate it estimates the writers (the others' commits in one of its windows, plus
-    itself) and widens its window to writers / ``table_commits_per_s``, never below
-    ``base_s`` nor above ``max_s``. Writers that see the same table converge on the same window.
-    ``table_commits_per_s`` 0 keeps ``base_s``.
-    """
-
-    base_s: float
-    table_commits_per_s: float = 0.0
-    max_s: float = 30.0
-    smoothing: float = 0.5
-    """The weight of the latest estimate against the running one."""
-
-    def __post_init__(self) -> None:
-        self.window_s = self.base_s
-        self._writers: dict[str, float] = {}
-        self._last: dict[str, tuple[int, float]] = {}
-
-    def committed(self, table: str, version: int, at: float) -> float:
-        """Record this writer's append to ``table`` (the version it made, at monotonic ``at``);
-        the window from now on."""
-        previous = self._last.get(table)
-        self._last[table] = (version, at)
-        if previous is None or self.table_commits_per_s <= 0 or version <= previous[0]:
-            return self.window_s
-        others_per_s = (version - previous[0] - 1) / max(at - previous[1], 1e-3)
-        seen = 1.0 + others_per_s * max(self.window_s, 1e-3)
-        running = self._writers.get(table, seen)
-        self._writers[table] = running + self.smoothing * (seen - running)
-        wanted = max(self._writers.values()) / self.table_commits_per_s
-        self.window_s = min(self.max_s, max(self.base_s, wanted))
-        return self.window_s
-
-
 class SpoolCommitError(RuntimeError):
     """Some tables of a spool directory could not be committed; their segments stay on disk."""
-
-
-COMMIT_ORDER = sorted(LANDING_MODELS, key=lambda table: LANDING_MODELS[table].closes)
-"""The order a flush commits the tables in: those whose rows close something last."""
 
 
 @dataclass
@@ -200,8 +148,9 @@ class SpoolFlusher:
     adopt_every_s: float = 5.0
     window_s: float = 1.0
     """At most one flush per window (``Schedule``): the commit rate of each table."""
-    table_commits_per_s: float = 0.0
-    """The fleet's commits a second per table the window widens for (``FleetWindow``)."""
+    stager: Stager | None = None
+    """Set on a fleet that stages its segments for one committer (``capture.staging``): a
+    flush stages them instead of committing them."""
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -212,7 +161,6 @@ class SpoolFlusher:
         self._tables: dict[str, TableWriter] = {}
         self._committed: dict[tuple[str, str], int | None] = {}
         self.committed_rows = 0
-        self.fleet_window = FleetWindow(self.window_s, self.table_commits_per_s)
 
     def start(self) -> None:
         self.adopt_orphans()
@@ -247,10 +195,9 @@ class SpoolFlusher:
             waiting = self.writer.waiting()
             flush, adopt = schedule.due(time.monotonic(), woken, waiting, overfull)
             if flush:
-                _logging_failure(self.flush, "spool flush")
-                schedule.window_s = self.fleet_window.window_s
+                log_failure(self.flush, "spool flush")
             if adopt:
-                _logging_failure(self.adopt_orphans, "orphan adoption")
+                log_failure(self.adopt_orphans, "orphan adoption")
 
     def flush(self) -> int:
         """Seal the active segments and commit every sealed segment of this writer."""
@@ -259,23 +206,27 @@ class SpoolFlusher:
 
     def commit_directory(self, directory: Path, writer_id: str) -> int:
         """Commit the sealed segments in ``directory``, one commit per table (``max_bytes`` at
-        most each), oldest first, then delete them.
+        most each), oldest first, then delete them; the rows landed. With a ``stager``, stage
+        them instead, and delete those whose bundle was committed since.
 
         The tables go in ``COMMIT_ORDER``: the rows that close something (completions,
         rewards) land after the turns spooled before them, never first; so a closing table
         waits for the next flush when a table before it failed. Any other failing table does
         not stop the others; ``SpoolCommitError`` is raised afterwards.
         """
-        own = directory == self.writer.directory
-        by_table: dict[str, list[tuple[int, Path]]] = {}
-        for path in directory.iterdir():
-            parsed = parse_segment_name(path.name)
-            if parsed is None:
-                continue
-            table, seq = parsed
-            if own and self.writer.is_active(table, seq):
-                continue
-            by_table.setdefault(table, []).append((seq, path))
+        by_table = self._sealed(directory)
+        if self.stager is not None:
+            sealed = [
+                Sealed(t, seq, path) for t, segments in by_table.items() for seq, path in segments
+            ]
+            with self._commit_lock:
+                landed = self.stager.deliver(
+                    writer_id,
+                    sealed,
+                    lambda s: self._remove_committed(s.table, s.seq, s.path, writer_id),
+                )
+            self.committed_rows += landed
+            return landed
         committed = 0
         failures: dict[str, Exception] = {}
         with self._commit_lock:
@@ -295,6 +246,20 @@ class SpoolFlusher:
                 f"could not commit {', '.join(failures)} from {directory}"
             ) from first
         return committed
+
+    def _sealed(self, directory: Path) -> dict[str, list[tuple[int, Path]]]:
+        """Per table, the (sequence number, path) of the sealed segments in ``directory``."""
+        own = directory == self.writer.directory
+        by_table: dict[str, list[tuple[int, Path]]] = {}
+        for path in directory.iterdir():
+            parsed = parse_segment_name(path.name)
+            if parsed is None:
+                continue
+            table, seq = parsed
+            if own and self.writer.is_active(table, seq):
+                continue
+            by_table.setdefault(table, []).append((seq, path))
+        return by_table
 
     def _table(self, table: str) -> TableWriter:
         if table not in self._tables:
@@ -316,7 +281,7 @@ class SpoolFlusher:
                 self._remove_committed(table, seq, path, writer_id)
         return sum(
             self._commit_batch(table, batch, writer_id)
-            for batch in _batches_of_bytes(pending, self.max_bytes)
+            for batch in runs_of_bytes(pending, lambda s: s[1].stat().st_size, self.max_bytes)
         )
 
     def _commit_batch(self, table: str, segments: list[tuple[int, Path]], writer_id: str) -> int:
@@ -326,10 +291,9 @@ class SpoolFlusher:
         data = dedupe_on_key(pa.concat_tables(parts), model.key)
         if data.num_rows:
             try:
-                version = self._table(table).append(
+                self._table(table).append(
                     data,
-                    app_id=writer_id,
-                    app_version=segments[-1][0],
+                    apps={writer_id: segments[-1][0]},
                     metadata={"claw.writer_id": writer_id, "claw.segments": str(len(segments))},
                 )
             except Exception:
@@ -338,7 +302,6 @@ class SpoolFlusher:
                 self._committed.pop((table, writer_id), None)
                 raise
             self._committed[(table, writer_id)] = segments[-1][0]
-            self.fleet_window.committed(table, version, time.monotonic())
         for seq, path in segments:
             self._remove_committed(table, seq, path, writer_id)
         return data.num_rows
@@ -393,7 +356,8 @@ class SpoolFlusher:
                 continue
             try:
                 adopted += self.commit_directory(directory, directory.name)
-                shutil.rmtree(directory, ignore_errors=True)
+                if not self._sealed(directory):  # staged segments stay until committed
+                    shutil.rmtree(directory, ignore_errors=True)
             except Exception:
                 log.exception("adopting %s failed; it stays spooled and is retried", directory)
             finally:
@@ -402,35 +366,22 @@ class SpoolFlusher:
             log.info("adopted %d spooled rows from stopped writers", adopted)
         return adopted
 
-    def stop(self) -> None:
-        """Stop the thread and commit everything still spooled (graceful shutdown)."""
+    def stop(self, staged_wait_s: float = 10.0) -> None:
+        """Stop the thread and commit everything still spooled (graceful shutdown); staged,
+        wait up to ``staged_wait_s`` for the committer. What does not land stays spooled, for
+        the next process on this spool (or any that adopts it) to stage again."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        _logging_failure(self.flush, "final spool flush")
-
-
-def _batches_of_bytes(
-    segments: list[tuple[int, Path]], max_bytes: int
-) -> list[list[tuple[int, Path]]]:
-    """Consecutive runs of segments of at most ``max_bytes`` on disk (at least one segment
-    each), so a backlog of large rows is committed in pieces instead of read into memory whole."""
-    batches: list[list[tuple[int, Path]]] = [[]]
-    size = 0
-    for segment in segments:
-        length = segment[1].stat().st_size
-        if batches[-1] and size + length > max_bytes:
-            batches.append([])
-            size = 0
-        batches[-1].append(segment)
-        size += length
-    return [batch for batch in batches if batch]
-
-
-def _logging_failure(action: Callable[[], object], what: str) -> None:
-    """Run a background step; a failure is logged and its rows stay spooled for a later try."""
-    try:
-        action()
-    except Exception:
-        log.exception("%s failed; spooled rows stay on disk and are retried", what)
+        log_failure(self.flush, "final spool flush")
+        deadline = time.monotonic() + staged_wait_s
+        writer_id = self.writer.writer_id
+        while self.stager is not None and self.stager.waiting(writer_id):
+            if time.monotonic() > deadline:
+                log.warning(
+                    "staged rows were not committed within %s s; they stay spooled", staged_wait_s
+                )
+                return
+            time.sleep(0.2)
+            log_failure(self.flush, "final spool flush")

@@ -4,15 +4,15 @@ a completion never lands before the turns spooled ahead of it."""
 from __future__ import annotations
 
 import itertools
-import random
 import threading
 import time
 from pathlib import Path
 
 import polars as pl
 
+from claw_pipelines.capture.commit_rules import COMMIT_ORDER
 from claw_pipelines.capture.spool import SpoolWriter, Waiting
-from claw_pipelines.capture.spool_flusher import COMMIT_ORDER, FleetWindow, Schedule, SpoolFlusher
+from claw_pipelines.capture.spool_flusher import Schedule, SpoolFlusher
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Reward, TrajectoryEventRow, Turn, utc_now
 
@@ -137,31 +137,3 @@ def test_a_writer_under_many_closing_rows_commits_each_table_at_the_bounded_rate
 def _commit_times(lake: Lake, table: str) -> dict[int, int]:
     """Each version of ``table`` -> its commit's timestamp (ms)."""
     return {c["version"]: c["timestamp"] for c in lake.open(table).history()}
-
-
-def _fleet(writers: int, seconds: float, commits_per_s: float) -> tuple[list[FleetWindow], int]:
-    """``writers`` writers, each committing one table once per its window (starting at random
-    offsets), on one shared version counter, for ``seconds`` of simulated time."""
-    rng = random.Random(writers)
-    windows = [FleetWindow(1.0, commits_per_s) for _ in range(writers)]
-    due = [rng.random() for _ in range(writers)]
-    version = 0
-    while min(due) < seconds:
-        writer = due.index(min(due))
-        version += 1
-        window = windows[writer].committed("turns", version, due[writer])
-        due[writer] += window
-    return windows, version
-
-
-def test_a_fleet_widens_its_windows_to_share_a_tables_commit_rate() -> None:
-    """16 writers that see each other's versions converge on a 4 s window, so the table gets
-    about 4 commits a second instead of 16; one writer alone keeps its 1 s window; 0 turns
-    the widening off."""
-    windows, versions = _fleet(16, seconds=120, commits_per_s=4.0)
-    assert all(3.2 <= w.window_s <= 4.8 for w in windows), [w.window_s for w in windows]
-    assert versions / 120 < 6
-    alone, _ = _fleet(1, seconds=60, commits_per_s=4.0)
-    assert alone[0].window_s == 1.0
-    fixed, versions = _fleet(16, seconds=30, commits_per_s=0.0)
-    assert all(w.window_s == 1.0 for w in fixed) and versions >= 16 * 29

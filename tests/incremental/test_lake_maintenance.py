@@ -103,8 +103,8 @@ def test_the_log_and_files_a_lagging_reader_has_yet_to_read_are_kept(tmp_path: P
     entries after it nor vacuums the files they added, so the reader reads on by version."""
     lake = Lake(str(tmp_path / "lake"))
     _land(lake, 40)
-    lake.append("steps", pa.table({"step_id": ["s"]}), app_id=watermark_app("steps", "turns"),
-                app_version=10)  # fmt: skip
+    lake.append("steps", pa.table({"step_id": ["s"]}),
+                apps={watermark_app("steps", "turns"): 10})  # fmt: skip
     _age_log(lake)
     (done,) = maintain_lake(lake, NOW, Lease(lake, "proxy-1", 60))
     assert done.files_after == 1 and not done.log_cleaned and done.vacuumed == 0
@@ -163,7 +163,7 @@ def test_checkpoints_superseded_minutes_ago_are_deleted_however_young(tmp_path: 
 def _read_up_to(lake: Lake, version: int) -> None:
     """``steps`` records that it read turns up to ``version`` (its watermark)."""
     lake.append("steps", pa.table({"step_id": [f"s{version}"]}),
-                app_id=watermark_app("steps", "turns"), app_version=version)  # fmt: skip
+                apps={watermark_app("steps", "turns"): version})  # fmt: skip
 
 
 def _new_turn_ids(lake: Lake, after: int | None) -> list[str]:

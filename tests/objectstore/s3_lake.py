@@ -119,9 +119,11 @@ class Fleet:
         return self.root / f"proxy-{index}"
 
     def env(self, index: int) -> dict[str, str]:
+        """Staged commits, as docs/deployment.md runs a fleet: one committer for all."""
         return {
             **capture_env(self.workdir(index), self.key),
             **lake_env(self.lake.root, self.lake.storage_options),
+            "CLAW_COMMIT_MODE": "staged",
         }
 
     def start(self, index: int, port: int | None = None) -> Service:
