@@ -13,9 +13,9 @@ import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from claw_pipelines.capture.redact import Redactor
 from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.incremental.increment import SAMPLE_ROWS, Increment
+from claw_pipelines.redaction import Redactor
 
 CELL_CHARS = 80
 _REDACTOR = Redactor.from_environment()

@@ -30,7 +30,6 @@ from claw_pipelines.capture.identity import (
 )
 from claw_pipelines.capture.policy import policy_router, with_announced_version
 from claw_pipelines.capture.prompt_prefixes import land_turns
-from claw_pipelines.capture.redact import NotSecret
 from claw_pipelines.capture.request_body import (
     BodyRejected,
     parse_json_object,
@@ -39,6 +38,7 @@ from claw_pipelines.capture.request_body import (
 )
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.spool import SpoolUnavailable
+from claw_pipelines.redaction import NotSecret
 from claw_pipelines.schemas import (
     Float32,
     Reward,

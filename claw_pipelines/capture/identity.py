@@ -21,7 +21,7 @@ from pydantic import (
     ValidationError,
 )
 
-from claw_pipelines.capture.redact import NotSecret
+from claw_pipelines.redaction import NotSecret
 
 PolicyVersion = Annotated[int, Field(ge=0, le=2**63 - 1, strict=True)]
 """Strict: ``1.0`` or ``true`` is not a version (pydantic would otherwise coerce them to 1).

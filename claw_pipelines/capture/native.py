@@ -15,8 +15,8 @@ from typing import Any
 from litellm.llms.anthropic.pass_through.stream_assembly import assemble_anthropic_sse_stream
 
 from claw_pipelines.capture.bridge import Bridge
-from claw_pipelines.capture.redact import Redactor
 from claw_pipelines.capture.turns import PendingCall, error_turn, native_turn
+from claw_pipelines.redaction import Redactor
 from claw_pipelines.schemas import Turn, utc_now
 
 FINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from claw_pipelines.capture.redact import Redactor
 from claw_pipelines.capture.turns import (
     PendingCall,
     UnusableAnswer,
@@ -18,6 +17,7 @@ from claw_pipelines.capture.turns import (
     scrubbed_json,
     token_source,
 )
+from claw_pipelines.redaction import Redactor
 from claw_pipelines.schemas import Turn, utc_now
 
 

@@ -14,11 +14,11 @@ import polars as pl
 import pyarrow as pa
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from claw_pipelines.capture.redact import NotSecret, Redactor
 from claw_pipelines.inspector.filters import TrajectoryFilter, apply
 from claw_pipelines.inspector.summary import PROVISIONAL
 from claw_pipelines.inspector.tables import LakeState
 from claw_pipelines.lake import Lake
+from claw_pipelines.redaction import NotSecret, Redactor
 from claw_pipelines.schemas import Label, new_id, utc_now
 
 

@@ -31,7 +31,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claw_pipelines.access import is_loopback, key_refusal
 from claw_pipelines.batching.recipe import Recipe, load_recipes
-from claw_pipelines.capture.redact import Redactor
 from claw_pipelines.config_files import config_file
 from claw_pipelines.inspector import render
 from claw_pipelines.inspector.api_models import (
@@ -63,6 +62,7 @@ from claw_pipelines.inspector.tables import LakeIndex
 from claw_pipelines.inspector.trajectory import full_prompt, prompt_tokens, trajectory_detail
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake_store import LakeStoreError
+from claw_pipelines.redaction import Redactor
 from claw_pipelines.settings import get_settings
 
 Found = TypeVar("Found")

@@ -18,7 +18,7 @@ import pytest
 from proxy_calls import QUESTION, assert_matches_engine, landed, post
 from stack_fixtures import CaptureStack
 
-from claw_pipelines.capture.redact import REDACTED
+from claw_pipelines.redaction import REDACTED
 
 CALCULATOR_PARAMETERS = {
     "type": "object",

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import pytest
 import yaml
+from claw_pipelines.lake_store import LakeStoreError
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
@@ -33,7 +34,6 @@ from claw_pipelines.capture.launcher import (
     run_proxy,
     served_model,
 )
-from claw_pipelines.capture.redact import REDACTED, Redactor, names_a_secret
 from claw_pipelines.capture.request_body import BodyRejected, parse_json_object
 from claw_pipelines.capture.restream import sse_from_completion
 from claw_pipelines.capture.runtime import CaptureRuntime
@@ -44,8 +44,8 @@ from claw_pipelines.capture.turns import (
     turns_from_response,
 )
 from claw_pipelines.lake import Lake
-from claw_pipelines.lake_store import LakeStoreError
 from claw_pipelines.processes import free_port
+from claw_pipelines.redaction import REDACTED, Redactor, names_a_secret
 from claw_pipelines.settings import LOCAL_MASTER_KEY, ClawSettings
 
 

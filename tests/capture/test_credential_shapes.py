@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from assets.metadata import markdown_table
-from claw_pipelines.capture.redact import (
+from claw_pipelines.redaction import (
     CREDENTIAL_SHAPES,
     REDACTED,
     Redactor,

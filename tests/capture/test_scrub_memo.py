@@ -1,9 +1,9 @@
-"""Long strings are scrubbed once and remembered (``redact.ScrubMemo``): an agent's history
+"""Long strings are scrubbed once and remembered (``redaction.ScrubMemo``): an agent's history
 comes back on every call."""
 
 from __future__ import annotations
 
-from claw_pipelines.capture.redact import MEMO_MIN_CHARS, REDACTED, Redactor, ScrubMemo
+from claw_pipelines.redaction import MEMO_MIN_CHARS, REDACTED, Redactor, ScrubMemo
 
 KEY = "sk-proj-" + "a1B2c3D4e5F6g7H8i9J0" * 2
 HISTORY = "x" * MEMO_MIN_CHARS + f" the key is {KEY} and more text"

@@ -21,8 +21,8 @@ from fastapi.testclient import TestClient
 from stack_fixtures import CaptureStack, launch_stack
 
 from claw_pipelines.batches.rows import batch_rows
-from claw_pipelines.capture.redact import REDACTED
 from claw_pipelines.inspector.server import create_app
+from claw_pipelines.redaction import REDACTED
 from resources.lake import LakeResource
 
 sys.path.append(str(Path(__file__).resolve().parent.parent / "capture"))  # the shapes, shared
