@@ -59,7 +59,8 @@ sys.path[:0] = [str(TESTS / "objectstore"), str(TESTS)]  # the tests' S3 server,
 
 from s3_lake import S3, lake_env, start_s3  # noqa: E402
 
-from claw_pipelines.lake import Lake, changes  # noqa: E402
+from claw_pipelines.lake import Lake  # noqa: E402
+from claw_pipelines.lake.changes import changes  # noqa: E402
 from claw_pipelines.processes import stop_group  # noqa: E402
 from claw_pipelines.schemas import (  # noqa: E402
     LANDING_MODELS,
@@ -155,7 +156,7 @@ def run_writer(index: int, calls_per_s: float, seconds: float, prompt: int, resp
 
     errors = ErrorCount()
     logging.basicConfig(level=logging.WARNING)  # to the writer's log
-    logging.getLogger("claw_pipelines.capture.staging").setLevel(logging.INFO)
+    logging.getLogger("claw_pipelines.spool.staging").setLevel(logging.INFO)
     logging.getLogger().addHandler(errors)
     runtime = CaptureRuntime.current()
     print(json.dumps({"ready": runtime.writer.writer_id}), flush=True)

@@ -16,10 +16,11 @@ from pathlib import Path
 
 from deltalake import CommitProperties, WriterProperties, write_deltalake
 
-from claw_pipelines.capture.spool import SpoolWriter
-from claw_pipelines.capture.spool_flusher import SpoolFlusher
-from claw_pipelines.lake import Lake, landing_writer, table_configuration
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.properties import landing_writer, table_configuration
 from claw_pipelines.schemas import Turn, rows_to_arrow, utc_now
+from claw_pipelines.spool.flusher import SpoolFlusher
+from claw_pipelines.spool.writer import SpoolWriter
 
 
 def synthetic_turns(count: int, prompt_len: int, response_len: int, seed: int = 0) -> list[Turn]:

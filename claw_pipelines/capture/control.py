@@ -37,7 +37,6 @@ from claw_pipelines.capture.request_body import (
     replay,
 )
 from claw_pipelines.capture.runtime import CaptureRuntime
-from claw_pipelines.capture.spool import SpoolUnavailable
 from claw_pipelines.redaction import NotSecret
 from claw_pipelines.schemas import (
     Float32,
@@ -50,6 +49,7 @@ from claw_pipelines.schemas import (
     utc_now,
 )
 from claw_pipelines.settings import get_settings
+from claw_pipelines.spool.writer import SpoolUnavailable
 
 MAX_TOKENS_PER_LIST = 1_000_000
 Logprob = Annotated[Float32, Field(le=0)]

@@ -21,8 +21,8 @@ from datetime import datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from claw_pipelines.capture.spool_codec import packed
 from claw_pipelines.schemas import LandingRow, Turn
+from claw_pipelines.spool.codec import packed
 
 if TYPE_CHECKING:
     from claw_pipelines.capture.runtime import CaptureRuntime

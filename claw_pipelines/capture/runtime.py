@@ -19,15 +19,15 @@ from litellm.router_utils.common_utils import resolve_model_group_alias
 from pydantic import BaseModel, ConfigDict
 
 from claw_pipelines.capture.policy import ServedPolicy
-from claw_pipelines.capture.spool import SpoolErrorsLoggedOnce, SpoolWriter
-from claw_pipelines.capture.spool_flusher import SpoolFlusher
-from claw_pipelines.capture.staging import Committer, Stager
 from claw_pipelines.capture.turns import PendingCall
 from claw_pipelines.lake import Lake
 from claw_pipelines.maintenance import Maintainer, Retention
 from claw_pipelines.redaction import Redactor, ScrubbedLogs
 from claw_pipelines.schemas import LandingRow
 from claw_pipelines.settings import ClawSettings, get_settings
+from claw_pipelines.spool.flusher import SpoolFlusher
+from claw_pipelines.spool.staging import Committer, Stager
+from claw_pipelines.spool.writer import SpoolErrorsLoggedOnce, SpoolWriter
 
 TOKEN_RETURNING_PREFIXES = ("hosted_vllm/",)
 MAX_PENDING_CALLS = 100_000

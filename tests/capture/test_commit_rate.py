@@ -10,11 +10,11 @@ from pathlib import Path
 
 import polars as pl
 
-from claw_pipelines.capture.commit_rules import COMMIT_ORDER
-from claw_pipelines.capture.spool import SpoolWriter, Waiting
-from claw_pipelines.capture.spool_flusher import Schedule, SpoolFlusher
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Reward, TrajectoryEventRow, Turn, utc_now
+from claw_pipelines.spool.commit_rules import COMMIT_ORDER
+from claw_pipelines.spool.flusher import Schedule, SpoolFlusher
+from claw_pipelines.spool.writer import SpoolWriter, Waiting
 
 NOTHING = Waiting(None, None, sealed_rows=0)
 

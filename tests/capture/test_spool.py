@@ -20,21 +20,21 @@ import pytest
 from fastapi.testclient import TestClient
 from spool_faults import Ballast, small_tmpfs
 
-from claw_pipelines.capture import spool_codec
 from claw_pipelines.capture.claw_r1.protocol import StepPayload, SubmitSteps
 from claw_pipelines.capture.claw_r1.routes import submit_steps
 from claw_pipelines.capture.control import build_control_app
 from claw_pipelines.capture.runtime import CaptureRuntime
-from claw_pipelines.capture.spool import SpoolUnavailable, SpoolWriter, Waiting, segment_name
-from claw_pipelines.capture.spool_flusher import (
+from claw_pipelines.lake import Lake
+from claw_pipelines.schemas import Reward, Turn, utc_now
+from claw_pipelines.settings import ClawSettings
+from claw_pipelines.spool import codec
+from claw_pipelines.spool.flusher import (
     QUARANTINE_DIR,
     Schedule,
     SpoolCommitError,
     SpoolFlusher,
 )
-from claw_pipelines.lake import Lake
-from claw_pipelines.schemas import Reward, Turn, utc_now
-from claw_pipelines.settings import ClawSettings
+from claw_pipelines.spool.writer import SpoolUnavailable, SpoolWriter, Waiting, segment_name
 
 
 def _turn(turn_id: str) -> Turn:
@@ -113,7 +113,7 @@ def test_spool_codec_round_trips_null_empty_and_long_lists() -> None:
             response_logprobs=[-0.25, -1.5],
         ),
     ]
-    decoded = spool_codec.decode(b"".join(spool_codec.encode(t) for t in turns), "turns")
+    decoded = codec.decode(b"".join(codec.encode(t) for t in turns), "turns")
     for turn, row in zip(turns, decoded.to_pylist(), strict=True):
         assert row["turn_id"] == turn.turn_id
         assert row["prompt_token_ids"] == turn.prompt_token_ids
@@ -125,8 +125,8 @@ def test_spool_codec_round_trips_null_empty_and_long_lists() -> None:
 FLUSH_IN_A_FRESH_PROCESS = """
 import sys
 from pathlib import Path
-from claw_pipelines.capture.spool import SpoolWriter
-from claw_pipelines.capture.spool_flusher import SpoolFlusher
+from claw_pipelines.spool.writer import SpoolWriter
+from claw_pipelines.spool.flusher import SpoolFlusher
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Turn, utc_now
 
@@ -179,7 +179,7 @@ def test_undecodable_rows_are_quarantined_and_block_nothing(tmp_path: Path) -> N
     quarantined = sorted((tmp_path / "spool" / QUARANTINE_DIR).iterdir())
     assert len(quarantined) == 2
     for path in quarantined:
-        assert len(spool_codec.scan(path.read_bytes()).frames) == 1
+        assert len(codec.scan(path.read_bytes()).frames) == 1
 
 
 def test_a_failing_flush_never_stops_startup(tmp_path: Path) -> None:
@@ -346,7 +346,7 @@ def test_a_row_of_megabytes_round_trips() -> None:
     now = utc_now()
     big = Turn(turn_id="big", model="m", started_at=now, ended_at=now, metadata="x" * 3_000_000)
     small = _turn("small")
-    decoded = spool_codec.decode(spool_codec.encode(small) + spool_codec.encode(big), "turns")
+    decoded = codec.decode(codec.encode(small) + codec.encode(big), "turns")
     assert decoded.column("turn_id").to_pylist() == ["small", "big"]
     assert decoded.column("metadata").to_pylist()[1] == big.metadata
 
@@ -361,7 +361,7 @@ def test_damaged_bytes_are_quarantined_and_the_frames_after_them_land(tmp_path: 
     writer.seal()
     segment = next(writer.directory.glob("turns-*"))
     data = bytearray(segment.read_bytes())
-    second = spool_codec.scan(bytes(data)).frames[1]
+    second = codec.scan(bytes(data)).frames[1]
     start = bytes(data).index(bytes(second.raw))
     data[start + len(second.raw) // 2] ^= 0xFF  # one flipped byte: its checksum fails
     segment.write_bytes(bytes(data))
@@ -381,7 +381,7 @@ def test_a_torn_last_frame_is_dropped_with_a_warning(
     writer.seal()
     segment = next(writer.directory.glob("turns-*"))
     segment.write_bytes(segment.read_bytes()[:-20])
-    scan = spool_codec.scan(segment.read_bytes())
+    scan = codec.scan(segment.read_bytes())
     assert (len(scan.frames), scan.damaged, scan.torn_tail > 0) == (1, [], True)
     with caplog.at_level(logging.WARNING):
         assert SpoolFlusher(writer, lake).flush() == 1

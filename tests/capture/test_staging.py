@@ -13,17 +13,17 @@ import pytest
 from deltalake.exceptions import CommitFailedError
 from test_commit_rate import _trajectory
 
-from claw_pipelines.capture.spool import SpoolWriter
-from claw_pipelines.capture.spool_flusher import SpoolFlusher
-from claw_pipelines.capture.staging import (
+from claw_pipelines.lake import Lake
+from claw_pipelines.schemas import LANDING_MODELS
+from claw_pipelines.spool.flusher import SpoolFlusher
+from claw_pipelines.spool.staging import (
     Committer,
     Stager,
     StagingArea,
     pack_bundle,
     unpack_bundle,
 )
-from claw_pipelines.lake import Lake
-from claw_pipelines.schemas import LANDING_MODELS
+from claw_pipelines.spool.writer import SpoolWriter
 
 KEYS = {"turns": "turn_id", "rewards": "reward_id", "trajectory_events": "event_id"}
 

@@ -7,8 +7,8 @@ from array import array
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from claw_pipelines.capture import spool_codec
 from claw_pipelines.schemas import TokenId, TokenIds
+from claw_pipelines.spool import codec
 
 WHOLE = TypeAdapter(TokenIds)
 ITEM_BY_ITEM = TypeAdapter(list[TokenId])
@@ -37,5 +37,5 @@ def test_a_checked_list_keeps_the_int32_buffer_the_spool_writes() -> None:
     ids = [0, 7, 2**31 - 1]
     checked = WHOLE.validate_python(ids)
     assert checked.int32 == array("i", ids).tobytes()
-    assert spool_codec.packed(checked, "i") is checked.int32
-    assert spool_codec.packed(checked[1:], "i") == array("i", ids[1:]).tobytes()
+    assert codec.packed(checked, "i") is checked.int32
+    assert codec.packed(checked[1:], "i") == array("i", ids[1:]).tobytes()

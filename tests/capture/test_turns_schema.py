@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from claw_pipelines.capture.spool import SpoolWriter
-from claw_pipelines.capture.spool_flusher import SpoolFlusher
-from claw_pipelines.lake import Lake, changes
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.changes import changes
 from claw_pipelines.schemas import Turn, rows_to_arrow, utc_now
+from claw_pipelines.spool.flusher import SpoolFlusher
+from claw_pipelines.spool.writer import SpoolWriter
 
 NEW_COLUMNS = ("api", "api_request", "api_response")
 

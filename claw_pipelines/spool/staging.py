@@ -38,18 +38,18 @@ import pyarrow as pa
 from deltalake._internal import DeltaFileSystemHandler  # the public wrapper cannot write bytes
 from pydantic import BaseModel
 
-from claw_pipelines.capture import spool_codec
-from claw_pipelines.capture.commit_rules import (
+from claw_pipelines.lake.store import is_remote
+from claw_pipelines.lake.tables import Lake, TableWriter
+from claw_pipelines.lease import COMMIT_LEASE_TABLE, Lease
+from claw_pipelines.schemas import LANDING_MODELS
+from claw_pipelines.spool import codec
+from claw_pipelines.spool.commit_rules import (
     COMMIT_ORDER,
     SEGMENT_BYTES,
     dedupe_on_key,
     log_failure,
     runs_of_bytes,
 )
-from claw_pipelines.lake import Lake, TableWriter
-from claw_pipelines.lake_store import is_remote
-from claw_pipelines.lease import COMMIT_LEASE_TABLE, Lease
-from claw_pipelines.schemas import LANDING_MODELS
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +182,7 @@ class Stager:
         for bundle in runs_of_bytes(fresh, lambda s: s.path.stat().st_size, self.max_bytes):
             contents = [(s, s.path.read_bytes()) for s in bundle]
             counted = [
-                Sealed(s.table, s.seq, s.path, len(spool_codec.scan(data).frames))
-                for s, data in contents
+                Sealed(s.table, s.seq, s.path, len(codec.scan(data).frames)) for s, data in contents
             ]
             name = f"{writer_id}.{time.time_ns():020d}.{uuid.uuid4().hex[:8]}{BUNDLE_SUFFIX}"
             self.area.put(name, pack_bundle(writer_id, [(s.table, s.seq, d) for s, d in contents]))
@@ -328,8 +327,8 @@ class Committer:
     def _rows(self, table: str, writer_id: str, segment: StagedSegment, body: bytes) -> pa.Table:
         """The segment's decodable rows; what cannot be decoded is kept in the lake's
         ``_staging_quarantine/`` folder, with an ERROR."""
-        scan = spool_codec.scan(body)
-        rows, undecodable = spool_codec.decode_salvaging(scan.frames, table)
+        scan = codec.scan(body)
+        rows, undecodable = codec.decode_salvaging(scan.frames, table)
         lost = [*undecodable, *scan.damaged]
         if lost:
             name = f"{writer_id}-{table}-{segment.seq}.quarantined"

@@ -2,10 +2,10 @@
 
 Each proxy process owns one spool directory (named by its writer id and held with an exclusive
 ``flock``). Rows are appended to one active segment per table, one frame per row (format in
-``spool_codec``). A frame is written whole or not at all: a short write (a full disk) is cut back
+``codec``). A frame is written whole or not at all: a short write (a full disk) is cut back
 off the file and the call fails with 503 (``SpoolUnavailable``), so no later frame ever follows a
 torn one and no answer is given for a row that is not there. A killed process leaves at most a
-torn last frame, of a turn that was never answered. ``spool_flusher`` commits sealed segments.
+torn last frame, of a turn that was never answered. ``flusher`` commits sealed segments.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from claw_pipelines.capture import spool_codec
 from claw_pipelines.schemas import LANDING_MODELS, LandingRow
+from claw_pipelines.spool import codec
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class SpoolWriter:
     def append(self, row: LandingRow) -> None:
         """Write one row to its table's active segment whole, or raise ``SpoolUnavailable``."""
         table = row.table_name
-        message = spool_codec.encode(row)
+        message = codec.encode(row)
         with self._mutex:
             try:
                 segment = self._active.get(table) or self._open_segment(table)

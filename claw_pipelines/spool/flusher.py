@@ -22,24 +22,24 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from claw_pipelines.capture import spool_codec
-from claw_pipelines.capture.commit_rules import (
+from claw_pipelines.lake.tables import Lake, TableWriter
+from claw_pipelines.schemas import LANDING_MODELS
+from claw_pipelines.spool import codec
+from claw_pipelines.spool.commit_rules import (
     COMMIT_ORDER,
     SEGMENT_BYTES,
     dedupe_on_key,
     log_failure,
     runs_of_bytes,
 )
-from claw_pipelines.capture.spool import (
+from claw_pipelines.spool.staging import Sealed, Stager
+from claw_pipelines.spool.writer import (
     LOCK_NAME,
     SpoolUnavailable,
     SpoolWriter,
     Waiting,
     parse_segment_name,
 )
-from claw_pipelines.capture.staging import Sealed, Stager
-from claw_pipelines.lake import Lake, TableWriter
-from claw_pipelines.schemas import LANDING_MODELS
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class SpoolFlusher:
     window_s: float = 1.0
     """At most one flush per window (``Schedule``): the commit rate of each table."""
     stager: Stager | None = None
-    """Set on a fleet that stages its segments for one committer (``capture.staging``): a
+    """Set on a fleet that stages its segments for one committer (``spool.staging``): a
     flush stages them instead of committing them."""
 
     def __post_init__(self) -> None:
@@ -315,8 +315,8 @@ class SpoolFlusher:
         """The segment's rows. Nothing it holds is dropped unseen: frames that cannot be decoded
         and damaged bytes are quarantined, with an ERROR; a torn tail (a write a crash cut
         short, whose call was never answered) is dropped with a WARNING."""
-        scan = spool_codec.scan(path.read_bytes())
-        rows, undecodable = spool_codec.decode_salvaging(scan.frames, table)
+        scan = codec.scan(path.read_bytes())
+        rows, undecodable = codec.decode_salvaging(scan.frames, table)
         root = self.writer.root
         if undecodable:
             target = quarantine(root, writer_id, path, undecodable)
