@@ -8,7 +8,7 @@ from assets.metadata import counts, histogram, sample
 from claw_pipelines.config_files import quality_config
 from claw_pipelines.derived_schemas import CURATED_STEPS, SCORED_STEPS, empty
 from claw_pipelines.incremental.increment import Increment, trajectory_ids
-from claw_pipelines.policy_versions import highest_announced_version, lag_reference
+from claw_pipelines.policy.versions import highest_announced_version, lag_reference
 from claw_pipelines.transforms.curation import curate_steps
 from claw_pipelines.transforms.quality import score_steps
 

@@ -24,7 +24,7 @@ import httpx
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from claw_pipelines.capture.policy import POLL_INTERVAL_S
+from claw_pipelines.policy.gate import POLL_INTERVAL_S
 from claw_pipelines.processes import Service, free_port
 from claw_pipelines.stack import start_engine, start_proxy
 

@@ -17,8 +17,7 @@ from typing import NamedTuple
 
 import polars as pl
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake import DeltaTable
 
 from claw_pipelines.batches.names import batches_table, ledger_table, manifest_path, retired_table
 from claw_pipelines.batches.pins import Pins
@@ -26,9 +25,10 @@ from claw_pipelines.batching.planner import BatchPlan, plan_batch
 from claw_pipelines.batching.recipe import PINNED, Recipe
 from claw_pipelines.batching.retirements import Retirements
 from claw_pipelines.derived_schemas import LEDGER, conform
-from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, ConcurrentRun
-from claw_pipelines.lake import Lake, compact, floor_ms, keyed
-from claw_pipelines.policy_versions import highest_announced_version, lag_reference
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.commits import COMPACT_AFTER_FILES, ConcurrentRun, commit
+from claw_pipelines.lake.filters import floor_ms, keyed
+from claw_pipelines.policy.versions import highest_announced_version, lag_reference
 
 PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
 """The ledger as written here: each row also carries its batch's pins (JSON)."""
@@ -230,19 +230,14 @@ def reserve_on(
     )
     done = 0 if snapshot is None else snapshot.transaction_version(_plan_app(recipe.name)) or 0
     target = snapshot or lake.as_created(ledger_table(recipe.name), rows.schema)
-    try:
-        write_deltalake(
-            target,
-            rows,
-            mode="append",
-            commit_properties=lake.commit_properties(
-                {_plan_app(recipe.name): done + 1}, {"claw.batch_id": batch_id}
-            ),
-        )
-    except CommitFailedError as error:
-        raise ConcurrentRun(
-            f"another batch of {recipe.name} was reserved while {batch_id} was planned"
-        ) from error
-    compact(target, max_files=COMPACT_AFTER_FILES)
+    commit(
+        target,
+        rows,
+        properties=lake.commit_properties(
+            {_plan_app(recipe.name): done + 1}, {"claw.batch_id": batch_id}
+        ),
+        compact_after=COMPACT_AFTER_FILES,
+        refused=f"another batch of {recipe.name} was reserved while {batch_id} was planned",
+    )
     retirements.record(plan, curated_version, now)  # after: it assumes the batch consumed
     return Reservation(plan, Pins.model_validate_json(recorded))  # as a re-plan reads them

@@ -18,7 +18,7 @@
 - ``/claw/v1/...`` goes to the lifecycle/reward/step/policy endpoints.
 - With ``claw_compat.claw_r1`` on, Claw-R1's gateway routes go to ``claw_r1.routes`` (on a
   loopback bind without a key, if the block allows it; LiteLLM is handed the master key).
-- Model calls pass ``policy.PolicyGate``: held during a weight-sync pause, stamped with the
+- Model calls pass ``policy.gate.PolicyGate``: held during a weight-sync pause, stamped with the
   version served.
 - On lifespan shutdown (SIGTERM/SIGINT) the spool is committed before the process exits.
 - Once LiteLLM has started, what start-up left on the heap is frozen out of garbage collection
@@ -46,7 +46,6 @@ from claw_pipelines.capture.claw_r1.routes import ClawR1Edge
 from claw_pipelines.capture.claw_r1.served import ClawR1Config
 from claw_pipelines.capture.control import build_control_app
 from claw_pipelines.capture.frozen_heap import freezing_after_startup
-from claw_pipelines.capture.identity import split_identity_prefix
 from claw_pipelines.capture.inner import (
     CapturedResponse,
     ChatChunkStream,
@@ -54,7 +53,6 @@ from claw_pipelines.capture.inner import (
     send_body,
     without_entity_headers,
 )
-from claw_pipelines.capture.policy import PolicyGate
 from claw_pipelines.capture.request_body import (
     BodyRejected,
     parse_json_object,
@@ -65,6 +63,8 @@ from claw_pipelines.capture.request_context import context_from_body, current_re
 from claw_pipelines.capture.restream import sse_from_completion, sse_from_text_completion
 from claw_pipelines.capture.runtime import CaptureRuntime, ModelCapture
 from claw_pipelines.capture.token_prompts import TokenPromptError, TokenPrompts
+from claw_pipelines.identity import split_identity_prefix
+from claw_pipelines.policy.gate import PolicyGate
 from claw_pipelines.settings import get_settings
 
 Scope = dict[str, Any]

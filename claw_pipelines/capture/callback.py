@@ -27,9 +27,7 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from claw_pipelines.capture.apis import CALL_TYPE_APIS, NATIVE_APIS
 from claw_pipelines.capture.bridge import BRIDGES, BridgeRequestError
-from claw_pipelines.capture.identity import IdentityError, identity_from_request
 from claw_pipelines.capture.native import NativeStream, answer_json
-from claw_pipelines.capture.policy import stamp_served_version
 from claw_pipelines.capture.prompt_prefixes import land_turns
 from claw_pipelines.capture.request_context import RequestContext, current_request
 from claw_pipelines.capture.runtime import CaptureRuntime
@@ -44,6 +42,8 @@ from claw_pipelines.capture.turns import (
     scrubbed_json,
     turns_from_response,
 )
+from claw_pipelines.identity import IdentityError, identity_from_request
+from claw_pipelines.policy.gate import stamp_served_version
 from claw_pipelines.schemas import AgentApi, Turn
 
 UNREADABLE_ANSWER = "Invalid response object"

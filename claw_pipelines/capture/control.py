@@ -5,7 +5,7 @@ reached. Their bodies pass the same checks as a call's (``request_body``: size l
 finite numbers, valid Unicode) before FastAPI parses them. They land rows through the same spool
 as the captured turns, so they share its durability: a 200 means the row is in this process's
 spool and will reach Delta; a row the spool cannot take is a 503 with ``Retry-After``. The policy
-routes (``capture.policy``) commit to Delta before answering, as other workers read them there.
+routes (``policy.gate``) commit to Delta before answering, as other workers read them there.
 """
 
 from __future__ import annotations
@@ -20,15 +20,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 
-from claw_pipelines.capture.identity import (
-    IDENTITY_FIELDS,
-    IdentityError,
-    IdentityValue,
-    PolicyVersion,
-    TurnIdentity,
-    identity_from_request,
-)
-from claw_pipelines.capture.policy import policy_router, with_announced_version
 from claw_pipelines.capture.prompt_prefixes import land_turns
 from claw_pipelines.capture.request_body import (
     BodyRejected,
@@ -37,6 +28,15 @@ from claw_pipelines.capture.request_body import (
     replay,
 )
 from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.identity import (
+    IDENTITY_FIELDS,
+    IdentityError,
+    IdentityValue,
+    PolicyVersion,
+    TurnIdentity,
+    identity_from_request,
+)
+from claw_pipelines.policy.gate import policy_router, with_announced_version
 from claw_pipelines.redaction import NotSecret
 from claw_pipelines.schemas import (
     Float32,

@@ -18,10 +18,10 @@ import yaml
 from litellm.router_utils.common_utils import resolve_model_group_alias
 from pydantic import BaseModel, ConfigDict
 
-from claw_pipelines.capture.policy import ServedPolicy
 from claw_pipelines.capture.turns import PendingCall
 from claw_pipelines.lake import Lake
 from claw_pipelines.maintenance import Maintainer, Retention
+from claw_pipelines.policy.gate import ServedPolicy
 from claw_pipelines.redaction import Redactor, ScrubbedLogs
 from claw_pipelines.schemas import LandingRow
 from claw_pipelines.settings import ClawSettings, get_settings

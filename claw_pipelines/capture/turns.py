@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from claw_pipelines.capture.identity import IDENTITY_FIELDS, TurnIdentity
 from claw_pipelines.capture.request_body import path_text
+from claw_pipelines.identity import IDENTITY_FIELDS, TurnIdentity
 from claw_pipelines.redaction import Redactor
 from claw_pipelines.schemas import AgentApi, Turn, utc_now
 

@@ -30,8 +30,10 @@ from claw_pipelines.batching.retirements import (
     voided,
 )
 from claw_pipelines.inspector.tables import LakeState
-from claw_pipelines.lake import Lake, changes, watermark_app
-from claw_pipelines.policy_versions import highest_announced_version, lag_reference
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.changes import changes
+from claw_pipelines.lake.commits import watermark_app
+from claw_pipelines.policy.versions import highest_announced_version, lag_reference
 from claw_pipelines.transforms import curate_steps
 
 DAGSTER_URL_ENV = "CLAW_DAGSTER_URL"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import httpx
 
-from claw_pipelines.policy_versions import PauseStatus, PolicyStatus
+from claw_pipelines.policy.versions import PauseStatus, PolicyStatus
 
 
 class PolicyClient:

@@ -13,19 +13,12 @@ from urllib.parse import quote
 
 import pytest
 import yaml
-from claw_pipelines.lake_store import LakeStoreError
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from claw_pipelines.capture.asgi import CaptureApp
 from claw_pipelines.capture.control import RewardIn, StepIn, build_control_app
 from claw_pipelines.capture.frozen_heap import PlainProxy
-from claw_pipelines.capture.identity import (
-    IdentityError,
-    TurnIdentity,
-    identity_from_request,
-    split_identity_prefix,
-)
 from claw_pipelines.capture.launcher import (
     DEFAULT_CONFIG,
     ProxyStartError,
@@ -43,7 +36,14 @@ from claw_pipelines.capture.turns import (
     pending_call,
     turns_from_response,
 )
+from claw_pipelines.identity import (
+    IdentityError,
+    TurnIdentity,
+    identity_from_request,
+    split_identity_prefix,
+)
 from claw_pipelines.lake import Lake
+from claw_pipelines.lake.store import LakeStoreError
 from claw_pipelines.processes import free_port
 from claw_pipelines.redaction import REDACTED, Redactor, names_a_secret
 from claw_pipelines.settings import LOCAL_MASTER_KEY, ClawSettings

@@ -14,16 +14,16 @@ from deltalake import DeltaTable
 from fastapi.testclient import TestClient
 
 from claw_pipelines.capture.control import build_control_app
-from claw_pipelines.capture.identity import TurnIdentity
-from claw_pipelines.capture.policy import (
+from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.identity import TurnIdentity
+from claw_pipelines.lake import Lake
+from claw_pipelines.policy.gate import (
     HeldTooLong,
     ServedPolicy,
     served_version,
     stamp_served_version,
 )
-from claw_pipelines.capture.runtime import CaptureRuntime
-from claw_pipelines.lake import Lake
-from claw_pipelines.policy_versions import (
+from claw_pipelines.policy.versions import (
     TABLE,
     highest_announced_version,
     lag_reference,

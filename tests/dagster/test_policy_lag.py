@@ -15,7 +15,7 @@ from claw_pipelines.config_files import recipes
 from claw_pipelines.inspector.batch_preview import preview
 from claw_pipelines.inspector.tables import LakeIndex
 from claw_pipelines.lake import Lake
-from claw_pipelines.policy_versions import TABLE
+from claw_pipelines.policy.versions import TABLE
 from claw_pipelines.schemas import PolicyEvent, rows_to_arrow
 
 RECIPE = recipes()["grpo"]

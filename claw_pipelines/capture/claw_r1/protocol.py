@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from claw_pipelines.capture.control import MAX_TOKENS_PER_LIST, Logprob, TokenId
-from claw_pipelines.capture.identity import IdentityValue, PolicyVersion
+from claw_pipelines.identity import IdentityValue, PolicyVersion
 
 DEFAULT_CHANNEL = "train"
 TokenList = Annotated[list[TokenId], Field(max_length=MAX_TOKENS_PER_LIST)]

@@ -19,9 +19,9 @@ from claw_pipelines.capture.claw_r1.protocol import (
     declared_task,
 )
 from claw_pipelines.capture.control import StepIn, white_box_turn
-from claw_pipelines.capture.identity import TurnIdentity
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.turns import scrubbed_json
+from claw_pipelines.identity import TurnIdentity
 from claw_pipelines.schemas import LandingRow, Reward, TrajectoryEventRow, TrajectoryRegistration
 
 WHITE_BOX_MODEL = "white-box"

@@ -1,7 +1,7 @@
 """The served policy version and the weight-sync pause, as one proxy worker applies them.
 
 Every worker keeps a ``ServedPolicy``: the state of ``policy_versions`` (see
-``claw_pipelines.policy_versions``), followed by a background thread that polls the table's
+``claw_pipelines.policy.versions``), followed by a background thread that polls the table's
 Delta log every ``POLL_INTERVAL_S``, and the worker's own count of model calls in flight.
 An announce or a pause is committed to the lake before its 200, not spooled: the other workers
 and proxies learn of it from the lake, so a spooled one would reach them only a flush later, and
@@ -27,9 +27,9 @@ from typing import Any
 from fastapi import APIRouter, HTTPException
 from starlette.responses import JSONResponse
 
-from claw_pipelines.capture.identity import TurnIdentity
+from claw_pipelines.identity import TurnIdentity
 from claw_pipelines.lake import Lake
-from claw_pipelines.policy_versions import (
+from claw_pipelines.policy.versions import (
     TABLE,
     Announce,
     Pause,

@@ -19,8 +19,10 @@ import polars as pl
 from deltalake import DeltaTable
 from pydantic import BaseModel, ConfigDict, Field
 
-from claw_pipelines.capture.identity import PolicyVersion
-from claw_pipelines.lake import Lake, VersionsVacuumed, changes, column_bound
+from claw_pipelines.identity import PolicyVersion
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.changes import VersionsVacuumed, changes
+from claw_pipelines.lake.filters import column_bound
 from claw_pipelines.schemas import PolicyEvent, utc_now
 
 TABLE = PolicyEvent.table_name
