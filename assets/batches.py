@@ -41,8 +41,8 @@ from claw_pipelines.batching.building import batch_schema
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.batching.release import build_batch, export_batch
 from claw_pipelines.config_files import recipes
-from claw_pipelines.incremental.increment import ConcurrentRun
 from claw_pipelines.lake import Lake
+from claw_pipelines.lake.commits import ConcurrentRun
 from claw_pipelines.schemas import utc_now
 from resources.lake import LakeResource
 

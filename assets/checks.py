@@ -11,7 +11,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, Schema
 
 from claw_pipelines.derived_schemas import LEGACY_COLUMNS
-from claw_pipelines.lake import keyed
+from claw_pipelines.lake.filters import keyed
 
 
 def schema_spec(asset: str) -> dg.AssetCheckSpec:

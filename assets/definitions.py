@@ -15,7 +15,7 @@ from assets import landing, maintenance, quality, release, rewards, steps
 from assets.automation import build_automation_sensor
 from assets.batches import build_recipe_definitions
 from assets.executor import claw_executor
-from claw_pipelines.lake_store import is_remote
+from claw_pipelines.lake.store import is_remote
 from claw_pipelines.settings import get_settings
 from resources.lake import LakeResource
 from resources.orchestration import OrchestrationSettings

@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 
 from assets.runs import has_run_before
 from claw_pipelines.config_files import recipes
-from claw_pipelines.lake import data_commits
+from claw_pipelines.lake.changes import data_commits
 from claw_pipelines.schemas import LANDING_MODELS
 from resources.lake import LakeResource
 

@@ -10,7 +10,7 @@ schedule spaces its passes.
 import dagster as dg
 from pydantic import Field
 
-from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES
+from claw_pipelines.lake.commits import COMPACT_AFTER_FILES
 from claw_pipelines.lease import Lease
 from claw_pipelines.maintenance import MIN_LOG_RETENTION_MINUTES, Retention, maintain_lake
 from claw_pipelines.settings import get_settings

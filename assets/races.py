@@ -13,7 +13,7 @@ from typing import ParamSpec, TypeVar
 
 import dagster as dg
 
-from claw_pipelines.incremental.increment import ConcurrentRun
+from claw_pipelines.lake.commits import ConcurrentRun
 
 RACE_RETRIES = 3
 """How often a step that lost a commit race is retried (each retry reads on from the winner)."""

@@ -33,7 +33,8 @@ import psutil
 from claw_pipelines.derived_schemas import fit
 from claw_pipelines.engine.server import MODEL_NAME as EMBEDDED_MODEL
 from claw_pipelines.engine.tokenizer import VOCAB_SIZE
-from claw_pipelines.lake import Lake, sql_in
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.filters import sql_in
 from claw_pipelines.processes import free_port
 from claw_pipelines.schemas import Reward, TrajectoryEventRow, Turn
 from claw_pipelines.stack import start_inspector

@@ -66,9 +66,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
 
-from claw_pipelines.derived_schemas import TOKEN_COLUMNS
+from claw_pipelines.derived_schemas import TOKEN_COLUMNS, WRITER
 from claw_pipelines.exporters.destination import Destination
-from claw_pipelines.incremental.increment import WRITER
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import TrajectoryEventRow, Turn
 

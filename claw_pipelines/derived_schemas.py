@@ -13,7 +13,8 @@ from typing import TypeVar
 import polars as pl
 import pyarrow as pa
 
-from claw_pipelines.lake import floor_ms, keyed
+from claw_pipelines.lake.filters import floor_ms, keyed
+from claw_pipelines.lake.properties import statistics_only
 from claw_pipelines.schemas import LANDING_MODELS, Turn
 from claw_pipelines.turn_prompts import read_columns, with_whole_prompts
 
@@ -408,6 +409,16 @@ SKIPPING_COLUMNS = sorted(
 and row groups by, so the derived tables' writer keeps their statistics. The lists (token IDs,
 logprobs, reasons) get none: nobody filters on them, and min/max over every token ID is a
 quarter of a token table's write time."""
+
+ROW_GROUP_ROWS = 8192
+"""Small row groups, so re-reading a chunk of (time-ordered) trajectory ids skips the rest of
+a file by its statistics instead of decoding every token list in it."""
+
+WRITER = statistics_only(SKIPPING_COLUMNS, max_row_group_size=ROW_GROUP_ROWS)
+"""How every derived table is written (``lake.properties.statistics_only``): for token-ID
+lists the writer's defaults cost ~4x the write time (6.3 s against 1.4 s for 100k steps of
+1,280 tokens); dropping their chunk statistics too takes a 100k-step write from ~0.6 s to
+~0.5 s."""
 
 
 def with_turn_columns(

@@ -22,16 +22,18 @@ from datetime import datetime, timedelta
 
 import polars as pl
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from claw_pipelines.lake import TABLE_CONFIGURATION, Lake
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.commits import commit
+from claw_pipelines.lake.properties import TABLE_CONFIGURATION
 from claw_pipelines.schemas import utc_now
 
 LEASE_TABLE = "maintenance_lease"
 LEASE_APP = "claw/maintenance/lease"
 COMMIT_LEASE_TABLE = "commit_lease"
-"""The lease of the fleet's committer of staged spool segments (``capture.staging``)."""
+"""The lease of the fleet's committer of staged spool segments (``spool.staging``)."""
 LEASE_SCHEMA = pa.schema(
     [
         pa.field("holder", pa.string(), nullable=False),
@@ -89,11 +91,11 @@ class Lease:
         taken = table.transaction_version(LEASE_APP) or 0
         row = pa.table({"holder": [self.holder], "expires_at": [expires_at]}, schema=LEASE_SCHEMA)
         try:
-            write_deltalake(
+            commit(
                 table,
                 row,
                 mode="overwrite",
-                commit_properties=self.lake.commit_properties({LEASE_APP: taken + 1}),
+                properties=self.lake.commit_properties({LEASE_APP: taken + 1}),
             )
         except CommitFailedError:
             return False

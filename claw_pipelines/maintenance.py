@@ -57,14 +57,10 @@ from deltalake.fs import DeltaStorageHandler
 from pyarrow.fs import FileSelector
 from pydantic import BaseModel, ConfigDict, Field
 
-from claw_pipelines.lake import (
-    Lake,
-    compact,
-    data_commits,
-    landing_writer,
-    table_configuration,
-    watermark_app,
-)
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.changes import data_commits
+from claw_pipelines.lake.commits import compact, watermark_app
+from claw_pipelines.lake.properties import landing_writer, table_configuration
 from claw_pipelines.lease import COMMIT_LEASE_TABLE, LEASE_TABLE, Lease
 from claw_pipelines.schemas import LANDING_MODELS, utc_now
 from claw_pipelines.settings import ClawSettings

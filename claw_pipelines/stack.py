@@ -20,7 +20,7 @@ import yaml
 from claw_pipelines.batching.recipe import load_recipes
 from claw_pipelines.config_files import config_file
 from claw_pipelines.lake import Lake
-from claw_pipelines.lake_store import LakeStoreError
+from claw_pipelines.lake.store import LakeStoreError
 from claw_pipelines.processes import Service, ServiceStartError, probe_bind, start_service
 from claw_pipelines.settings import LOCAL_MASTER_KEY, ClawSettings, get_settings
 

@@ -11,7 +11,7 @@ import polars as pl
 from claw_pipelines.batches.names import batches_table
 from claw_pipelines.derived_schemas import BATCH_ROWS, TURN_COLUMNS, fit, with_turn_columns
 from claw_pipelines.lake import Lake
-from claw_pipelines.landed_turns import chunks_with_turn_columns
+from claw_pipelines.transforms.landed_turns import chunks_with_turn_columns
 from claw_pipelines.transforms.sequences import is_sequence, sequence_rows
 
 EXPORT_ORDER = {

@@ -8,17 +8,17 @@ from typing import NamedTuple
 
 import polars as pl
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake import DeltaTable
 
 from claw_pipelines.batches.names import batches_table, ledger_table, retired_table
 from claw_pipelines.batches.pins import Pins
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.planner import BatchPlan
 from claw_pipelines.batching.recipe import Recipe
-from claw_pipelines.derived_schemas import DPO_PAIRS, STORED_BATCH_ROWS, conform
-from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER, ConcurrentRun
-from claw_pipelines.lake import Lake, compact, sql_in
+from claw_pipelines.derived_schemas import DPO_PAIRS, STORED_BATCH_ROWS, WRITER, conform
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.commits import COMPACT_AFTER_FILES, commit
+from claw_pipelines.lake.filters import sql_in
 from claw_pipelines.schemas import utc_now
 
 
@@ -62,21 +62,17 @@ def write_batch(lake: Lake, recipe: Recipe, plan: BatchPlan) -> tuple[DeltaTable
     schema = batch_schema(recipe)
     table = lake.ensure(batches_table(recipe.name), schema)
     rows = conform(plan.planned, schema)
-    try:
-        write_deltalake(
-            table,
-            rows,
-            mode="overwrite",
-            predicate=sql_in("batch_id", [plan.batch_id]),
-            schema_mode="merge",
-            writer_properties=WRITER,
-        )
-    except CommitFailedError as error:  # e.g. another batch's compaction merged the files read
-        raise ConcurrentRun(
-            f"another batch of {recipe.name} changed {batches_table(recipe.name)} "
-            f"while {plan.batch_id} was written"
-        ) from error
-    compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
+    commit(  # refused, e.g., when another batch's compaction merged the files read
+        table,
+        rows,
+        mode="overwrite",
+        predicate=sql_in("batch_id", [plan.batch_id]),
+        schema_mode="merge",
+        writer_properties=WRITER,
+        compact_after=COMPACT_AFTER_FILES,
+        refused=f"another batch of {recipe.name} changed {batches_table(recipe.name)} "
+        f"while {plan.batch_id} was written",
+    )
     return table, rows
 
 

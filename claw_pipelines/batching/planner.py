@@ -23,7 +23,7 @@ from claw_pipelines.derived_schemas import (
     STORED_BATCH_ROWS,
     fit,
 )
-from claw_pipelines.lake import floor_ms, keyed
+from claw_pipelines.lake.filters import floor_ms, keyed
 from claw_pipelines.transforms.credit import assign_credit
 from claw_pipelines.transforms.sequences import segment_index, sequence_lengths
 

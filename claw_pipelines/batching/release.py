@@ -24,8 +24,8 @@ from claw_pipelines.batching.planner import BatchPlan
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.exporters import Destination, export_chunks
-from claw_pipelines.incremental.increment import ConcurrentRun
 from claw_pipelines.lake import Lake
+from claw_pipelines.lake.commits import ConcurrentRun
 
 SAMPLE_ROWS = 8
 SAMPLE_COLUMNS = ["group_id", "trajectory_id", "step_index", "reward", "chosen_reward"]

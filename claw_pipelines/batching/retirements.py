@@ -31,15 +31,17 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import polars as pl
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.batches.names import retired_table
 from claw_pipelines.batching.planner import BatchPlan
 from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import RETIRED, conform
-from claw_pipelines.incremental.increment import CHUNK_TRAJECTORIES, COMPACT_AFTER_FILES
-from claw_pipelines.lake import Lake, changes, compact, floor_ms, keyed, sql_in
+from claw_pipelines.incremental.increment import CHUNK_TRAJECTORIES
+from claw_pipelines.lake import Lake, commits
+from claw_pipelines.lake.changes import changes
+from claw_pipelines.lake.filters import floor_ms, keyed, sql_in
 
 LOG = logging.getLogger(__name__)
 
@@ -210,16 +212,14 @@ class Retirements:
         if rows.is_empty() and unchanged:
             return
         try:
-            write_deltalake(
+            commits.commit(
                 self.table,
                 conform(rows, RETIRED),
-                mode="append",
-                commit_properties=self._commit(curated_version, {OPEN_SINCE: _iso(plan)}),
+                properties=self._commit(curated_version, {OPEN_SINCE: _iso(plan)}),
+                compact_after=commits.COMPACT_AFTER_FILES,
             )
         except CommitFailedError as error:
             self._give_up("record", error)
-            return
-        compact(self.table, max_files=COMPACT_AFTER_FILES)
 
 
 def _iso(plan: BatchPlan) -> str:

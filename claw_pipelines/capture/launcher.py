@@ -15,7 +15,7 @@ from claw_pipelines.capture.claw_r1.config import BIND_HOST_ENV, COMPAT_NAME, wi
 from claw_pipelines.capture.token_prompts import with_token_prompt_twins
 from claw_pipelines.config_files import config_file, shipped_file
 from claw_pipelines.lake import Lake
-from claw_pipelines.lake_store import LakeStoreError
+from claw_pipelines.lake.store import LakeStoreError
 from claw_pipelines.processes import probe_bind
 from claw_pipelines.settings import LOCAL_MASTER_KEY, get_settings
 

@@ -26,12 +26,19 @@ from datetime import datetime, timedelta
 
 import polars as pl
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from claw_pipelines.derived_schemas import CLOSED_TAILS, OPEN_STATE, conform, empty, fit
-from claw_pipelines.incremental.increment import COMPACT_AFTER_FILES, WRITER
-from claw_pipelines.lake import Lake, column_bound, compact, drop_removed_files, keep_configured
+from claw_pipelines.derived_schemas import CLOSED_TAILS, OPEN_STATE, WRITER, conform, empty, fit
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.commits import (
+    COMPACT_AFTER_FILES,
+    commit,
+    compact,
+    drop_removed_files,
+    keep_configured,
+)
+from claw_pipelines.lake.filters import column_bound
 from claw_pipelines.schemas import utc_now
 
 TABLE = "steps_tails"
@@ -101,10 +108,9 @@ class ClosedTails:
             for frame in frames.collect_batches()
             for b in conform(frame, CLOSED_TAILS).to_batches()
         )
-        write_deltalake(
+        commit(
             target,
             pa.RecordBatchReader.from_batches(CLOSED_TAILS, batches),
-            mode="append",
             schema_mode="merge",
             writer_properties=WRITER,
         )
@@ -147,7 +153,7 @@ class ClosedTails:
             with contextlib.suppress(CommitFailedError):
                 table.delete(f"closed_at < '{cutoff.isoformat()}'")
         compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
-        keep_configured(table, self.lake)
+        keep_configured(table, self.lake.commit_properties())
         drop_removed_files(table)
 
 

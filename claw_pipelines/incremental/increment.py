@@ -35,26 +35,20 @@ from dataclasses import dataclass, field
 
 import polars as pl
 import pyarrow as pa
-from deltalake import (
-    ColumnProperties,
-    CommitProperties,
-    DeltaTable,
-    WriterProperties,
-    write_deltalake,
-)
-from deltalake.exceptions import CommitFailedError
+from deltalake import CommitProperties, DeltaTable
 
-from claw_pipelines.derived_schemas import SKIPPING_COLUMNS, conform, empty
-from claw_pipelines.lake import (
-    Lake,
-    changes,
-    compact,
+from claw_pipelines.derived_schemas import WRITER, conform, empty
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.changes import changes
+from claw_pipelines.lake.commits import (
+    COMPACT_AFTER_FILES,
+    ConcurrentRun,
+    commit,
     drop_removed_files,
     keep_configured,
-    sql_in,
     watermark_app,
-    within_keys,
 )
+from claw_pipelines.lake.filters import sql_in, within_keys
 
 CHUNK_TRAJECTORIES = 32_768
 """Trajectories recomputed per commit by ``Increment.recompute``. The step tables hold no token
@@ -62,28 +56,7 @@ lists or messages (they point at their turns), so a chunk of a first build takes
 each chunk costs a scan of the input and a commit (~60 ms together), which at 8,192 per chunk
 was a second of a 100k-step build."""
 
-ROW_GROUP_ROWS = 8192
-"""Small row groups, so re-reading a chunk of (time-ordered) trajectory ids skips the rest of
-a file by its statistics instead of decoding every token list in it."""
-
 SAMPLE_ROWS = 5
-
-WRITER = WriterProperties(
-    max_row_group_size=ROW_GROUP_ROWS,
-    default_column_properties=ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE"),
-    column_properties=dict.fromkeys(
-        SKIPPING_COLUMNS, ColumnProperties(dictionary_enabled=False, statistics_enabled="CHUNK")
-    ),
-)
-"""How every derived table is written. Token-ID lists are most of the bytes, and for them the
-writer's defaults (dictionary encoding, page statistics) cost ~4x the write time: 6.3 s against
-1.4 s for 100k steps of 1,280 tokens; dropping their chunk statistics too takes a 100k-step write
-from ~0.6 s to ~0.5 s. Chunk statistics on the flat columns keep the file and row-group skipping.
-(delta-rs keys column properties by top-level name only, so the lists cannot be named here.)"""
-
-COMPACT_AFTER_FILES = 64
-"""Every run adds a small file to each derived table (and to ``steps_tails``); past this many
-they are merged."""
 
 STATE_LOOKBACK = 200
 """How many state-table commits to look back through for the one the output's last commit
@@ -93,13 +66,6 @@ matches: each attempt that died or lost a race between its state and output comm
 ATTEMPT_RANDOM_BITS = 24
 """An attempt id is its run number followed by this many random bits: ids grow run after run,
 and two attempts of one run (a race, a retry) differ."""
-
-
-class ConcurrentRun(RuntimeError):
-    """Another run committed to the table this run was about to commit to (its output, a
-    batch's ledger or rows) since this run's snapshot. That commit stands; this run's rows and
-    state never count. A retry reads on from the committed watermark (``assets.races`` makes
-    Dagster retry the step)."""
 
 
 @dataclass
@@ -298,24 +264,20 @@ class Increment:
             return self.snapshot
         target = self._target(data.schema)
         replacing = self.snapshot is not None and replace is not None and bool(replace[1])
-        try:
-            write_deltalake(
-                target,
-                data,
-                mode="overwrite" if replacing else "append",
-                predicate=sql_in(*replace) if replacing else None,
-                schema_mode="merge",
-                commit_properties=self._properties(watermark),
-                writer_properties=WRITER,
-            )
-        except CommitFailedError as error:
-            raise ConcurrentRun(
-                f"another run of {self.asset} committed to {self.output} while this one ran"
-            ) from error
+        commit(
+            target,
+            data,
+            mode="overwrite" if replacing else "append",
+            predicate=sql_in(*replace) if replacing else None,
+            schema_mode="merge",
+            properties=self._properties(watermark),
+            writer_properties=WRITER,
+            compact_after=COMPACT_AFTER_FILES if watermark else None,
+            refused=f"another run of {self.asset} committed to {self.output} while this one ran",
+        )
         self._chunks_written += not watermark
         if watermark:
-            compact(target, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
-            keep_configured(target, self.lake)
+            keep_configured(target, self.lake.commit_properties())
         return target
 
     def predates(self, schema: pa.Schema) -> bool:
@@ -360,17 +322,17 @@ class Increment:
         """Overwrite the carried-over state, tagged with this run's watermark; returns the
         state table's version holding it."""
         target = self.lake.ensure(state_table, schema)
-        keep_configured(target, self.lake)
-        write_deltalake(
+        keep_configured(target, self.lake.commit_properties())
+        version = commit(
             target,
             conform(state, schema),
             mode="overwrite",
             schema_mode="overwrite",
-            commit_properties=self._properties(),
+            properties=self._properties(),
             writer_properties=WRITER,
         )
         self.states_written[state_table] = target
-        return target.version()
+        return version
 
     def drop_old_states(self, state_table: str) -> None:
         """Delete the files of ``state_table`` that neither the state this run wrote nor the one
@@ -402,9 +364,9 @@ class Increment:
         attempt = self.committed_attempt
         if _attempt_of(latest, self.asset) == attempt:
             return latest.version()
-        for commit in latest.history(STATE_LOOKBACK):
-            if commit.get("claw.attempt") == str(attempt):
-                return commit["version"]
+        for entry in latest.history(STATE_LOOKBACK):
+            if entry.get("claw.attempt") == str(attempt):
+                return entry["version"]
         raise RuntimeError(
             f"no version of {state_table} was written by the last commit of {self.output}"
         )

@@ -10,7 +10,7 @@ import polars as pl
 
 from claw_pipelines.derived_schemas import STEP_SOURCE_COLUMNS
 from claw_pipelines.incremental.increment import Increment
-from claw_pipelines.lake import keyed
+from claw_pipelines.lake.filters import keyed
 from claw_pipelines.turn_prompts import PROMPT_REFERENCE
 
 UNREAD = ("request_messages", "request_tools")

@@ -61,7 +61,7 @@ from claw_pipelines.inspector.overview import Overview, RecipeStatus, compute, r
 from claw_pipelines.inspector.tables import LakeIndex
 from claw_pipelines.inspector.trajectory import full_prompt, prompt_tokens, trajectory_detail
 from claw_pipelines.lake import Lake
-from claw_pipelines.lake_store import LakeStoreError
+from claw_pipelines.lake.store import LakeStoreError
 from claw_pipelines.redaction import Redactor
 from claw_pipelines.settings import get_settings
 

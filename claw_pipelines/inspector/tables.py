@@ -22,7 +22,8 @@ from claw_pipelines.inspector.summary import (
     turn_index_rows,
     upsert,
 )
-from claw_pipelines.lake import Lake, changes
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.changes import changes
 from claw_pipelines.schemas import Label, Reward, TrajectoryEventRow, Turn
 
 VERSION = pl.Int64

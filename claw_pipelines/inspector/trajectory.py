@@ -22,7 +22,8 @@ from claw_pipelines.inspector.api_models import (
 )
 from claw_pipelines.inspector.summary import latest_labels
 from claw_pipelines.inspector.tables import LakeState
-from claw_pipelines.lake import Lake, sql_in
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.filters import sql_in
 from claw_pipelines.turn_prompts import with_whole_prompts
 
 UNSHOWN = {"api_request", "api_response"}

@@ -13,7 +13,8 @@ import polars as pl
 from deltalake import DeltaTable
 
 from claw_pipelines.batches.names import ledger_table
-from claw_pipelines.lake import Lake, changes
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.changes import changes
 
 COLUMNS = ["batch_id", "planned_at"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import polars as pl
 
 from claw_pipelines.derived_schemas import REWARDED_STEPS, fit
-from claw_pipelines.lake import keyed
+from claw_pipelines.lake.filters import keyed
 from claw_pipelines.transforms import reward_rules
 from claw_pipelines.transforms.credit import assign_credit
 

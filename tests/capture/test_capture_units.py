@@ -13,9 +13,6 @@ from urllib.parse import quote
 
 import pytest
 import yaml
-from fastapi.testclient import TestClient
-from pydantic import ValidationError
-
 from claw_pipelines.capture.asgi import CaptureApp
 from claw_pipelines.capture.control import RewardIn, StepIn, build_control_app
 from claw_pipelines.capture.frozen_heap import PlainProxy
@@ -27,8 +24,11 @@ from claw_pipelines.capture.launcher import (
     run_proxy,
     served_model,
 )
-from claw_pipelines.capture.request_body import BodyRejected, parse_json_object
 from claw_pipelines.capture.restream import sse_from_completion
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from claw_pipelines.capture.request_body import BodyRejected, parse_json_object
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.stream_turns import StreamAccumulator
 from claw_pipelines.capture.turns import (

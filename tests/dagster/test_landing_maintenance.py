@@ -10,7 +10,9 @@ import pytest
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
 
-from claw_pipelines.lake import Lake, VersionsVacuumed, changes, compact
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.changes import VersionsVacuumed, changes
+from claw_pipelines.lake.commits import compact
 from claw_pipelines.lease import Lease
 
 VACUUM_NOW = {

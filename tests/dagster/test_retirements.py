@@ -15,7 +15,7 @@ from claw_pipelines.batches.pins import Pins
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.retirements import Retirements
 from claw_pipelines.config_files import recipes
-from claw_pipelines.lake import floor_ms
+from claw_pipelines.lake.filters import floor_ms
 from claw_pipelines.schemas import Reward, rows_to_arrow, utc_now
 
 RETIRED = retired_table("grpo")

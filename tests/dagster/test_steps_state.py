@@ -21,7 +21,8 @@ from claw_pipelines.derived_schemas import (
 )
 from claw_pipelines.incremental.closed_tails import ClosedTails
 from claw_pipelines.incremental.increment import Increment
-from claw_pipelines.lake import Lake, compact
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.commits import compact
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
 
 

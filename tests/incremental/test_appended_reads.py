@@ -8,8 +8,8 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
-from claw_pipelines.appended import appended_rows
-from claw_pipelines.lake import Lake, changes
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.changes import appended_rows, changes
 
 
 def _feed(table, start: int, end: int) -> pl.DataFrame:

@@ -17,7 +17,9 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from claw_pipelines.lake import Lake, changes, data_commits, watermark_app
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.changes import changes, data_commits
+from claw_pipelines.lake.commits import watermark_app
 from claw_pipelines.lease import Lease
 from claw_pipelines.maintenance import (
     SUPERSEDED_AFTER,
@@ -220,7 +222,7 @@ def test_a_writer_idle_past_a_cleanup_commits_on_a_fresh_handle(
     _land(lake, 40, first=1)
     _age_log(lake)
     maintain_lake(lake, NOW, Lease(lake, "proxy-1", 60))
-    monkeypatch.setattr("claw_pipelines.lake.REOPEN_AFTER_S", 0.0)
+    monkeypatch.setattr("claw_pipelines.lake.tables.REOPEN_AFTER_S", 0.0)
     idle.append(rows_to_arrow(Turn, [_turn(99).model_dump()]))
     assert len(_turn_ids(lake)) == 42
 

@@ -10,9 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
-from claw_pipelines.derived_schemas import EXTRACTED_STEPS, TOKEN_COLUMNS
-from claw_pipelines.incremental.increment import WRITER, Increment
-from claw_pipelines.lake import TABLE_CONFIGURATION, Lake, changes, column_bound, compact, keyed
+from claw_pipelines.derived_schemas import EXTRACTED_STEPS, TOKEN_COLUMNS, WRITER
+from claw_pipelines.incremental.increment import Increment
+from claw_pipelines.lake import Lake
+from claw_pipelines.lake.changes import changes
+from claw_pipelines.lake.commits import compact
+from claw_pipelines.lake.filters import column_bound, keyed
+from claw_pipelines.lake.properties import TABLE_CONFIGURATION
 
 
 def test_keyed_reads_exactly_the_keys_across_files(tmp_path: Path) -> None:

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from claw_pipelines.delta_files import scan_in_order
 from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.lake import Lake
-from claw_pipelines.landed_turns import _Read, chunks_with_turn_columns
+from claw_pipelines.lake.files import scan_in_order
+from claw_pipelines.transforms.landed_turns import _Read, chunks_with_turn_columns
 
 START = datetime(2026, 12, 1, tzinfo=UTC)
 

@@ -19,8 +19,8 @@ from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.incremental.increment import Increment
 from claw_pipelines.incremental.turn_chunks import UNREAD, TurnChunk, turn_chunks
 from claw_pipelines.lake import Lake
-from claw_pipelines.landed_turns import chunks_with_turn_columns
 from claw_pipelines.schemas import Turn, rows_to_arrow
+from claw_pipelines.transforms.landed_turns import chunks_with_turn_columns
 from claw_pipelines.transforms.steps import extract_steps, stored_steps
 from claw_pipelines.turn_prompts import (
     PROMPT_REFERENCE,

@@ -8,9 +8,8 @@ import pyarrow as pa
 import pytest
 from s3_lake import S3
 
-from claw_pipelines import lake as lake_module
-from claw_pipelines.appended import appended_rows
-from claw_pipelines.lake import changes
+from claw_pipelines.lake import changes as lake_changes
+from claw_pipelines.lake.changes import appended_rows, changes
 
 
 def _append(lake, first: int, rows: int) -> None:
@@ -43,7 +42,7 @@ def test_a_change_read_on_s3_reads_the_appended_files(s3: S3, monkeypatch: pytes
         served.append(rows)
         return rows
 
-    monkeypatch.setattr(lake_module, "appended_rows", recorded)
+    monkeypatch.setattr(lake_changes, "appended_rows", recorded)
     read = changes(table, 1, table.version(), ["id"], with_version=True)
     assert len(served) == 1 and served[0] is not None, "the feed served the read"
     assert read is not None and read.sort("id").equals(feed.select("id", "_commit_version"))

@@ -12,7 +12,7 @@ from stack_fixtures import refused_start
 
 from assets.definitions import build_definitions
 from claw_pipelines import stack
-from claw_pipelines.lake_store import LakeStoreError
+from claw_pipelines.lake.store import LakeStoreError
 from claw_pipelines.processes import free_port
 
 

@@ -9,7 +9,7 @@ import pytest
 from s3_lake import S3
 
 from claw_pipelines.lake import Lake
-from claw_pipelines.lake_store import LakeStoreError, store_options
+from claw_pipelines.lake.store import LakeStoreError, store_options
 from claw_pipelines.processes import free_port
 
 UNSAFE = [

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 import polars as pl
 from deltalake import DeltaTable
 
-from claw_pipelines.lake import floor_ms
+from claw_pipelines.lake.filters import floor_ms
 
 
 def plain_files(delta_table: DeltaTable) -> bool:

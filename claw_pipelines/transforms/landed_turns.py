@@ -19,8 +19,8 @@ import numpy as np
 import polars as pl
 from deltalake import DeltaTable
 
-from claw_pipelines.delta_files import ordered_files, plain_files, scan_files
 from claw_pipelines.derived_schemas import rows_at, started_within, with_turn_columns
+from claw_pipelines.lake.files import ordered_files, plain_files, scan_files
 from claw_pipelines.turn_prompts import read_columns, with_whole_prompts
 
 MISSING = -1

@@ -1,0 +1,8 @@
+"""The Delta Lake tables under one root: ``Lake`` locates, creates and opens them
+(``tables``); every write is a ``commits.commit``; ``changes`` reads what commits added,
+``files`` and ``filters`` read only what a reader needs, and ``store`` makes commits safe
+for many writers."""
+
+from claw_pipelines.lake.tables import Lake
+
+__all__ = ["Lake"]

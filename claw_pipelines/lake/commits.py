@@ -1,0 +1,131 @@
+"""The one path by which rows are committed to the lake's tables.
+
+Every Delta write of the project is a ``commit`` here: its mode (append, overwrite, or replace
+the rows a predicate matches), schema merge, writer properties, commit properties (retries,
+app transactions, metadata), the compaction that follows once a table holds more than
+``COMPACT_AFTER_FILES`` files, and what a commit refused by another writer's means to its
+caller (``ConcurrentRun``, or ``CommitFailedError`` for a caller that decides itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Literal
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from claw_pipelines.lake.properties import TABLE_CONFIGURATION
+
+COMPACT_AFTER_FILES = 64
+"""Every run adds a small file to each derived table (and to ``steps_tails``); past this many
+they are merged."""
+
+
+class ConcurrentRun(RuntimeError):
+    """Another run committed to the table this run was about to commit to (its output, a
+    batch's ledger or rows) since this run's snapshot. That commit stands; this run's rows and
+    state never count. A retry reads on from the committed watermark (``assets.races`` makes
+    Dagster retry the step)."""
+
+
+def commit_properties(
+    max_commit_retries: int,
+    apps: Mapping[str, int] | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> CommitProperties:
+    """A commit's properties: ``max_commit_retries``, an app transaction per ``apps`` entry (app
+    id: version; what ``DeltaTable.transaction_version`` reads back), and ``metadata`` in the
+    commit info."""
+    transactions = [Transaction(app_id=app, version=v) for app, v in (apps or {}).items()]
+    return CommitProperties(
+        max_commit_retries=max_commit_retries,
+        app_transactions=transactions or None,
+        custom_metadata=None if metadata is None else dict(metadata),
+    )
+
+
+def commit(
+    target: DeltaTable,
+    data: pa.Table | pa.RecordBatchReader,
+    *,
+    mode: Literal["append", "overwrite"] = "append",
+    predicate: str | None = None,
+    schema_mode: Literal["merge", "overwrite"] | None = None,
+    properties: CommitProperties | None = None,
+    writer_properties: WriterProperties | None = None,
+    compact_after: int | None = None,
+    refused: str | None = None,
+) -> int:
+    """Write ``data`` to ``target`` in one commit (the handle moves to it) and return the
+    version made. ``mode="overwrite"`` with a ``predicate`` replaces the rows it matches, without
+    one the whole table. From ``target``'s snapshot: a commit of another writer since then that
+    conflicts (same app transaction, files removed) refuses it after ``properties``' retries;
+    with ``refused`` the refusal is raised as ``ConcurrentRun(refused)``, else as delta-rs's
+    ``CommitFailedError``. With ``compact_after`` the table's files are then merged once more
+    than that many, with the same writer properties (``compact``)."""
+    try:
+        write_deltalake(
+            target,
+            data,
+            mode=mode,
+            predicate=predicate,
+            schema_mode=schema_mode,
+            commit_properties=properties,
+            writer_properties=writer_properties,
+        )
+    except CommitFailedError as error:
+        if refused is None:
+            raise
+        raise ConcurrentRun(refused) from error
+    version = target.version()
+    if compact_after is not None:
+        compact(target, max_files=compact_after, writer_properties=writer_properties)
+    return version
+
+
+def compact(
+    delta_table: DeltaTable, *, max_files: int, writer_properties: WriterProperties | None = None
+) -> None:
+    """Merge the table's small files once it has more than ``max_files`` (the handle moves to
+    the new version). A table that gets a small commit per run would otherwise make every open
+    and scan slower as it ages. The commit carries no data change, so change-data-feed readers
+    skip it, and earlier versions stay readable until a ``vacuum`` deletes the merged files
+    (only the landing tables' are, after a retention: ``assets.maintenance``). It only saves work
+    later: when another writer removed files it merged (its commit is rejected), it is skipped,
+    and the caller's own commit, already made, stands; a later compaction merges them."""
+    if len(delta_table.file_uris()) > max_files:
+        with contextlib.suppress(CommitFailedError):
+            delta_table.optimize.compact(writer_properties=writer_properties)
+
+
+def keep_configured(delta_table: DeltaTable, properties: CommitProperties) -> None:
+    """Set the ``TABLE_CONFIGURATION`` properties ``delta_table`` (a derived table) lacks or
+    holds otherwise, committed with ``properties``: one commit the first time, nothing after
+    (its metadata is in memory)."""
+    configured = delta_table.metadata().configuration
+    if any(configured.get(key) != value for key, value in TABLE_CONFIGURATION.items()):
+        with contextlib.suppress(CommitFailedError):  # another run set them first
+            delta_table.alter.set_table_properties(
+                TABLE_CONFIGURATION, commit_properties=properties
+            )
+
+
+def drop_removed_files(delta_table: DeltaTable, keep_versions: list[int] | None = None) -> None:
+    """Delete the files no version from the handle's on needs, nor ``keep_versions`` (a vacuum
+    with no retention). Only for the steps run's state tables, through the handle that wrote
+    them: they are rewritten often, and their old files would otherwise pile up."""
+    delta_table.vacuum(
+        retention_hours=0,
+        enforce_retention_duration=False,
+        dry_run=False,
+        keep_versions=keep_versions,
+    )
+
+
+def watermark_app(asset: str, source: str) -> str:
+    """The app transaction that an incremental asset's output commits carry for one input (or
+    for its run number and attempt): the input's Delta version it read up to."""
+    return f"claw/{asset}/{source}"
