@@ -3,7 +3,9 @@ layer (``assets``, ``resources``) nor Dagster, every module of ``assets`` holds 
 definitions, and the transforms build on the schemas, the settings and the lake alone. A
 stored batch (``batches``: its names, manifest, pins and rows) lies below everything that
 plans, exports, trains on or shows batches, so a trainer reading a finished batch never loads
-the planner, and no module of those packages imports one that imports it back."""
+the planner, and no module of those packages imports one that imports it back. The lake
+(``lake``) lies below everything that writes tables, has no file circle, and makes every Delta
+write of the library."""
 
 from __future__ import annotations
 
@@ -156,3 +158,59 @@ def test_only_the_incremental_asset_factory_opens_an_increment() -> None:
     run): an asset opening its own would read tables its lineage may not show."""
     openers = [p.name for p in sorted((REPO / "assets").glob("*.py")) if _opens_an_increment(p)]
     assert openers == ["incremental.py"]
+
+
+LAKE_BASE = {"claw_pipelines.lake", "claw_pipelines.schemas", "claw_pipelines.settings"}
+"""What the lake package builds on. Everything that writes a table imports it, so it imports
+nothing else of the library."""
+
+
+def _writes_delta(path: Path) -> bool:
+    """Whether ``path`` imports or calls ``write_deltalake`` or calls ``DeltaTable.create``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and "write_deltalake" in {a.name for a in node.names}:
+            return True
+        if not isinstance(node, ast.Call):
+            continue
+        called = node.func
+        if isinstance(called, ast.Name) and called.id == "write_deltalake":
+            return True
+        if isinstance(called, ast.Attribute) and called.attr == "write_deltalake":
+            return True
+        on_delta_table = isinstance(called, ast.Attribute) and isinstance(called.value, ast.Name)
+        if on_delta_table and called.value.id == "DeltaTable" and called.attr == "create":
+            return True
+    return False
+
+
+def test_the_lake_imports_nothing_that_writes_tables() -> None:
+    upward = {
+        path.name: sorted(
+            n
+            for n in _imported(path)
+            if n.split(".")[0] == "claw_pipelines" and not _within(n, LAKE_BASE)
+        )
+        for path in sorted((REPO / "claw_pipelines" / "lake").glob("*.py"))
+    }
+    assert upward and {name: above for name, above in upward.items() if above} == {}
+
+
+def test_no_module_of_the_lake_imports_one_that_imports_it_back() -> None:
+    """No file circle (as ``lake.py`` and ``delta_files.py`` once were)."""
+    graph = _import_graph()
+    ours = [m for m in graph if _within(m, {"claw_pipelines.lake"})]
+    circles = [m for m in ours if any(m in _reached(n, graph) for n in graph[m])]
+    assert ours and circles == []
+
+
+def test_every_delta_write_of_the_library_goes_through_the_lake() -> None:
+    """``lake.commits.commit`` owns writer properties, compaction and concurrent runs; a
+    ``write_deltalake`` or ``DeltaTable.create`` elsewhere would bypass them."""
+    lake = REPO / "claw_pipelines" / "lake"
+    assert _writes_delta(lake / "commits.py") and _writes_delta(lake / "tables.py")
+    outside = [
+        str(path.relative_to(REPO))
+        for path in sorted((REPO / "claw_pipelines").rglob("*.py"))
+        if lake not in path.parents and _writes_delta(path)
+    ]
+    assert outside == []
