@@ -6,7 +6,7 @@ route is served on both proxies before anything is measured, and who goes first 
 round by round, so neither one-off start-up costs nor drift with the processes' age fall on one
 proxy or route.
 ``--no-capture`` drops the callback and the HTTP edge but keeps the start-up heap freeze
-(``capture/frozen_heap.py``), so the two differ by capture alone; its model also sets LiteLLM's
+(``edge/frozen_heap.py``), so the two differ by capture alone; its model also sets LiteLLM's
 ``use_chat_completions_api``, so on ``/v1/responses`` the bare proxy does what the capture bridge
 does (translate to the engine's chat call: the engine has no Responses route) minus capture. On
 ``/v1/messages`` both translate through chat (LiteLLM's Anthropic adapter, and the bridge).
@@ -33,7 +33,7 @@ import httpx
 import psutil
 import yaml
 
-from claw_pipelines.capture.launcher import DEFAULT_CONFIG
+from claw_pipelines.edge.launcher import DEFAULT_CONFIG
 from claw_pipelines.processes import Service, free_port
 from claw_pipelines.stack import start_engine, start_proxy
 

@@ -82,7 +82,7 @@ def proxy(
     compat: CompatOption = None,
 ) -> None:
     """Run the LiteLLM proxy with the capture callback (turns land in Delta)."""
-    from claw_pipelines.capture.launcher import run_proxy
+    from claw_pipelines.edge.launcher import run_proxy
 
     run_proxy(
         host=host,

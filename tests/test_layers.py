@@ -5,7 +5,9 @@ stored batch (``batches``: its names, manifest, pins and rows) lies below everyt
 plans, exports, trains on or shows batches, so a trainer reading a finished batch never loads
 the planner, and no module of those packages imports one that imports it back. The lake
 (``lake``) lies below everything that writes tables, has no file circle, and makes every Delta
-write of the library."""
+write of the library. The proxy's packages follow a turn down (edge, capture, then the spool and
+the policy gate, then identity and redaction), and only the edge and the command line import
+capture or the edge."""
 
 from __future__ import annotations
 
@@ -158,6 +160,60 @@ def test_only_the_incremental_asset_factory_opens_an_increment() -> None:
     run): an asset opening its own would read tables its lineage may not show."""
     openers = [p.name for p in sorted((REPO / "assets").glob("*.py")) if _opens_an_increment(p)]
     assert openers == ["incremental.py"]
+
+
+PROXY_LAYERS = {
+    "capture": {"edge"},
+    "spool": {"edge", "capture", "policy"},
+    "policy": {"edge", "capture", "spool"},
+    "identity": {"edge", "capture", "spool", "policy"},
+    "redaction": {"edge", "capture", "spool", "policy", "identity", "inspector"},
+}
+"""A turn's way down, each layer and what it may not import: the HTTP edge (``edge``) wires the
+LiteLLM hooks (``capture``) to the spool and the policy gate, which know nothing of where their
+rows and calls come from; a turn's identity and the redaction lie below them all."""
+
+PROXY_IMPORTERS = {"capture": {"edge"}, "edge": set()}
+"""Besides the command line (``claw proxy`` runs the edge's launcher), who may import the proxy's
+own packages: the inspector, the batches and the Dagster layer share its redaction, identity,
+spool or policy table without loading LiteLLM's hooks or the edge."""
+
+
+def _ours(names: set[str]) -> set[str]:
+    return {f"claw_pipelines.{name}" for name in names}
+
+
+def _files(name: str) -> list[Path]:
+    """The source files of the library's module or package ``name``."""
+    path = REPO / "claw_pipelines" / name
+    return sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
+
+
+def test_the_proxy_layers_import_downward_only() -> None:
+    upward = {
+        str(path.relative_to(REPO)): sorted(n for n in _imported(path) if _within(n, _ours(above)))
+        for layer, above in PROXY_LAYERS.items()
+        for path in _files(layer)
+    }
+    assert len(upward) > len(PROXY_LAYERS)
+    assert {path: names for path, names in upward.items() if names} == {}
+
+
+def test_only_the_edge_and_the_command_line_import_capture_or_the_edge() -> None:
+    sources = [
+        p for top in ("claw_pipelines", "assets", "resources") for p in (REPO / top).rglob("*.py")
+    ]
+    importers = {
+        str(path.relative_to(REPO)): sorted(
+            package
+            for package, allowed in PROXY_IMPORTERS.items()
+            if any(_within(n, _ours({package})) for n in _imported(path))
+            and not _within(_module(path), _ours(allowed | {package}))
+        )
+        for path in sources
+        if path != REPO / "claw_pipelines" / "cli.py"
+    }
+    assert {path: names for path, names in importers.items() if names} == {}
 
 
 LAKE_BASE = {"claw_pipelines.lake", "claw_pipelines.schemas", "claw_pipelines.settings"}

@@ -243,7 +243,7 @@ def plan_batch(
     """Select the next batch of ``recipe`` from curated steps not yet in its ledger.
 
     Rewards are re-credited with the recipe's credit assignment; staleness is measured against
-    ``latest_policy_version`` (the assets pass ``policy_versions.lag_reference``, the highest
+    ``latest_policy_version`` (the assets pass ``policy.versions.lag_reference``, the highest
     announced version; default: the newest policy_version among all curated steps, consumed or
     not). Trajectory-based algorithms
     skip any trajectory with a consumed step (so late steps of a consumed trajectory never

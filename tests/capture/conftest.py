@@ -15,7 +15,7 @@ import yaml
 from fake_backend_stack import FakeBackendStack
 from stack_fixtures import PROXY_START_TIMEOUT_S, capture_env
 
-from claw_pipelines.capture.launcher import DEFAULT_CONFIG
+from claw_pipelines.edge.launcher import DEFAULT_CONFIG
 from claw_pipelines.processes import free_port, start_service
 from claw_pipelines.stack import start_proxy
 

@@ -25,7 +25,7 @@ from test_agent_apis import (
     streamed_message,
 )
 
-from claw_pipelines.capture.launcher import DEFAULT_CONFIG
+from claw_pipelines.edge.launcher import DEFAULT_CONFIG
 from claw_pipelines.engine.policy import RAMBLE_LIMIT
 
 BACKEND = {"api_base": "os.environ/CLAW_BACKEND_URL", "api_key": "none", "timeout": 120}

@@ -17,10 +17,10 @@ from claw_pipelines.capture.bridge import (
     MessagesBridge,
     ResponsesBridge,
 )
-from claw_pipelines.capture.inner import ChatChunkStream
 from claw_pipelines.capture.native import NativeStream
 from claw_pipelines.capture.runtime import model_capture_options
 from claw_pipelines.capture.turns import pending_call, turns_from_response
+from claw_pipelines.edge.inner import ChatChunkStream
 from claw_pipelines.identity import TurnIdentity, split_identity_prefix
 from claw_pipelines.redaction import Redactor
 

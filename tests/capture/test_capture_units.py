@@ -13,18 +13,6 @@ from urllib.parse import quote
 
 import pytest
 import yaml
-from claw_pipelines.capture.asgi import CaptureApp
-from claw_pipelines.capture.control import RewardIn, StepIn, build_control_app
-from claw_pipelines.capture.frozen_heap import PlainProxy
-from claw_pipelines.capture.launcher import (
-    DEFAULT_CONFIG,
-    ProxyStartError,
-    render_config,
-    resolve_master_key,
-    run_proxy,
-    served_model,
-)
-from claw_pipelines.capture.restream import sse_from_completion
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
@@ -36,6 +24,18 @@ from claw_pipelines.capture.turns import (
     pending_call,
     turns_from_response,
 )
+from claw_pipelines.edge.asgi import CaptureApp
+from claw_pipelines.edge.control import RewardIn, StepIn, build_control_app
+from claw_pipelines.edge.frozen_heap import PlainProxy
+from claw_pipelines.edge.launcher import (
+    DEFAULT_CONFIG,
+    ProxyStartError,
+    render_config,
+    resolve_master_key,
+    run_proxy,
+    served_model,
+)
+from claw_pipelines.edge.restream import sse_from_completion
 from claw_pipelines.identity import (
     IdentityError,
     TurnIdentity,
@@ -382,9 +382,9 @@ def test_the_plain_proxy_runs_without_the_capture_callback(
     config = yaml.safe_load(Path(os.environ["CONFIG_FILE_PATH"]).read_text())
     assert ("callbacks" in config["litellm_settings"]) is capture
     assert ran["app"] == (
-        "claw_pipelines.capture.asgi:app"
+        "claw_pipelines.edge.asgi:app"
         if capture
-        else "claw_pipelines.capture.frozen_heap:plain_litellm"
+        else "claw_pipelines.edge.frozen_heap:plain_litellm"
     )
 
 

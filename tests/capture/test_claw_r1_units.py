@@ -11,11 +11,11 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from claw_pipelines.capture.asgi import CaptureApp
-from claw_pipelines.capture.claw_r1.answers import chat_answer
-from claw_pipelines.capture.claw_r1.config import HERMES_LAYOUT, with_claw_r1
-from claw_pipelines.capture.claw_r1.served import ClawR1Config
-from claw_pipelines.capture.launcher import DEFAULT_CONFIG, render_config
+from claw_pipelines.edge.asgi import CaptureApp
+from claw_pipelines.edge.claw_r1.answers import chat_answer
+from claw_pipelines.edge.claw_r1.config import HERMES_LAYOUT, with_claw_r1
+from claw_pipelines.edge.claw_r1.served import ClawR1Config
+from claw_pipelines.edge.launcher import DEFAULT_CONFIG, render_config
 
 MASTER_KEY = "sk-test-claw-r1-units-0123456789"
 TOOL_CALL = {

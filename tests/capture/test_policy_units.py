@@ -10,11 +10,11 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from claw_pipelines.capture.control import build_control_app
 from deltalake import DeltaTable
 from fastapi.testclient import TestClient
 
 from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.edge.control import build_control_app
 from claw_pipelines.identity import TurnIdentity
 from claw_pipelines.lake import Lake
 from claw_pipelines.policy.gate import (

@@ -10,7 +10,7 @@ import pytest
 from proxy_calls import QUESTION, assert_matches_engine, client_for, landed, post
 from stack_fixtures import CaptureStack
 
-from claw_pipelines.capture.token_prompts import TOKEN_PROMPT_SUFFIX
+from claw_pipelines.edge.token_prompts import TOKEN_PROMPT_SUFFIX
 
 
 def _engine_choices(stack: CaptureStack, response_id: str) -> list[dict]:

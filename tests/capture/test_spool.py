@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from claw_pipelines.capture.claw_r1.protocol import StepPayload, SubmitSteps
-from claw_pipelines.capture.claw_r1.routes import submit_steps
-from claw_pipelines.capture.control import build_control_app
 from fastapi.testclient import TestClient
 from spool_faults import Ballast, small_tmpfs
 
 from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.edge.claw_r1.protocol import StepPayload, SubmitSteps
+from claw_pipelines.edge.claw_r1.routes import submit_steps
+from claw_pipelines.edge.control import build_control_app
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Reward, Turn, utc_now
 from claw_pipelines.settings import ClawSettings

@@ -7,7 +7,7 @@ LiteLLM itself must know:
 - the model aliases, as ``router_settings.model_group_alias`` entries to the default model,
   hidden from ``/v1/models`` (LiteLLM's router resolves them; Claw-R1 agents send ``default``);
 - for a vLLM-protocol default model (``hosted_vllm/``), its token-prompt twin
-  ``<default>-token-prompts`` (``capture.token_prompts``), which Claw-R1's ``/generate`` calls
+  ``<default>-token-prompts`` (``edge.token_prompts``), which Claw-R1's ``/generate`` calls
   with token IDs.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from claw_pipelines.capture.token_prompts import token_prompt_twin
+from claw_pipelines.edge.token_prompts import token_prompt_twin
 
 BIND_HOST_ENV = "CLAW_PROXY_HOST"
 """The interface ``claw proxy`` binds, set by the launcher; unset counts as not loopback."""

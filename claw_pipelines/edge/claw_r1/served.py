@@ -8,12 +8,12 @@ import yaml
 from litellm.router_utils.common_utils import resolve_model_group_alias
 from pydantic import BaseModel
 
-from claw_pipelines.capture.claw_r1.config import (
+from claw_pipelines.edge.claw_r1.config import (
     HERMES_LAYOUT,
     ClawR1Settings,
     compat_settings,
 )
-from claw_pipelines.capture.token_prompts import TOKEN_PROMPT_SUFFIX
+from claw_pipelines.edge.token_prompts import TOKEN_PROMPT_SUFFIX
 
 
 class ClawR1Config(BaseModel):

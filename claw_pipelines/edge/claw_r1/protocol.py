@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from claw_pipelines.capture.control import MAX_TOKENS_PER_LIST, Logprob, TokenId
+from claw_pipelines.edge.control import MAX_TOKENS_PER_LIST, Logprob, TokenId
 from claw_pipelines.identity import IdentityValue, PolicyVersion
 
 DEFAULT_CHANNEL = "train"

@@ -12,15 +12,15 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from claw_pipelines.capture.claw_r1.protocol import (
+from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.capture.turns import scrubbed_json
+from claw_pipelines.edge.claw_r1.protocol import (
     CompleteTrajectory,
     RegisterTrajectory,
     StepPayload,
     declared_task,
 )
-from claw_pipelines.capture.control import StepIn, white_box_turn
-from claw_pipelines.capture.runtime import CaptureRuntime
-from claw_pipelines.capture.turns import scrubbed_json
+from claw_pipelines.edge.control import StepIn, white_box_turn
 from claw_pipelines.identity import TurnIdentity
 from claw_pipelines.schemas import LandingRow, Reward, TrajectoryEventRow, TrajectoryRegistration
 

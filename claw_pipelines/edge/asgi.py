@@ -38,21 +38,8 @@ from urllib.parse import unquote
 from litellm.proxy.proxy_server import app as litellm_app
 from litellm.types.utils import ModelResponse
 
-from claw_pipelines.capture.api_requests import RequestShapeError, check_request
 from claw_pipelines.capture.apis import api_for_path
 from claw_pipelines.capture.bridge import BRIDGES, Bridge, BridgeRequestError
-from claw_pipelines.capture.claw_r1.config import BIND_HOST_ENV
-from claw_pipelines.capture.claw_r1.routes import ClawR1Edge
-from claw_pipelines.capture.claw_r1.served import ClawR1Config
-from claw_pipelines.capture.control import build_control_app
-from claw_pipelines.capture.frozen_heap import freezing_after_startup
-from claw_pipelines.capture.inner import (
-    CapturedResponse,
-    ChatChunkStream,
-    inner_scope,
-    send_body,
-    without_entity_headers,
-)
 from claw_pipelines.capture.request_body import (
     BodyRejected,
     parse_json_object,
@@ -60,9 +47,22 @@ from claw_pipelines.capture.request_body import (
     replay,
 )
 from claw_pipelines.capture.request_context import context_from_body, current_request
-from claw_pipelines.capture.restream import sse_from_completion, sse_from_text_completion
 from claw_pipelines.capture.runtime import CaptureRuntime, ModelCapture
-from claw_pipelines.capture.token_prompts import TokenPromptError, TokenPrompts
+from claw_pipelines.edge.api_requests import RequestShapeError, check_request
+from claw_pipelines.edge.claw_r1.config import BIND_HOST_ENV
+from claw_pipelines.edge.claw_r1.routes import ClawR1Edge
+from claw_pipelines.edge.claw_r1.served import ClawR1Config
+from claw_pipelines.edge.control import build_control_app
+from claw_pipelines.edge.frozen_heap import freezing_after_startup
+from claw_pipelines.edge.inner import (
+    CapturedResponse,
+    ChatChunkStream,
+    inner_scope,
+    send_body,
+    without_entity_headers,
+)
+from claw_pipelines.edge.restream import sse_from_completion, sse_from_text_completion
+from claw_pipelines.edge.token_prompts import TokenPromptError, TokenPrompts
 from claw_pipelines.identity import split_identity_prefix
 from claw_pipelines.policy.gate import PolicyGate
 from claw_pipelines.settings import get_settings

@@ -30,8 +30,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from claw_pipelines.access import is_loopback
-from claw_pipelines.capture.claw_r1.answers import chat_answer, completion_request, generate_answer
-from claw_pipelines.capture.claw_r1.protocol import (
+from claw_pipelines.capture.prompt_prefixes import land_turns
+from claw_pipelines.capture.request_body import replay
+from claw_pipelines.capture.request_context import context_from_body, current_request
+from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.edge.claw_r1.answers import chat_answer, completion_request, generate_answer
+from claw_pipelines.edge.claw_r1.protocol import (
     DEFAULT_CHANNEL,
     CompleteTrajectory,
     GenerateAnswer,
@@ -41,15 +45,11 @@ from claw_pipelines.capture.claw_r1.protocol import (
     SubmitSteps,
     SubmitStepsAnswer,
 )
-from claw_pipelines.capture.claw_r1.rows import completion_row, registration_row, step_rows
-from claw_pipelines.capture.claw_r1.served import ClawR1Config
-from claw_pipelines.capture.control import invalid_request
-from claw_pipelines.capture.inner import CapturedResponse, inner_scope
-from claw_pipelines.capture.prompt_prefixes import land_turns
-from claw_pipelines.capture.request_body import replay
-from claw_pipelines.capture.request_context import context_from_body, current_request
-from claw_pipelines.capture.restream import sse_from_completion
-from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.edge.claw_r1.rows import completion_row, registration_row, step_rows
+from claw_pipelines.edge.claw_r1.served import ClawR1Config
+from claw_pipelines.edge.control import invalid_request
+from claw_pipelines.edge.inner import CapturedResponse, inner_scope
+from claw_pipelines.edge.restream import sse_from_completion
 from claw_pipelines.identity import IdentityValue
 from claw_pipelines.schemas import new_id, utc_now
 

@@ -18,7 +18,7 @@ import contextlib
 import json
 from typing import Any
 
-from claw_pipelines.capture.claw_r1.protocol import GenerateAnswer, GenerateRequest
+from claw_pipelines.edge.claw_r1.protocol import GenerateAnswer, GenerateRequest
 
 GENERATE_PARAMS = ("temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty")
 """Claw-R1 sampling params passed on as OpenAI text completion params."""

@@ -11,9 +11,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from claw_pipelines.access import key_refusal
-from claw_pipelines.capture.claw_r1.config import BIND_HOST_ENV, COMPAT_NAME, with_claw_r1
-from claw_pipelines.capture.token_prompts import with_token_prompt_twins
 from claw_pipelines.config_files import config_file, shipped_file
+from claw_pipelines.edge.claw_r1.config import BIND_HOST_ENV, COMPAT_NAME, with_claw_r1
+from claw_pipelines.edge.token_prompts import with_token_prompt_twins
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.store import LakeStoreError
 from claw_pipelines.processes import probe_bind
@@ -173,9 +173,9 @@ def run_proxy(
         flush=True,
     )
     uvicorn.run(
-        "claw_pipelines.capture.asgi:app"
+        "claw_pipelines.edge.asgi:app"
         if capture
-        else "claw_pipelines.capture.frozen_heap:plain_litellm",
+        else "claw_pipelines.edge.frozen_heap:plain_litellm",
         host=host,
         port=port,
         workers=num_workers,
