@@ -1,21 +1,25 @@
 """Batches released one after another read only the curated steps still in play, whatever the
 trajectory ids look like: agents choose their own (``soak-<agent>-<n>``, uuid4s), and ids that
-sort against time made every plan read nearly the whole table."""
+sort against time made every plan read nearly the whole table. A consumed trajectory that gains
+a step late moves the read start back once, and is not planned again."""
 
 from __future__ import annotations
 
 import polars as pl
 import pytest
 from dagster_harness import Driver
-from dagster_rollouts import land_rollouts
+from dagster_rollouts import land_rollouts, late_turn
 
 from claw_pipelines.batching import ledger, planner
 from claw_pipelines.batching.release import BuiltBatch, ExportedBatch, release_ready
 from claw_pipelines.config_files import recipes
+from claw_pipelines.schemas import Turn, rows_to_arrow
 
 ROUNDS = 4
 GROUPS = 4
 """One grpo batch (``groups_per_batch``) lands per round, of groups of 4 one-step rollouts."""
+LATE = 2
+"""Before this round, a trajectory of the first batch gains a step."""
 
 
 @pytest.fixture
@@ -36,20 +40,27 @@ def test_each_plan_reads_only_the_steps_in_play_when_ids_sort_against_time(
     bound, instance, curated_reads
 ) -> None:
     driver, recipe = Driver(bound, instance), recipes()["grpo"]
-    landed: set[str] = set()
+    landed: list[dict[str, dict]] = []  # each round's turns by id
     for round_ in range(ROUNDS):  # each round's ids sort before every earlier round's
+        if round_ == LATE:
+            late = late_turn(max(landed[0].values(), key=lambda turn: turn["started_at"]))
+            bound.lake.append("turns", rows_to_arrow(Turn, [late]))
         rollouts = land_rollouts(bound.lake, groups=GROUPS, seed=round_, steps=1,
                                  trajectory_prefix=f"r{ROUNDS - round_}")  # fmt: skip
-        landed |= {t for members in rollouts.groups.values() for t in members}
+        landed.append(rollouts.turns)
         driver.refresh()
         released = list(release_ready(bound.lake, recipe))
         assert [type(r) for r in released] == [BuiltBatch, ExportedBatch]
 
-    assert curated_reads == [GROUPS * 4] * ROUNDS  # the new round's steps, never the earlier ones
+    new_round = GROUPS * 4
+    assert curated_reads[:LATE] + curated_reads[LATE + 1 :] == [new_round] * (ROUNDS - 1)
+    assert curated_reads[LATE] > new_round  # back to the late trajectory's first step, once
     batches = bound.lake.scan("batches/grpo").collect()
+    curated = bound.lake.scan("curated_steps").select("turn_id").collect()
+    assert late["turn_id"] in set(curated["turn_id"]) - set(batches["turn_id"])
+    assert set(batches["turn_id"]) == {turn for turns in landed for turn in turns}
     per_trajectory = batches.group_by("trajectory_id").agg(pl.col("batch_id").n_unique())
-    assert set(per_trajectory["trajectory_id"]) == landed
-    assert per_trajectory["batch_id"].to_list() == [1] * len(landed)
+    assert per_trajectory["batch_id"].to_list() == [1] * per_trajectory.height
 
     for batch_id in batches["batch_id"].unique().sort():
         pins = ledger.pins_of(bound.lake, recipe.name, batch_id)
