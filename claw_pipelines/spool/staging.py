@@ -238,7 +238,11 @@ class Committer:
             log_failure(self.lease.release, "commit lease release")
 
     def _run(self) -> None:
-        while not self._stop.wait(self.window_s):
+        """A round every ``window_s`` from the start of the last (at once after a longer one),
+        so a slow round does not add the window to every row's wait."""
+        began = time.monotonic()
+        while not self._stop.wait(max(0.0, began + self.window_s - time.monotonic())):
+            began = time.monotonic()
             if self._holds():
                 log_failure(self.commit_staged, "staged commit")
 
