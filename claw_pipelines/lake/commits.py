@@ -1,6 +1,7 @@
 """The one path by which rows are committed to the lake's tables.
 
-Every Delta write of the project is a ``commit`` here: its mode (append, overwrite, or replace
+Every write of rows to a table is a ``commit`` here (no other module calls
+``write_deltalake``: ``tests/test_layers.py``): its mode (append, overwrite, or replace
 the rows a predicate matches), schema merge, writer properties, commit properties (retries,
 app transactions, metadata), the compaction that follows once a table holds more than
 ``COMPACT_AFTER_FILES`` files, and what a commit refused by another writer's means to its

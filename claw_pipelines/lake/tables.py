@@ -1,8 +1,8 @@
 """The Delta Lake tables under one lake root (local path or object-store URI).
 
 Tables are located, created and opened through ``Lake``, so locations, storage options and
-commit retries are decided in one place; every write is a ``commits.commit``, landing rows
-through a long-lived ``TableWriter``.
+commit retries are decided in one place. Rows are written by ``commits.commit`` alone, the
+landing tables' through a long-lived ``TableWriter``.
 """
 
 from __future__ import annotations

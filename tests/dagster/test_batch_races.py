@@ -94,14 +94,14 @@ def test_a_batch_rewrite_that_a_compaction_got_ahead_of_is_retried(
     for name in names:
         driver.materialize(["batch_grpo"], partition_key=name)
     before = bound.lake.scan("batches/grpo").sort("turn_id").collect()
-    written_alone = building.write_deltalake
+    written_alone = building.commit
 
     def written_while_another_compacts(table, data, **kwargs):
         if len(table.file_uris()) > 1:
             DeltaTable(table.table_uri).optimize.compact()
         return written_alone(table, data, **kwargs)
 
-    monkeypatch.setattr(building, "write_deltalake", written_while_another_compacts)
+    monkeypatch.setattr(building, "commit", written_while_another_compacts)
     raced = driver.attempt(["batch_grpo"], partition_key=names[0])
     assert raced.success
     (why,) = retry_reasons(raced)
