@@ -36,9 +36,9 @@ from assets.races import retried_when_raced
 from assets.release import release_key
 from assets.runs import TO_COME, has_run
 from claw_pipelines.batches.names import MANIFEST, batches_table, exports_folder, ledger_table
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.building import batch_schema
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.batching.release import build_batch, export_batch
 from claw_pipelines.config_files import recipes
 from claw_pipelines.lake import Lake

@@ -25,7 +25,7 @@ from assets.batch_work import (
 )
 from assets.landing import OWNERS
 from assets.quality import curated_steps
-from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batching.release import BuiltBatch, ExportedBatch, RaceLost, release_ready
 from claw_pipelines.config_files import recipes
 from resources.lake import LakeResource

@@ -14,7 +14,7 @@ from functools import cache
 from importlib.resources import files
 from pathlib import Path
 
-from claw_pipelines.batching.recipe import Recipe, load_recipes
+from claw_pipelines.batches.recipe import Recipe, load_recipes
 from claw_pipelines.settings import get_settings
 from claw_pipelines.transforms.quality import QualityConfig
 from claw_pipelines.transforms.reward_rules import RewardConfig

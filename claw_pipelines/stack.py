@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from claw_pipelines.batching.recipe import load_recipes
+from claw_pipelines.batches.recipe import load_recipes
 from claw_pipelines.config_files import config_file
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.store import LakeStoreError

@@ -143,6 +143,23 @@ def test_no_module_of_the_batch_packages_imports_one_that_imports_it_back() -> N
     assert circles == []
 
 
+def test_the_library_packages_import_each_other_along_one_direction() -> None:
+    """No package circle either (``exporters`` once took the recipe from ``batching``, which
+    exports through ``exporters``): the packages of the library, each a concept, form layers."""
+    graph = _import_graph()
+
+    def package(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    packages: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        packages.setdefault(package(module), set()).update(package(m) for m in imported)
+    for name in packages:
+        packages[name].discard(name)
+    circles = [p for p in packages if any(p in _reached(q, packages) for q in packages[p])]
+    assert circles == []
+
+
 def _opens_an_increment(path: Path) -> bool:
     return any(
         isinstance(node, ast.Call)

@@ -1,14 +1,13 @@
-"""Batches from curated steps: recipes, planning, reservations and retirements.
+"""Batches from curated steps: planning, reservations and retirements.
 
-``recipe``: a recipe of assets/batches.yaml, refused at load when it would make every batch
-useless. ``planner``: the pure plan of a recipe's next batch (``plan_batch``) and the drops
+``planner``: the pure plan of a recipe's next batch (``plan_batch``) and the drops
 that are final. ``units``: how a plan picks whole trajectories, complete groups or preference
 pairs. ``ledger``: reserving a plan (at most one batch per step) with the pins that re-plan it
 exactly. ``retirements``: the steps dropped for good, kept out of later plans until their data
 changes. ``building``: a batch's plan (reserved now or re-planned) written to
 ``batches/<recipe>``. ``checks``: what a written batch passes before export. ``release``: the
 one call per Dagster job (build, export, release the ready batches) with plain results. What a
-stored batch is (names, manifest, pins, rows in export order) lives below, in
+stored batch is (its recipe, names, manifest, pins, rows in export order) lives below, in
 ``claw_pipelines.batches``. Nothing here needs Dagster: ``assets.batches`` and
 ``assets.release`` map ``release``'s results, and the inspector previews the next batch with
 the same planner.

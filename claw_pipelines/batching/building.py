@@ -12,9 +12,9 @@ from deltalake import DeltaTable
 
 from claw_pipelines.batches.names import batches_table, ledger_table, retired_table
 from claw_pipelines.batches.pins import Pins
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.planner import BatchPlan
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import DPO_PAIRS, STORED_BATCH_ROWS, WRITER, conform
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.commits import COMPACT_AFTER_FILES, commit

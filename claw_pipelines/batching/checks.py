@@ -6,7 +6,7 @@ from __future__ import annotations
 import polars as pl
 from pydantic import BaseModel, JsonValue
 
-from claw_pipelines.batching.recipe import GROUPED, Recipe
+from claw_pipelines.batches.recipe import GROUPED, Recipe
 from claw_pipelines.lake.filters import keyed
 
 CHECKS = ("groups_complete", "no_step_consumed_twice")

@@ -21,8 +21,8 @@ from deltalake import DeltaTable
 
 from claw_pipelines.batches.names import batches_table, ledger_table, manifest_path, retired_table
 from claw_pipelines.batches.pins import Pins
+from claw_pipelines.batches.recipe import PINNED, Recipe
 from claw_pipelines.batching.planner import BatchPlan, plan_batch
-from claw_pipelines.batching.recipe import PINNED, Recipe
 from claw_pipelines.batching.retirements import Retirements
 from claw_pipelines.derived_schemas import LEDGER, conform
 from claw_pipelines.lake import Lake

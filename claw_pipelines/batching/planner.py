@@ -13,8 +13,8 @@ from functools import cached_property
 
 import polars as pl
 
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batches.rows import complete_rows
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.batching.units import dpo_batch, trajectory_batch
 from claw_pipelines.derived_schemas import (
     DPO_PAIRS,

@@ -16,12 +16,12 @@ from pydantic import BaseModel
 from claw_pipelines.batches.manifest import Manifest
 from claw_pipelines.batches.names import batches_table, export_folder, ledger_table
 from claw_pipelines.batches.pins import Pins
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batches.rows import completed_chunks, in_export_order, stored_rows
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.building import planned, retired_before, write_batch
 from claw_pipelines.batching.checks import CheckOutcome, groups_complete, no_step_consumed_twice
 from claw_pipelines.batching.planner import BatchPlan
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.exporters import Destination, export_chunks
 from claw_pipelines.lake import Lake

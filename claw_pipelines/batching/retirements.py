@@ -35,8 +35,8 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from claw_pipelines.batches.names import retired_table
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batching.planner import BatchPlan
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import RETIRED, conform
 from claw_pipelines.incremental.increment import CHUNK_TRAJECTORIES
 from claw_pipelines.lake import Lake, commits

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import polars as pl
 
-from claw_pipelines.batching.recipe import GROUPED, Recipe
+from claw_pipelines.batches.recipe import GROUPED, Recipe
 from claw_pipelines.derived_schemas import (
     DPO_PAIRS,
     STORED_BATCH_ROWS,

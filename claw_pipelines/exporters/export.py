@@ -13,8 +13,8 @@ import polars as pl
 from claw_pipelines.batches.manifest import ExportedFile, Manifest, ModelRows, VerlLayout
 from claw_pipelines.batches.names import MANIFEST
 from claw_pipelines.batches.pins import Pins
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batches.rows import in_export_order
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.exporters.destination import Destination
 from claw_pipelines.exporters.jsonl import JsonlFiles
 from claw_pipelines.exporters.trl import TrlFiles

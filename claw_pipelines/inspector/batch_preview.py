@@ -21,8 +21,8 @@ from typing import NamedTuple
 import polars as pl
 
 from claw_pipelines.batches.names import ledger_table, retired_table
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batching.planner import BatchPlan, plan_batch
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.batching.retirements import (
     current_through,
     lowered,

@@ -30,7 +30,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claw_pipelines.access import is_loopback, key_refusal
-from claw_pipelines.batching.recipe import Recipe, load_recipes
+from claw_pipelines.batches.recipe import Recipe, load_recipes
 from claw_pipelines.config_files import config_file
 from claw_pipelines.inspector import render
 from claw_pipelines.inspector.api_models import (

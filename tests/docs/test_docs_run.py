@@ -32,7 +32,7 @@ import yaml
 from docs_stack import DocsStack
 from markdown_blocks import RUNNABLE, Block, blocks, pages
 
-from claw_pipelines.batching.recipe import Recipe
+from claw_pipelines.batches.recipe import Recipe
 
 BLOCK_TIMEOUT_S = 600
 pytestmark = pytest.mark.timeout(1200)

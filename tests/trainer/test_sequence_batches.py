@@ -11,10 +11,10 @@ import numpy as np
 import polars as pl
 
 from claw_pipelines.batches.names import exports_folder
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batches.rows import completed_chunks, stored_rows
 from claw_pipelines.batching.building import write_batch
 from claw_pipelines.batching.planner import BatchPlan, plan_batch
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.exporters import Destination, export_chunks
 from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import TrajectoryEventRow, Turn, rows_to_arrow

@@ -17,8 +17,8 @@ from agent_shapes import (
 )
 from transform_rows import at, event, events, turns
 
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batching.planner import plan_batch
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import EXTRACTED_STEPS, TRAJECTORIES, conform
 from claw_pipelines.transforms import (
     QualityConfig,

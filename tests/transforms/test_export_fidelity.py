@@ -14,8 +14,8 @@ from test_exporters import _curated, _plan
 from transform_rows import SYSTEM, at, turn
 
 from claw_pipelines.batches.manifest import VerlLayout
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batching.planner import plan_batch
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.exporters import Destination, export_batch
 from claw_pipelines.exporters.verl import verl_arrays
 

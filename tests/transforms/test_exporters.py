@@ -9,8 +9,8 @@ import polars as pl
 from transform_rows import SYSTEM, at, event, events, rewards, turn, turns
 
 from claw_pipelines.batches.manifest import VerlLayout
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batching.planner import plan_batch
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.exporters import Destination, export_batch
 from claw_pipelines.exporters.verl import verl_tensors
 from claw_pipelines.transforms import (

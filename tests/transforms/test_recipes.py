@@ -12,9 +12,9 @@ from pydantic import ValidationError
 from transform_rows import SYSTEM, T0, at, chain, event, events, rewards, turn, turns
 
 from claw_pipelines.batches.pins import Pins
+from claw_pipelines.batches.recipe import PINNED, Recipe, load_recipes
 from claw_pipelines.batching.ledger import pinned_recipe
 from claw_pipelines.batching.planner import final_drops, plan_batch
-from claw_pipelines.batching.recipe import PINNED, Recipe, load_recipes
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, conform
 from claw_pipelines.transforms import (
     QualityConfig,

@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 from transform_rows import SYSTEM, at, chain, event, events, rewards, turn, turns
 
+from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batching.planner import plan_batch
-from claw_pipelines.batching.recipe import Recipe
 from claw_pipelines.derived_schemas import SEQUENCE_ROWS, conform
 from claw_pipelines.exporters import Destination, export_batch
 from claw_pipelines.exporters.export import in_layout, verl_layout
