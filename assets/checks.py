@@ -40,11 +40,6 @@ STEP_CHECKS = [
 """The steps' own checks; ``assets.incremental`` adds ``schema_unchanged`` to every table's."""
 
 
-def misaligned_logprobs() -> pl.Expr:
-    """A step whose logprobs list is present but not one per response token (null: none)."""
-    return pl.col("response_logprobs").list.len() != pl.col("response_token_ids").list.len()
-
-
 def schema_unchanged(table: DeltaTable | None, declared: pa.Schema) -> dg.AssetCheckResult:
     """The table still has the schema declared in claw_pipelines.derived_schemas (plus any
     ``LEGACY_COLUMNS`` an earlier version wrote, which nothing reads)."""

@@ -72,3 +72,20 @@ def curate_steps(
     return curated.select(
         pl.col(name).cast(dtype) for name, dtype in polars_schema(CURATED_STEPS).items()
     )
+
+
+def labelled_trajectories(labels: pl.DataFrame | None, scored: pl.LazyFrame | None) -> pl.DataFrame:
+    """Trajectories that ``labels`` touch: a trajectory label its target, a step label the
+    trajectory of its turn_id in ``scored`` (None: nothing scored yet, so nothing to re-curate)."""
+    if labels is None or scored is None:
+        return pl.DataFrame(schema={"trajectory_id": pl.String})
+    by_trajectory = labels.filter(pl.col("target_kind") == "trajectory").select(
+        pl.col("target_id").alias("trajectory_id")
+    )
+    step_targets = labels.filter(pl.col("target_kind") == "step").get_column("target_id")
+    by_step = (
+        scored.filter(pl.col("turn_id").is_in(step_targets.to_list()))
+        .select("trajectory_id")
+        .collect()
+    )
+    return pl.concat([by_trajectory, by_step])

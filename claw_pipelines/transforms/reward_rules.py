@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from claw_pipelines.derived_schemas import polars_schema, with_turn_columns
+from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Reward
 from claw_pipelines.settings import LOCAL_MASTER_KEY as LOCAL_KEY
 from claw_pipelines.transforms.credit import CreditAssignment
@@ -274,3 +275,14 @@ def openai_judge(config: JudgeConfig) -> ModelJudge:
         return pl.Series("score", scores, dtype=pl.Float64)
 
     return judge
+
+
+def reading_conversations(judge: ModelJudge, lake: Lake) -> ModelJudge:
+    """``judge`` given each row's ``request_messages``, read from ``turns`` by turn_id for the
+    rows it scores (the step tables point at their turns instead of repeating the
+    conversation on every step)."""
+
+    def with_conversation(rows: pl.DataFrame) -> pl.Series:
+        return judge(with_turn_columns(rows, lake.scan("turns"), ["request_messages"]))
+
+    return with_conversation

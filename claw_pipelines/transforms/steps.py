@@ -4,7 +4,7 @@ Work grows with what is new, not with the table: each run reads the turns and tr
 landed since its watermark plus its own small state (turns of still-open trajectories and the
 tails of recently closed ones it touches) and emits the steps of every trajectory that closed in
 this run. The result holds only what changed, the open turns and the new tails, and the caller
-stores just that (``assets.steps``: it replaces ``steps_open`` and appends to the
+stores just that (``incremental.steps_refresh``: it replaces ``steps_open`` and appends to the
 ``steps_tails`` log, which keeps the tails a run left as they were).
 
 Rules:

@@ -153,13 +153,13 @@ def test_a_run_still_reading_the_state_a_winner_replaced_is_retried(
     """``loser`` has opened the state of open trajectories and is about to read it when
     ``winner`` commits, writes the next state and vacuums: the version ``loser`` reads must
     survive that vacuum, so ``loser`` fails only at its commit, and is retried."""
-    import assets.steps
+    from claw_pipelines.incremental import steps_refresh
 
     landed = land_rollouts(bound.lake, groups=1, group_size=2, steps=2, complete=False)
     Driver(bound, instance).materialize(["steps"])
     _complete(bound.lake, landed)
     reading, release = threading.Event(), threading.Event()
-    extracted_alone = assets.steps.extract_steps
+    extracted_alone = steps_refresh.extract_steps
 
     def held_before_reading(*args, **kwargs):
         if threading.current_thread().name == "loser" and not release.is_set():
@@ -167,7 +167,7 @@ def test_a_run_still_reading_the_state_a_winner_replaced_is_retried(
             assert release.wait(WAIT_S)
         return extracted_alone(*args, **kwargs)
 
-    monkeypatch.setattr(assets.steps, "extract_steps", held_before_reading)
+    monkeypatch.setattr(steps_refresh, "extract_steps", held_before_reading)
     results: dict[str, Outcome] = {}
     loser = _run_steps(bound, "loser", results)
     assert reading.wait(WAIT_S)

@@ -52,12 +52,12 @@ def test_an_idle_sweep_dying_before_its_commit_loses_no_step(
     """A sweep with no new data that closes idle trajectories writes its state, then their
     steps; if it dies in between, its state must not be taken as the current one (it names
     the same input versions), or those trajectories would count as emitted and never be."""
-    import assets.steps
+    from claw_pipelines.incremental import steps_refresh
 
     land_rollouts(bound.lake, groups=1, group_size=2, steps=2, complete=False)
     assert driver.refresh()["steps"]["open_turns"] == 4
     an_hour_later = utc_now() + timedelta(hours=1)
-    monkeypatch.setattr(assets.steps, "utc_now", lambda: an_hour_later)
+    monkeypatch.setattr(steps_refresh, "utc_now", lambda: an_hour_later)
     commit = KilledOnCall(Increment.commit, n=1)
     monkeypatch.setattr(Increment, "commit", lambda self, *a, **k: commit(self, *a, **k))
     assert not driver.attempt(["steps"]).success
@@ -143,8 +143,8 @@ def test_tails_past_the_reopen_window_leave_the_log(driver: Driver, bound, monke
     """A run that commits deletes the tails closed before the reopen window, compacts a log of
     many small files and drops the state files no version needs any more; a turn landing after
     the window starts a new emission."""
-    import assets.steps
     import claw_pipelines.incremental.closed_tails
+    from claw_pipelines.incremental import steps_refresh
 
     monkeypatch.setattr(claw_pipelines.incremental.closed_tails, "COMPACT_AFTER_FILES", 2)
     landed = land_rollouts(bound.lake, groups=1, group_size=2, steps=1)
@@ -157,7 +157,7 @@ def test_tails_past_the_reopen_window_leave_the_log(driver: Driver, bound, monke
         on_disk = list(Path(bound.lake.uri(state)).glob("*.parquet"))
         assert len(on_disk) == len(bound.lake.open(state).file_uris()), state
     two_days_later = utc_now() + timedelta(days=2)
-    monkeypatch.setattr(assets.steps, "utc_now", lambda: two_days_later)
+    monkeypatch.setattr(steps_refresh, "utc_now", lambda: two_days_later)
     trajectory_id = next(iter(landed.groups.values()))[0]
     last = _last_turn(landed, trajectory_id)
     bound.lake.append("turns", rows_to_arrow(Turn, [late_turn(last, timedelta(days=2))]))
@@ -173,13 +173,13 @@ def test_tails_past_the_reopen_window_leave_the_log(driver: Driver, bound, monke
 def test_chunked_recompute_survives_a_crash_part_way(driver: Driver, bound, monkeypatch) -> None:
     """Big backlogs are recomputed a few trajectories per commit; a run dying after some chunks
     committed (watermark not moved yet) is redone by the next run without duplicates."""
-    import assets.quality
     import claw_pipelines.incremental.increment
+    from claw_pipelines.incremental import quality_refresh
 
     monkeypatch.setattr(claw_pipelines.incremental.increment, "CHUNK_TRAJECTORIES", 3)
     land_rollouts(bound.lake, groups=4, group_size=4, steps=1)
     monkeypatch.setattr(
-        assets.quality, "score_steps", KilledOnCall(assets.quality.score_steps, n=3)
+        quality_refresh, "score_steps", KilledOnCall(quality_refresh.score_steps, n=3)
     )
     driver.tick("landing_ingest_sensor")
     assert not driver.attempt(CHAIN).success
@@ -204,14 +204,13 @@ def test_a_turns_backlog_is_extracted_in_chunks_that_survive_a_crash(
 ) -> None:
     """A backlog of turn versions is extracted a chunk per commit; a run dying after a chunk
     committed is redone by the next run without duplicates, with the steps of one pass."""
-    import assets.steps
-    from claw_pipelines.incremental import turn_chunks
+    from claw_pipelines.incremental import steps_refresh, turn_chunks
 
     monkeypatch.setattr(turn_chunks, "CHUNK_TURNS", 4)
     for seed in range(3):  # three turns versions of 4 turns (2 two-step trajectories) each
         land_rollouts(bound.lake, groups=1, group_size=2, steps=2, seed=seed)
-    extract = KilledOnCall(assets.steps.extract_steps, n=2)
-    monkeypatch.setattr(assets.steps, "extract_steps", extract)
+    extract = KilledOnCall(steps_refresh.extract_steps, n=2)
+    monkeypatch.setattr(steps_refresh, "extract_steps", extract)
     driver.tick("landing_ingest_sensor")
     assert not driver.attempt(["steps"]).success
     assert bound.lake.scan("steps").collect().height == 4  # the first chunk committed
@@ -237,8 +236,7 @@ def test_a_first_build_from_a_vacuumed_landing_table_is_chunked_by_trajectory(
     """A landing table whose merged files were vacuumed reads as one version (its snapshot):
     steps rebuilt from it are still extracted a chunk of whole trajectories at a time, with
     the steps of one pass."""
-    import assets.steps
-    from claw_pipelines.incremental import turn_chunks
+    from claw_pipelines.incremental import steps_refresh, turn_chunks
 
     monkeypatch.setattr(turn_chunks, "CHUNK_TURNS", 4)
     for seed in range(3):  # 12 turns: 6 two-step trajectories
@@ -251,13 +249,13 @@ def test_a_first_build_from_a_vacuumed_landing_table_is_chunked_by_trajectory(
     for table in ("turns", "trajectory_events"):
         compact(bound.lake.open(table), max_files=1)
         bound.lake.vacuum(table, 0, enforce_retention_duration=False)
-    chunks, extract = [], assets.steps.extract_steps
+    chunks, extract = [], steps_refresh.extract_steps
 
     def recording(turns: pl.DataFrame, *args, **kwargs):
         chunks.append(turns)
         return extract(turns, *args, **kwargs)
 
-    monkeypatch.setattr(assets.steps, "extract_steps", recording)
+    monkeypatch.setattr(steps_refresh, "extract_steps", recording)
     driver.tick("landing_ingest_sensor")
     assert driver.attempt(["steps"]).success
     assert [chunk.height for chunk in chunks] == [4, 4, 6]

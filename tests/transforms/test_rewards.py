@@ -24,6 +24,7 @@ from claw_pipelines.transforms.reward_rules import (
     openai_judge,
     rule_rewards,
 )
+from claw_pipelines.transforms.rewards import rewards_aimed_at
 
 
 def _steps(*trajectories: str, n: int = 3, group_id: str = "g", **fields) -> pl.DataFrame:
@@ -229,3 +230,22 @@ def test_openai_judge_asks_an_openai_compatible_endpoint():
         server.server_close()
     assert [s["path"] for s in seen] == ["/v1/chat/completions"] * 2
     assert seen[0]["model"] == "judge" and seen[0]["auth"].startswith("Bearer ")
+
+
+def test_the_rewards_aimed_at_touched_steps_by_turn_trajectory_or_group():
+    """A reward reaches a touched step through any of its three targets, old or new; rewards
+    aimed elsewhere stay out, and no rewards table gives none."""
+    touched = pl.DataFrame(
+        {"turn_id": ["u1", "u2"], "trajectory_id": ["t1", "t1"], "group_id": ["g1", "g1"]}
+    )
+    landed = pl.LazyFrame(
+        {
+            "reward_id": ["by_turn", "by_trajectory", "by_group", "elsewhere"],
+            "turn_id": ["u2", None, None, "u9"],
+            "trajectory_id": [None, "t1", None, "t9"],
+            "group_id": [None, None, "g1", "g9"],
+        }
+    )
+    aimed = rewards_aimed_at(landed, touched)
+    assert aimed.get_column("reward_id").to_list() == ["by_turn", "by_trajectory", "by_group"]
+    assert rewards_aimed_at(None, touched) is None

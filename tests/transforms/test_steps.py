@@ -13,7 +13,7 @@ from claw_pipelines.transforms import extract_steps
 
 
 def _run(new, before: Extracted | None = None, evts=None, now=30.0, **kwargs) -> Extracted:
-    """A run on the state a run ``before`` left, stored as ``assets.steps`` stores it."""
+    """A run on the state a run ``before`` left, stored as ``steps_refresh`` stores it."""
     state = None if before is None else before.state
     result = extract_steps(new, state, evts, now=at(now), idle_timeout_s=600, **kwargs)
     tails = [result.new_tails] if before is None else [before.tails, result.new_tails]
