@@ -7,10 +7,12 @@ import json
 import threading
 
 import polars as pl
+import pyarrow as pa
 import pytest
 from transform_rows import at, chain, event, events, registrations, rewards, turns
 
 from claw_pipelines.derived_schemas import REWARDED_STEPS, TURN_COLUMNS, conform
+from claw_pipelines.lake import Lake
 from claw_pipelines.transforms import (
     CreditAssignment,
     affected_trajectories,
@@ -22,6 +24,7 @@ from claw_pipelines.transforms.reward_rules import (
     RewardConfig,
     RewardRule,
     openai_judge,
+    reading_conversations,
     rule_rewards,
 )
 from claw_pipelines.transforms.rewards import rewards_aimed_at
@@ -249,3 +252,25 @@ def test_the_rewards_aimed_at_touched_steps_by_turn_trajectory_or_group():
     aimed = rewards_aimed_at(landed, touched)
     assert aimed.get_column("reward_id").to_list() == ["by_turn", "by_trajectory", "by_group"]
     assert rewards_aimed_at(None, touched) is None
+
+
+def test_the_judge_reads_each_rows_conversation_from_its_turn(tmp_path):
+    """Steps point at their turns: the judge sees a row's ``request_messages`` read from
+    ``turns`` by turn_id, in the rows' order."""
+    started = pa.array([at(1), at(2)], pa.timestamp("us", "UTC"))
+    lake = Lake(str(tmp_path / "lake"))
+    lake.append(
+        "turns",
+        pa.table(
+            {"turn_id": ["u1", "u2"], "started_at": started, "request_messages": ["[m1]", "[m2]"]}
+        ),
+    )
+    seen = []
+
+    def judge(rows: pl.DataFrame) -> pl.Series:
+        seen.extend(rows.get_column("request_messages"))
+        return pl.Series([1.0] * rows.height)
+
+    rows = pl.DataFrame({"turn_id": ["u2", "u1"], "started_at": pl.Series(started).reverse()})
+    assert reading_conversations(judge, lake)(rows).to_list() == [1.0, 1.0]
+    assert seen == ["[m2]", "[m1]"]
