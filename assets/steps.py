@@ -9,13 +9,9 @@ from assets.incremental import Refreshed, incremental_asset
 from assets.metadata import counts, histogram, sample
 from claw_pipelines.config_files import quality_config
 from claw_pipelines.derived_schemas import STEPS, TRAJECTORIES
-from claw_pipelines.incremental.increment import Increment, trajectory_ids
+from claw_pipelines.incremental.increment import Increment
 from claw_pipelines.incremental.steps_refresh import STEP_SAMPLE, refresh_steps
-from claw_pipelines.transforms.trajectories import (
-    EVENT_COLUMNS,
-    SUMMARIZED_COLUMNS,
-    summarize_trajectories,
-)
+from claw_pipelines.incremental.trajectories_refresh import refresh_trajectories
 
 
 class StepsConfig(dg.Config):
@@ -88,22 +84,7 @@ def trajectories(context: dg.AssetExecutionContext, increment: Increment) -> Ref
 
     Recomputes only the trajectories touched by new steps or events and replaces their rows.
     """
-    affected = trajectory_ids(
-        increment.new_rows("steps", ["trajectory_id"]),
-        increment.new_rows("trajectory_events", ["trajectory_id"]),
-    )
-    if increment.upto["steps"] is None:
-        affected = trajectory_ids()
-
-    def build(keys: pl.Series) -> pl.DataFrame:
-        return summarize_trajectories(
-            increment.rows_where("steps", "trajectory_id", keys, SUMMARIZED_COLUMNS),
-            increment.rows_where("trajectory_events", "trajectory_id", keys, EVENT_COLUMNS),
-        ).collect()
-
-    written = increment.recompute(
-        affected, build, TRAJECTORIES, ["num_steps", "outcome", "complete"]
-    )
+    written = refresh_trajectories(increment)
     summary = written.summary
     context.log.info("%d trajectories recomputed", summary.height)
     return Refreshed(

@@ -4,10 +4,10 @@ Owns the machinery of the incremental assets: the watermark an output table carr
 app transaction per input), an ``Increment`` (one run's version range of its inputs, its
 idempotent commits, its chunked recomputes and its carried-over state table), the steps run's
 log of closed tails (``closed_tails``) and its backlog in chunks (``turn_chunks``), and each
-derived table's run over its ``Increment`` (``steps_refresh``, ``rewards_refresh``,
-``quality_refresh``), which an asset calls once; a run that lost a commit race raises
-``lake.commits.ConcurrentRun``. The change data feed is read by
-``lake.changes``. Nothing here needs Dagster: ``assets/`` wires it into assets.
+derived table's run over its ``Increment`` (``steps_refresh``, ``trajectories_refresh``,
+``rewards_refresh``, ``quality_refresh``), which an asset calls once; a run that lost a commit
+race raises ``lake.commits.ConcurrentRun``. The change data feed is read by ``lake.changes``.
+Nothing here needs Dagster: ``assets/`` wires it into assets.
 
 Words used throughout:
 
