@@ -238,8 +238,18 @@ LAKE_BASE = {"claw_pipelines.lake", "claw_pipelines.schemas", "claw_pipelines.se
 nothing else of the library."""
 
 
+def _deletes_from_a_table(called: ast.expr) -> bool:
+    """``table.delete(...)``, ``delta_table.delete(...)`` or ``self.table.delete(...)``."""
+    if not (isinstance(called, ast.Attribute) and called.attr == "delete"):
+        return False
+    receiver = called.value
+    named = receiver.id if isinstance(receiver, ast.Name) else getattr(receiver, "attr", "")
+    return named in {"table", "delta_table"}
+
+
 def _writes_delta(path: Path) -> bool:
-    """Whether ``path`` imports or calls ``write_deltalake`` or calls ``DeltaTable.create``."""
+    """Whether ``path`` imports or calls ``write_deltalake``, calls ``DeltaTable.create`` or
+    deletes from a table itself."""
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and "write_deltalake" in {a.name for a in node.names}:
             return True
@@ -252,6 +262,8 @@ def _writes_delta(path: Path) -> bool:
             return True
         on_delta_table = isinstance(called, ast.Attribute) and isinstance(called.value, ast.Name)
         if on_delta_table and called.value.id == "DeltaTable" and called.attr == "create":
+            return True
+        if _deletes_from_a_table(called):
             return True
     return False
 

@@ -180,7 +180,7 @@ class Retirements:
         self.open_since = lowered(self.open_since, changed, void, pl.scan_delta(curated))
 
     def _delete(self, predicate: str | None) -> None:
-        self.table.delete(predicate, commit_properties=self._commit(self.through))
+        commits.delete(self.table, predicate, self._commit(self.through))
 
     def _commit(
         self, through: int | None, metadata: dict[str, str] | None = None

@@ -35,6 +35,7 @@ from claw_pipelines.lake.commits import (
     COMPACT_AFTER_FILES,
     commit,
     compact,
+    delete,
     drop_removed_files,
     keep_configured,
 )
@@ -151,7 +152,7 @@ class ClosedTails:
         oldest = column_bound(table, "closed_at", "min")
         if oldest is not None and oldest < cutoff - window * EXPIRY_SLACK:
             with contextlib.suppress(CommitFailedError):
-                table.delete(f"closed_at < '{cutoff.isoformat()}'")
+                delete(table, f"closed_at < '{cutoff.isoformat()}'")
         compact(table, max_files=COMPACT_AFTER_FILES, writer_properties=WRITER)
         keep_configured(table, self.lake.commit_properties())
         drop_removed_files(table)

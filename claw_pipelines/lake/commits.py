@@ -1,11 +1,12 @@
-"""The one path by which rows are committed to the lake's tables.
+"""The one path by which rows are committed to the lake's tables, or deleted from them.
 
-Every write of rows to a table is a ``commit`` here (no other module calls
-``write_deltalake``: ``tests/test_layers.py``): its mode (append, overwrite, or replace
-the rows a predicate matches), schema merge, writer properties, commit properties (retries,
-app transactions, metadata), the compaction that follows once a table holds more than
-``COMPACT_AFTER_FILES`` files, and what a commit refused by another writer's means to its
-caller (``ConcurrentRun``, or ``CommitFailedError`` for a caller that decides itself).
+Every write of rows to a table is a ``commit`` here, and every delete a ``delete`` (no other
+module calls ``write_deltalake`` or a table's ``delete``: ``tests/test_layers.py``): its mode
+(append, overwrite, or replace the rows a predicate matches), schema merge, writer properties,
+commit properties (retries, app transactions, metadata), the compaction that follows once a
+table holds more than ``COMPACT_AFTER_FILES`` files, and what a commit refused by another
+writer's means to its caller (``ConcurrentRun``, or ``CommitFailedError`` for a caller that
+decides itself).
 """
 
 from __future__ import annotations
@@ -46,6 +47,15 @@ def commit_properties(
         app_transactions=transactions or None,
         custom_metadata=None if metadata is None else dict(metadata),
     )
+
+
+def delete(
+    target: DeltaTable, predicate: str | None, properties: CommitProperties | None = None
+) -> None:
+    """Delete the rows ``predicate`` matches (every row when None) in one commit, with
+    ``properties`` (say the app transaction that records how far the caller got); a commit
+    refused by another writer's raises ``CommitFailedError`` for the caller to decide."""
+    target.delete(predicate, commit_properties=properties)
 
 
 def commit(
