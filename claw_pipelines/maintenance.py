@@ -59,7 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.changes import data_commits
-from claw_pipelines.lake.commits import compact, watermark_app
+from claw_pipelines.lake.commits import compact, keep_configured, watermark_app
 from claw_pipelines.lake.properties import landing_writer, table_configuration
 from claw_pipelines.lease import COMMIT_LEASE_TABLE, LEASE_TABLE, Lease
 from claw_pipelines.schemas import LANDING_MODELS, utc_now
@@ -223,10 +223,7 @@ def maintain_table(
 ) -> TablePass:
     """One pass over landing table ``name``, open as ``table`` (the module's five steps); the
     lease is renewed before the vacuum, the step that can take longest."""
-    wanted = retention.properties(name)
-    configured = table.metadata().configuration
-    if any(configured.get(key) != value for key, value in wanted.items()):
-        table.alter.set_table_properties(wanted, commit_properties=lake.commit_properties())
+    keep_configured(table, lake.commit_properties(), retention.properties(name))
     before = len(table.file_uris())
     compact(table, max_files=retention.compact_after_files, writer_properties=landing_writer(name))
     table.create_checkpoint()

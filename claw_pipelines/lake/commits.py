@@ -112,16 +112,19 @@ def compact(
             delta_table.optimize.compact(writer_properties=writer_properties)
 
 
-def keep_configured(delta_table: DeltaTable, properties: CommitProperties) -> None:
-    """Set the ``TABLE_CONFIGURATION`` properties ``delta_table`` (a derived table) lacks or
-    holds otherwise, committed with ``properties``: one commit the first time, nothing after
-    (its metadata is in memory)."""
+def keep_configured(
+    delta_table: DeltaTable,
+    properties: CommitProperties,
+    wanted: Mapping[str, str] = TABLE_CONFIGURATION,
+) -> None:
+    """Set the ``wanted`` table properties (a derived table's by default) ``delta_table`` lacks
+    or holds otherwise, committed with ``properties``: one commit the first time, nothing after
+    (its metadata is in memory). Refused because another process committed meanwhile, it is
+    left for the next call."""
     configured = delta_table.metadata().configuration
-    if any(configured.get(key) != value for key, value in TABLE_CONFIGURATION.items()):
-        with contextlib.suppress(CommitFailedError):  # another run set them first
-            delta_table.alter.set_table_properties(
-                TABLE_CONFIGURATION, commit_properties=properties
-            )
+    if any(configured.get(key) != value for key, value in wanted.items()):
+        with contextlib.suppress(CommitFailedError):
+            delta_table.alter.set_table_properties(dict(wanted), commit_properties=properties)
 
 
 def drop_removed_files(delta_table: DeltaTable, keep_versions: list[int] | None = None) -> None:
