@@ -232,8 +232,7 @@ class Committer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        if self._held and self._round.acquire(timeout=30):
-            self._round.release()
+        if self._held:  # after a round still under way (commit_staged waits for it)
             log_failure(self.commit_staged, "final staged commit")
             log_failure(self.lease.release, "commit lease release")
 
