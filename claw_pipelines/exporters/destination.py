@@ -74,16 +74,13 @@ class Destination:
         return PyFileSystem(DeltaStorageHandler(self.root, self.storage_options or None))
 
     def text(self, text: str, name: str) -> None:
-        """Write ``text`` as is: a one-cell CSV without header, quotes or line end is the text
-        itself, and polars' CSV sink is its one writer of any text to an object store."""
-        pl.LazyFrame({"text": [text]}).sink_csv(
-            self.uri(name),
-            include_header=False,
-            quote_style="never",
-            line_terminator="",
-            storage_options=self.storage_options,
-            mkdir=True,
-        )
+        """Write ``text`` whole or not at all: the store stages the bytes and puts them under
+        ``name`` on close (an object store's upload; a local file renamed into place), so a
+        reader that sees ``name`` reads all of it. A manifest says an export is finished: a
+        trainer that found one written in place read it empty."""
+        stream = self.stream(name)
+        stream.write(text.encode())
+        stream.close()
 
 
 class ByteStream:
