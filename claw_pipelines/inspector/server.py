@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
+import anyio
 import jinja2
 import polars as pl
 import uvicorn
@@ -68,6 +69,11 @@ from claw_pipelines.settings import get_settings
 Found = TypeVar("Found")
 REFRESH_S = 1.0
 """How often the background thread looks for new Delta versions."""
+IDLE_AFTER_S = 60.0
+"""The background refresh pauses once no request came for this long, and the first request after
+brings the index up to date before it is served: under steady traffic a refresh reads every
+table's new versions and re-plans each recipe's next batch every second, a fifth of a core that
+nobody looked at (``bench/soak.py``)."""
 
 
 class Inspector:
@@ -86,8 +92,14 @@ class Inspector:
         self.refresh_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._refreshing = threading.Lock()
+        self._used_at = time.monotonic()
 
     def refresh(self) -> None:
+        with self._refreshing:
+            self._refresh()
+
+    def _refresh(self) -> None:
         try:
             state = self.index.refresh()
             self.refresh_error = None
@@ -101,10 +113,22 @@ class Inspector:
             except Exception as error:  # shown on the batch page instead of a plan
                 self.preview_errors[name] = f"{type(error).__name__}: {error}"
 
+    def in_use(self) -> None:
+        """A request came: the background refresh goes on, and an index it left idle is
+        brought up to date first."""
+        idle = self._idle()
+        self._used_at = time.monotonic()
+        if idle and self._thread is not None:
+            self.refresh()
+
+    def _idle(self) -> bool:
+        return time.monotonic() - self._used_at > IDLE_AFTER_S
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            self.refresh()
+            if not self._idle():
+                self.refresh()
             self._stop.wait(max(0.05, REFRESH_S - (time.monotonic() - started)))
 
     def start(self) -> None:
@@ -181,10 +205,23 @@ def create_app(
         app.add_middleware(KeyRequired, key=key)
     app.mount("/static", StaticFiles(packages=[(__package__, "static")]), name="static")
     app.add_middleware(SameOriginWrites)
+    app.add_middleware(MarksUse)
     _add_routes(app)
     # Starlette's HTTPException: routing raises it for unknown URLs, and FastAPI's subclasses it.
     app.add_exception_handler(StarletteHTTPException, _html_errors)
     return app
+
+
+class MarksUse:
+    """ASGI middleware telling the app's ``Inspector`` of each request (``Inspector.in_use``)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            await anyio.to_thread.run_sync(scope["app"].state.inspector.in_use)
+        await self.app(scope, receive, send)
 
 
 @contextlib.asynccontextmanager

@@ -23,7 +23,7 @@ from claw_pipelines.inspector.summary import (
     upsert,
 )
 from claw_pipelines.lake import Lake
-from claw_pipelines.lake.changes import changes
+from claw_pipelines.lake.changes import VersionsVacuumed, changes
 from claw_pipelines.schemas import Label, Reward, TrajectoryEventRow, Turn
 
 VERSION = pl.Int64
@@ -246,8 +246,12 @@ class LakeIndex:
         self.lake = lake
         self.feeds = FEEDS | batch_feeds(recipes)
         self._lock = threading.Lock()
+        self.state = self._unread()
+
+    def _unread(self) -> LakeState:
+        """The state before any table was read."""
         frames = {name: feed.empty() for name, feed in self.feeds.items()}
-        self.state = LakeState(
+        return LakeState(
             frames,
             dict.fromkeys(self.feeds),
             summarize(*(frames[t] for t in SUMMARY_INPUTS)),
@@ -263,9 +267,17 @@ class LakeIndex:
         return changes(table, after, latest, columns, with_version=True), latest
 
     def refresh(self) -> LakeState:
-        """Read what each table committed since the last refresh and publish a new state."""
+        """Read what each table committed since the last refresh and publish a new state. An
+        index that fell behind the log retention (the inspector idled, or was paused) reads
+        every table again from its snapshot."""
+        try:
+            return self._refresh(from_scratch=False)
+        except VersionsVacuumed:
+            return self._refresh(from_scratch=True)
+
+    def _refresh(self, *, from_scratch: bool) -> LakeState:
         with self._lock:
-            state = self.state
+            state = self._unread() if from_scratch else self.state
             frames = dict(state.frames)
             versions = dict(state.versions)
             new: dict[str, pl.DataFrame] = {}

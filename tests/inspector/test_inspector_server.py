@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -465,3 +466,46 @@ def test_a_tail_edit_is_named_on_the_page(client, lake):
     assert [s["prefix_break_reason"] for s in steps] == [None, *["tail_edit"] * 3]
     assert all(s["prefix_from_pipeline"] for s in steps[1:])
     assert 'title="tail_edit"' in client.get("/trajectories/oc-1").text
+
+
+def test_an_inspector_that_fell_behind_a_vacuum_reads_every_turn_again(lake, client):
+    """An index left idle past the log retention cannot read on from the change data feed (the
+    versions after its own are gone): it reads every table again from its snapshot instead of
+    staying stale."""
+    land_rollouts(lake, groups=1, rollouts=2)
+    refresh(client)
+    land_rollouts(lake, groups=1, rollouts=2)
+    table = lake.open("turns")
+    table.optimize.compact()
+    assert table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    refresh(client)
+    inspector = client.app.state.inspector
+    assert inspector.refresh_error is None
+    assert client.get("/api/trajectories").json()["total"] == 4
+
+
+def test_the_background_refresh_idles_until_a_request_comes(lake, monkeypatch):
+    """Nobody looking, nothing refreshed; the first request after brings the index up to
+    date before it is answered."""
+    from claw_pipelines.inspector import server
+
+    monkeypatch.setattr(server, "REFRESH_S", 0.05)
+    monkeypatch.setattr(server, "IDLE_AFTER_S", 0.2)
+    app = create_app(lake, background=True)
+    with TestClient(app) as client:
+        inspector = app.state.inspector
+        refreshes = []
+        index_refresh = inspector.index.refresh
+
+        def counted():
+            refreshes.append(time.monotonic())
+            return index_refresh()
+
+        monkeypatch.setattr(inspector.index, "refresh", counted)
+        time.sleep(0.5)  # idle by now
+        refreshes.clear()
+        land_rollouts(lake, groups=1, rollouts=2)
+        time.sleep(0.3)
+        assert refreshes == []
+        assert client.get("/api/trajectories").json()["total"] == 2
+        assert refreshes
