@@ -74,7 +74,7 @@ class ClawSettings(BaseSettings):
     )
     max_commit_retries: int = Field(default=100, ge=0)
     maintenance_interval_s: float = Field(
-        default=300.0,
+        default=60.0,
         ge=0,
         description="Each proxy worker tries a maintenance pass of the landing tables this "
         "often; a lease in the lake lets one process run at a time. 0: never (Dagster's "
@@ -92,7 +92,7 @@ class ClawSettings(BaseSettings):
         "delta.deletedFileRetentionDuration (maintenance sets the log retention).",
     )
     log_retention_minutes: int = Field(
-        default=10,
+        default=5,
         ge=5,
         description="Log entries and checkpoints are deleted this long after (the landing "
         "tables' delta.logRetentionDuration), unless a reader has yet to read them; older "
