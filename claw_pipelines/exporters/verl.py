@@ -3,10 +3,11 @@ segment of a trajectory in the ``sequence`` layout (``transforms.sequences``), o
 the ``step`` layout.
 
 Tensors (``batch.parquet``: one fixed-width array column per tensor, so
-``pl.read_parquet(path)[name].to_numpy()`` is the [B, width] array): ``prompts`` [B, P]
-left-padded (a sequence's first prompt), ``responses`` [B, R] right-padded (a sequence's
-replies and observations), ``input_ids`` = cat(prompts, responses), ``attention_mask`` (1 on
-real tokens), ``position_ids`` (cumsum of the attention mask - 1, 0 on padding),
+``pl.read_parquet(path)[name].to_numpy()`` is the [B, width] array, at the batch's widths):
+``prompts`` [B, P] left-padded (a sequence's first prompt), ``responses`` [B, R] right-padded
+(a sequence's replies and observations), ``input_ids`` = cat(prompts, responses),
+``attention_mask`` (1 on real tokens), ``position_ids`` (cumsum of the attention mask - 1, 0 on
+padding),
 ``response_mask`` (1 on the policy's tokens: a sequence's replies, 0 on its observations; every
 response token of a step), ``rollout_log_probs`` [B, R] (0.0 on observations and padding; only
 when every row has aligned logprobs), ``rm_scores`` and ``token_level_scores`` [B, R] with the
@@ -28,15 +29,19 @@ multi-output agent loop gives each output, session = the trajectory's place in i
 verl's ``compute_advantage_for_multi_trajectories`` reads to take GRPO statistics per trajectory
 across its segments. Load with ``DataProto.from_dict(tensors=..., non_tensors=...)``.
 
-Widths are the recipe's (``Recipe.widths``: ``prompt_length`` / ``response_length``, else its
-length filters), so batches concatenate; a recipe with neither gets each batch's longest row.
-Rows are padded to ``pad_to_multiple`` (data-parallel ranks, ``chunk``) with rows that carry no
-loss: response_mask 0, one attended pad token (no empty sequence reaches an attention kernel),
-a uid of their own.
+Rows are cut to the recipe's widths (``Recipe.widths``: ``prompt_length`` / ``response_length``,
+else its length filters) by its truncation rule. ``verl_arrays`` (``Batch.to_verl``) pads them
+to those widths, so a trainer's batches concatenate; a recipe with neither gets each batch's
+longest row. ``batch.parquet`` is padded to the batch's own longest prompt and response (within
+the recipe's widths; ``manifest.verl_layout`` has the recipe's): padded to 65,536 + 32,768, a
+16-row batch of a few thousand tokens was ~100 MB of arrays to build and encode, the largest
+cost of a release, where its own widths make the file grow with the batch's tokens. Rows are
+padded to ``pad_to_multiple`` (data-parallel ranks, ``chunk``) with rows that carry no loss:
+response_mask 0, one attended pad token (no empty sequence reaches an attention kernel), a uid
+of their own.
 
-``batch.parquet`` is written a row group of about ``GROUP_BYTES`` of arrays at a time (the
-padded arrays of a 512-row batch at 65,536 + 32,768 are ~2 GB), so exporting a batch holds its
-token lists and one row group's arrays; ``verl_arrays`` (``Batch.to_verl``) builds them whole.
+``batch.parquet`` is written a row group of about ``GROUP_BYTES`` of arrays at a time, so
+exporting a batch holds its token lists and one row group's arrays.
 """
 
 from __future__ import annotations
@@ -64,10 +69,10 @@ TENSOR_SOURCES = ["prompt_token_ids", *RESPONSE_LISTS, "reward", "advantage"]
 BATCH_FILE, NON_TENSOR_FILE = "verl/batch.parquet", "verl/non_tensor.parquet"
 
 GROUP_BYTES = 256 << 20
-"""About this many bytes of padded arrays per row group of ``batch.parquet``: at fixed widths
-of 65,536 + 32,768 a row takes ~4 MB, so a 512-row batch built whole took ~2 GB of arrays
-(and as much again to encode them); a row group of ~64 rows keeps the export's arrays at one
-group's, whatever the batch's size."""
+"""About this many bytes of padded arrays per row group of ``batch.parquet``: a row of long
+sessions (widths near 65,536 + 32,768) takes ~4 MB, so a 512-row batch built whole took ~2 GB
+of arrays (and as much again to encode them); a row group of ~64 rows keeps the export's
+arrays at one group's, whatever the batch's size."""
 
 
 def _widths(rows: pl.DataFrame, layout: VerlLayout) -> tuple[int, int]:
@@ -358,12 +363,12 @@ def write_verl(
 
 
 class VerlFiles:
-    """A batch's verl files, written at ``finish``. Which optional tensors a batch has, and
-    without fixed widths its widths, depend on all its rows, so each chunk is fitted and kept
-    as the columns its tensors are made of (its token lists: a fraction of the padded bytes
-    at fixed widths) with its non-tensors; ``finish`` pads them a row group at a time
-    (``TensorShape.group_rows``) through one Parquet writer, padding rows last, so the padded
-    arrays in memory are one row group's, not the batch's."""
+    """A batch's verl files, written at ``finish``. Which optional tensors a batch has, and its
+    widths (its longest rows, once fitted to the layout's), depend on all its rows, so each
+    chunk is fitted and kept as the columns its tensors are made of (its token lists) with its
+    non-tensors; ``finish`` pads them a row group at a time (``TensorShape.group_rows``)
+    through one Parquet writer, padding rows last, so the padded arrays in memory are one row
+    group's, not the batch's."""
 
     def __init__(self, out: Destination, layout: VerlLayout | None) -> None:
         self.out, self.layout = out, layout or VerlLayout()
@@ -379,7 +384,8 @@ class VerlFiles:
         sources, self._sources = pl.concat(self._sources), []
         non_tensors = pl.concat(self._non_tensors, how="diagonal_relaxed")
         self._non_tensors = []
-        shape = TensorShape.of(sources, self.layout)
+        own_widths = self.layout.model_copy(update={"prompt_length": None, "response_length": None})
+        shape = TensorShape.of(sources, own_widths)
         sources, non_tensors = _with_padding(sources, non_tensors, self.layout)
         columns = shape.columns()
         schema = pa.schema(
@@ -395,7 +401,12 @@ class VerlFiles:
                 )
         self.out.parquet(non_tensors, NON_TENSOR_FILE)
         return [
-            (BATCH_FILE, f"DataProto tensors: {', '.join(sorted(columns))}", non_tensors.height),
+            (
+                BATCH_FILE,
+                f"DataProto tensors: {', '.join(sorted(columns))}; widths {shape.width_p} + "
+                f"{shape.width_r} (the batch's; Batch.to_verl pads to the recipe's)",
+                non_tensors.height,
+            ),
             (
                 NON_TENSOR_FILE,
                 "DataProto non_tensor_batch (uid = group_id), row-aligned",

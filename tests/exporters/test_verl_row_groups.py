@@ -113,3 +113,27 @@ def test_a_tensor_only_some_rows_have_is_left_out_of_the_whole_file(tmp_path):
     whole, _ = verl_arrays(pl.concat(chunks), layout)
     assert "rollout_log_probs" not in stored.columns and "rollout_log_probs" not in whole
     assert stored.columns == list(whole) and "advantages" in whole
+
+
+def test_the_file_takes_the_batch_widths_and_to_verl_the_recipes(tmp_path):
+    """``batch.parquet`` is padded to the batch's longest prompt and response, not to the
+    recipe's widths (which made a few thousand tokens ~100 MB of arrays): it holds exactly the
+    window of ``verl_arrays`` at the recipe's widths (``Batch.to_verl``) where the tokens are."""
+    rows = _sequences(5, 1)
+    layout = VerlLayout(prompt_length=64, response_length=48, pad_to_multiple=4)
+    _, batch_file, _ = _exported(tmp_path, [rows], layout)
+    stored = pl.read_parquet(batch_file)
+    fixed, _ = verl_arrays(rows, layout)
+    width_p = rows["prompt_token_ids"].list.len().max()
+    width_r = rows["response_token_ids"].list.len().max()
+    assert width_p < 64 and width_r < 48 and fixed["prompts"].shape == (8, 64)
+    for name, array in fixed.items():
+        read = stored[name].to_numpy()
+        if array.shape[1] == 64:  # left-padded: the prompt's last columns
+            window = array[:, 64 - width_p :]
+        elif array.shape[1] == 48:  # right-padded: the response's first columns
+            window = array[:, :width_r]
+        else:  # prompt then response
+            window = array[:, 64 - width_p : 64 + width_r]
+        assert read.dtype == array.dtype, name
+        np.testing.assert_array_equal(read, window, err_msg=name)
