@@ -6,16 +6,17 @@ small files and log entries a day, and every open, checkpoint and scan slows dow
 One pass (``maintain_lake``) per table, in this order:
 
 1. sets its retention and statistics properties when they differ (a lake made before them);
-2. merges its small files once it has more than ``compact_after_files`` (Delta OPTIMIZE: no
-   data change, so change-data-feed readers skip it, and appends running meanwhile stand);
+2. merges its files under ``LANDING_FILE_BYTES`` once it has more than ``compact_after_files``
+   (Delta OPTIMIZE: no data change, so change-data-feed readers skip it, and appends running
+   meanwhile stand), in row groups a read of a time window skips (``landing_writer``);
 3. writes a checkpoint at the version after the merge, which lists the few merged files, so an
    open reads that and the commits after it, however old the table;
 4. deletes the log entries and checkpoints older than ``log_retention_minutes`` and than that
    checkpoint (``cleanup_metadata``), and, however young, every checkpoint a newer one
-   superseded minutes ago (``drop_superseded_checkpoints``): an open reads the latest one only
-   and readers of what is new read the entries themselves, while a checkpoint every 25
-   commits, listing every small file since the last merge with its statistics, made up most
-   of a small table's log;
+   superseded minutes ago but one a minute (``drop_superseded_checkpoints``): an open reads
+   the latest one only and readers of what is new read the entries themselves, while a
+   checkpoint every 25 commits, listing every small file since the last merge with its
+   statistics, made up most of a small table's log;
 5. vacuums the files merged away more than ``vacuum_retention_hours`` ago, then those no
    version refers to any more (the checkpoints list removed files for the log retention only,
    ``Retention.properties``) written that long ago, and at least ``UNCOMMITTED_HOURS`` (a
@@ -60,7 +61,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.changes import data_commits
 from claw_pipelines.lake.commits import compact, keep_configured, watermark_app
-from claw_pipelines.lake.properties import landing_writer, table_configuration
+from claw_pipelines.lake.properties import (
+    LANDING_FILE_BYTES,
+    landing_writer,
+    table_configuration,
+)
 from claw_pipelines.lake.tables import REOPEN_AFTER_S
 from claw_pipelines.lease import COMMIT_LEASE_TABLE, LEASE_TABLE, Lease
 from claw_pipelines.schemas import LANDING_MODELS, utc_now
@@ -95,6 +100,10 @@ twice a writer handle's life. A landing table takes a checkpoint every 25 commit
 25 s under traffic), each listing the files removed within the log retention: kept 5 minutes,
 with a pass every 5, they made most of the small tables' log (log ÷ data 1.3 in a 10-minute
 soak)."""
+
+ANCHOR_SPACING = timedelta(minutes=1)
+"""One checkpoint this far apart is kept however superseded (``drop_superseded_checkpoints``),
+so the log cleanup always finds one about as old as the log retention to delete up to."""
 
 CLOCK_SKEW = timedelta(minutes=1)
 """How far the writers' clocks (commit timestamps) and the store's (log entries' ages) may
@@ -202,23 +211,30 @@ def _renew(lease: Lease) -> None:
 
 
 def drop_superseded_checkpoints(lake: Lake, table: DeltaTable, now: datetime) -> int:
-    """Delete each checkpoint whose successor was written ``SUPERSEDED_AFTER`` ago (how many).
-    Opening the latest version reads the latest checkpoint and the entries after it, and a
-    change-data-feed read of the landing tables reads the entries of its versions
-    (``appended.appended_rows``), so only a handle opened before the successor was written
-    reads the older one again (delta-rs reads a snapshot's checkpoint lazily, e.g. for an app
-    transaction); a writer re-opens its handle within ``lake.REOPEN_AFTER_S``."""
+    """Delete each checkpoint whose successor was written ``SUPERSEDED_AFTER`` ago (how many),
+    but one every ``ANCHOR_SPACING``. Opening the latest version reads the latest checkpoint and
+    the entries after it, and a change-data-feed read of the landing tables reads the entries
+    of its versions (``appended.appended_rows``), so only a handle opened before the successor
+    was written reads the older one again (delta-rs reads a snapshot's checkpoint lazily, e.g.
+    for an app transaction); a writer re-opens its handle within ``lake.REOPEN_AFTER_S``.
+
+    The log cleanup (delta-rs ``cleanup_metadata``) deletes the entries before the newest
+    checkpoint older than the log retention, so that every version it keeps can be opened:
+    with every superseded checkpoint gone within minutes, none was ever that old and the
+    entries were never deleted (a soak's small tables kept every entry). The checkpoints kept
+    one per ``ANCHOR_SPACING`` give the cleanup one within that spacing of the retention."""
     store = DeltaStorageHandler(table.table_uri, lake.storage_options or None)
     checkpoints = sorted(
         (int(Path(entry.path).name.split(".")[0]), entry.path, entry.mtime)
         for entry in store.get_file_info_selector(FileSelector("_delta_log"))
         if ".checkpoint." in Path(entry.path).name
     )
-    superseded = [
-        path
-        for (_, path, _), (_, _, successor_written) in itertools.pairwise(checkpoints)
-        if successor_written is not None and now - successor_written > SUPERSEDED_AFTER
-    ]
+    superseded, anchored = [], None
+    for (_, path, written), (_, _, successor_written) in itertools.pairwise(checkpoints):
+        if written is not None and (anchored is None or written - anchored >= ANCHOR_SPACING):
+            anchored = written
+        elif successor_written is not None and now - successor_written > SUPERSEDED_AFTER:
+            superseded.append(path)
     for path in superseded:
         store.delete_file(path)
     return len(superseded)
@@ -231,7 +247,12 @@ def maintain_table(
     lease is renewed before the vacuum, the step that can take longest."""
     keep_configured(table, lake.commit_properties(), retention.properties(name))
     before = len(table.file_uris())
-    compact(table, max_files=retention.compact_after_files, writer_properties=landing_writer(name))
+    compact(
+        table,
+        max_files=retention.compact_after_files,
+        writer_properties=landing_writer(name),
+        target_size=LANDING_FILE_BYTES,
+    )
     table.create_checkpoint()
     read = slowest_read(lake, name)
     unread_since = first_unread_commit(table, read)

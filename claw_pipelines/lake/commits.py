@@ -98,18 +98,26 @@ def commit(
 
 
 def compact(
-    delta_table: DeltaTable, *, max_files: int, writer_properties: WriterProperties | None = None
+    delta_table: DeltaTable,
+    *,
+    max_files: int,
+    writer_properties: WriterProperties | None = None,
+    target_size: int | None = None,
 ) -> None:
-    """Merge the table's small files once it has more than ``max_files`` (the handle moves to
-    the new version). A table that gets a small commit per run would otherwise make every open
-    and scan slower as it ages. The commit carries no data change, so change-data-feed readers
-    skip it, and earlier versions stay readable until a ``vacuum`` deletes the merged files
-    (only the landing tables' are, after a retention: ``assets.maintenance``). It only saves work
-    later: when another writer removed files it merged (its commit is rejected), it is skipped,
-    and the caller's own commit, already made, stands; a later compaction merges them."""
+    """Merge the table's files smaller than ``target_size`` (delta-rs's default: the table's
+    ``delta.targetFileSize``, else 100 MB) once it has more than ``max_files`` (the handle moves
+    to the new version). A table that gets a small commit per run would otherwise make every
+    open and scan slower as it ages. The commit carries no data change, so change-data-feed
+    readers skip it, and earlier versions stay readable until a ``vacuum`` deletes the merged
+    files (only the landing tables' are, after a retention: ``assets.maintenance``). It only
+    saves work later: when another writer removed files it merged (its commit is rejected), it
+    is skipped, and the caller's own commit, already made, stands; a later compaction merges
+    them."""
     if len(delta_table.file_uris()) > max_files:
         with contextlib.suppress(CommitFailedError):
-            delta_table.optimize.compact(writer_properties=writer_properties)
+            delta_table.optimize.compact(
+                target_size=target_size, writer_properties=writer_properties
+            )
 
 
 def keep_configured(

@@ -57,12 +57,26 @@ def table_configuration(table: str) -> dict[str, str]:
     }
 
 
+LANDING_ROW_GROUP_ROWS = 1024
+"""Rows per row group of a landing file. Readers of a time window (a release completing its
+batch's turns, by ``started_at``) skip the row groups outside it by their statistics: a merged
+file written as one row group (delta-rs's default holds a million rows) was decoded whole by
+every release, so a release slowed as the table aged. A turn row can hold a whole prompt (a
+few hundred KB), hence fewer rows than the derived tables' groups."""
+
+LANDING_FILE_BYTES = 32 << 20
+"""Compaction merges the landing files smaller than this (delta-rs's ``target_size``; 100 MB
+by default). Files under it are merged again by each pass, so with the default the file a
+pass made was rewritten whole by every later one: 65 MB every minute and a half by the end of
+a 30-minute soak, a rewrite that grew with the table's age."""
+
+
 def landing_writer(table: str) -> WriterProperties:
     """How a landing table's files are written (by the proxies and by compaction): chunk
     statistics for ``stats_columns`` only and no dictionaries, like the derived tables'
     (``derived_schemas.WRITER``): min/max over token lists and dictionaries of unique ids
-    cost write time and no reader uses them."""
-    return statistics_only(stats_columns(table))
+    cost write time and no reader uses them; row groups of ``LANDING_ROW_GROUP_ROWS``."""
+    return statistics_only(stats_columns(table), max_row_group_size=LANDING_ROW_GROUP_ROWS)
 
 
 def statistics_only(columns: list[str], max_row_group_size: int | None = None) -> WriterProperties:

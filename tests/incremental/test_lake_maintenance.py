@@ -15,9 +15,11 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from claw_pipelines.lake import Lake
+from claw_pipelines import maintenance
+from claw_pipelines.lake import Lake, properties
 from claw_pipelines.lake.changes import changes, data_commits
 from claw_pipelines.lake.commits import watermark_app
 from claw_pipelines.lease import Lease
@@ -60,11 +62,13 @@ def _land(lake: Lake, commits: int, first: int = 0) -> None:
         writer.append(rows_to_arrow(Turn, [_turn(index).model_dump()]))
 
 
-def _age_log(lake: Lake, hours: float = 2) -> None:
-    """Date the log entries written so far ``hours`` back (log cleanup goes by their age)."""
+def _age_log(lake: Lake, hours: float = 2, relative: bool = False) -> None:
+    """Date the log entries written so far ``hours`` back (log cleanup goes by their age):
+    to that time, or with ``relative`` each by that much (the clock moved on)."""
     then = time.time() - hours * 3600
     for entry in Path(lake.uri("turns"), "_delta_log").iterdir():
-        os.utime(entry, (then, then))
+        when = entry.stat().st_mtime - hours * 3600 if relative else then
+        os.utime(entry, (when, when))
 
 
 def _log_bytes(lake: Lake) -> int:
@@ -145,21 +149,47 @@ def test_checkpoints_list_removed_files_for_the_log_retention_only(tmp_path: Pat
 def test_checkpoints_superseded_minutes_ago_are_deleted_however_young(tmp_path: Path) -> None:
     """A checkpoint every 25 commits made up most of a small table's log. A pass deletes each
     checkpoint whose successor is older than ``SUPERSEDED_AFTER`` (a handle opened before it
-    may still read it), keeps the latest, and the table opens and reads whole."""
+    may still read it) but one per ``ANCHOR_SPACING`` (the log cleanup's), keeps the latest,
+    and the table opens and reads whole."""
     lake = Lake(str(tmp_path / "lake"))
-    _land(lake, 80)  # checkpoints at 24, 49 and 74
+    _land(lake, 105)  # checkpoints at 24, 49, 74 and 99
     log = Path(lake.uri("turns"), "_delta_log")
     checkpoints = sorted(log.glob("*.checkpoint.parquet"))
-    assert len(checkpoints) == 3
+    assert len(checkpoints) == 4
     then = time.time() - SUPERSEDED_AFTER.total_seconds() - 60
-    for checkpoint in checkpoints[:2]:  # 74 stays young: 49 is superseded only just now
-        os.utime(checkpoint, (then, then))
+    for seconds, checkpoint in zip([0, 10, 20], checkpoints, strict=False):  # 99 stays young
+        os.utime(checkpoint, (then + seconds, then + seconds))
+    # 24 anchors the cleanup, 74 is superseded only just now: 49 goes
     assert drop_superseded_checkpoints(lake, lake.open("turns"), utc_now()) == 1
-    assert sorted(log.glob("*.checkpoint.parquet")) == checkpoints[1:]
-    assert len(_turn_ids(lake)) == 80
-    maintain_lake(lake, NOW, Lease(lake, "proxy-1", 60))  # its checkpoint supersedes 74 now
-    assert len(list(log.glob("*.checkpoint.parquet"))) == 3  # 49, 74 and the pass's own
-    assert len(_turn_ids(lake)) == 80
+    assert sorted(log.glob("*.checkpoint.parquet")) == [checkpoints[0], *checkpoints[2:]]
+    assert len(_turn_ids(lake)) == 105
+    maintain_lake(lake, NOW, Lease(lake, "proxy-1", 60))  # its checkpoint supersedes 99 now
+    assert len(list(log.glob("*.checkpoint.parquet"))) == 4  # 24, 74, 99 and the pass's own
+    assert len(_turn_ids(lake)) == 105
+
+
+def test_under_steady_traffic_the_log_keeps_about_the_retention(tmp_path: Path) -> None:
+    """Twelve minutes of commits with a pass each minute (the clock moved by dating the log
+    back): the cleanup deletes the entries older than the log retention, up to a checkpoint
+    that old (``ANCHOR_SPACING``). Dropping every superseded checkpoint within minutes had
+    left none that old, and the log kept every entry ever written."""
+    lake = Lake(str(tmp_path / "lake"))
+    retention = Retention(
+        vacuum_retention_hours=0,
+        enforce_retention_duration=False,
+        log_retention_minutes=5,
+        compact_after_files=16,
+    )
+    lease = Lease(lake, "proxy-1", 60)
+    log = Path(lake.uri("turns"), "_delta_log")
+    for minute in range(12):
+        _land(lake, 20, first=20 * minute)
+        maintain_lake(lake, retention, lease)
+        _age_log(lake, hours=1 / 60, relative=True)
+    entries = sorted(int(e.name.split(".")[0]) for e in log.glob("*.json"))
+    assert entries[-1] - entries[0] < 8 * 25  # about 7 minutes of the 12 (~25 versions each)
+    assert len(list(log.glob("*.checkpoint.parquet"))) <= 12
+    assert _turn_ids(lake) == [f"turn-{i:06d}" for i in range(240)]
 
 
 def _read_up_to(lake: Lake, version: int) -> None:
@@ -264,7 +294,8 @@ def test_a_refresh_after_hundreds_of_commits_reads_no_more_than_after_ten(tmp_pa
 
 KILLED_PASS = """
 import sys
-from claw_pipelines.lake import Lake
+from claw_pipelines import maintenance
+from claw_pipelines.lake import Lake, properties
 from claw_pipelines.lease import Lease
 from claw_pipelines.maintenance import Retention, maintain_lake
 lake = Lake(sys.argv[1])
@@ -383,3 +414,35 @@ def test_a_proxy_maintainer_runs_passes_in_the_background(tmp_path: Path) -> Non
     finally:
         maintainer.stop()
     assert len(_turn_ids(lake)) == 20
+
+
+def test_compaction_writes_bounded_files_of_skippable_row_groups(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A pass merges only the files under ``LANDING_FILE_BYTES``, in row groups of
+    ``LANDING_ROW_GROUP_ROWS``: a file the size leaves no room in is not rewritten by the
+    next pass (the merged file had been rewritten whole by every pass), and a read of a time
+    window decodes the row groups of that window only (one row group per file made every such
+    read decode the whole table)."""
+    monkeypatch.setattr(maintenance, "LANDING_FILE_BYTES", 64 << 10)
+    monkeypatch.setattr(properties, "LANDING_ROW_GROUP_ROWS", 100)
+    lake = Lake(str(tmp_path / "lake"))
+    lease = Lease(lake, "proxy-1", 60)
+    writer = lake.writer("turns")
+    for first in range(0, 3000, 100):
+        writer.append(
+            rows_to_arrow(Turn, [_turn(i).model_dump() for i in range(first, first + 100)])
+        )
+    maintain_lake(lake, NOW, lease)
+    merged = {
+        uri: pq.ParquetFile(uri.removeprefix("file://")).metadata
+        for uri in lake.open("turns").file_uris()
+    }
+    assert len(merged) > 1
+    for metadata in merged.values():
+        assert max(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)) <= 100
+    _land(lake, 20, first=3000)
+    maintain_lake(lake, NOW, lease)
+    rewritten = set(merged) - set(lake.open("turns").file_uris())
+    assert len(rewritten) <= 1  # the one merged file with room left, at most
+    assert _turn_ids(lake) == [f"turn-{i:06d}" for i in range(3020)]
