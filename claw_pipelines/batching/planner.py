@@ -220,8 +220,8 @@ def final_drops(recipe: Recipe, dropped: pl.DataFrame) -> pl.DataFrame:
     planning from re-reading everything ever dropped (e.g. GRPO's many zero-variance groups).
     """
     final = pl.col("reason").is_in(list(FINAL_REASONS))
-    if recipe.algorithm == "dpo":
-        return dropped.filter(final)
+    if recipe.algorithm == "dpo":  # no_pair: its group's steps left cannot span the gap
+        return dropped.filter(final | (pl.col("reason") == "no_pair"))
     by_group = pl.col("reason").is_in(list(FINAL_GROUP_REASONS))
     group_done = (final | by_group).all().over("group_id")
     return dropped.filter(final | (by_group & group_done))

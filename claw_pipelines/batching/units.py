@@ -227,11 +227,12 @@ def dpo_batch(
     consumed = _both_sides(chosen)
     later = _both_sides(pairs.filter(pl.col("_unit") >= wanted)).get_column("turn_id")
     unpaired = eligible.join(consumed.select("turn_id"), on="turn_id", how="anti")
+    waiting = pl.concat([later, _pairable(recipe, unpaired)])
     drops = [
         dropped_as(steps.filter(pl.col("_reason").is_not_null()), pl.col("_reason")),
         dropped_as(steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_null()),
                    "no_group"),
-        dropped_as(unpaired, pl.when(pl.col("turn_id").is_in(later.implode()))
+        dropped_as(unpaired, pl.when(pl.col("turn_id").is_in(waiting.implode()))
                    .then(pl.lit("next_batch")).otherwise(pl.lit("no_pair"))),
     ]  # fmt: skip
     rows = _pair_rows(recipe, chosen, batch_id, versions)
@@ -259,6 +260,17 @@ def _pairs(recipe: Recipe, eligible: pl.DataFrame) -> pl.DataFrame:
         .sort("started_at", "turn_id")
         .with_row_index("_unit")
     )
+
+
+def _pairable(recipe: Recipe, unpaired: pl.DataFrame) -> pl.Series:
+    """Turn ids of the steps left unpaired whose state (group, prompt) still spans the reward
+    gap: once this batch's pairs are consumed a later plan may pair them. The rest can pair
+    only if their group changes, which voids a retirement, so their ``no_pair`` is final (kept
+    in play, they held every later plan's start at the first of them: a soak's dpo plans read
+    every curated step since it began)."""
+    spread = pl.col("reward").max() - pl.col("reward").min()
+    state = ["group_id", pl.col("prompt_token_ids").hash()]
+    return unpaired.filter(spread.over(state) >= recipe.min_reward_gap).get_column("turn_id")
 
 
 def _both_sides(pairs: pl.DataFrame) -> pl.DataFrame:

@@ -256,6 +256,51 @@ def test_dpo_pairs_come_from_the_same_state():
     assert plan_batch(recipe, curated, steps, ledger, at(60)).rows.height == 0
 
 
+def test_dpo_leftovers_that_cannot_pair_retire_and_those_that_can_wait():
+    """Once a state's best and worst are paired, its steps left wait for a later batch only
+    while they still span the reward gap; the others are final drops (retired until their
+    group changes), so later plans need not start reading at them."""
+    prompt = [*SYSTEM, 1, 2]
+    rows = [
+        turn(f"s{i}", prompt, [5 + i], trajectory_id=f"t{i}", group_id="g", start=i)
+        for i in range(4)
+    ] + [
+        turn(f"n{i}", [*SYSTEM, 3], [5 + i], trajectory_id=f"u{i}", group_id="h", start=4 + i)
+        for i in range(4)
+    ]
+    values = {
+        "t0": 1.0,
+        "t1": 0.9,
+        "t2": 0.2,
+        "t3": 0.0,
+        "u0": 1.0,
+        "u1": 0.6,
+        "u2": 0.4,
+        "u3": 0.0,
+    }
+    landed = rewards(*[{"trajectory_id": t, "value": v} for t, v in values.items()])
+    steps = extract_steps(turns(*rows), None, events(*[event(t) for t in values]), now=at(50)).steps
+    curated = curate_steps(
+        score_steps(reward_steps(steps, landed, None, RewardConfig()), steps, QualityConfig()),
+        None,
+    ).collect()
+    recipe = load_recipes("assets/batches.yaml")["dpo"].model_copy(update={"groups_per_batch": 2})
+    plan = plan_batch(recipe, curated, steps, None, at(60))
+    assert sorted(plan.consumed["turn_id"]) == ["n0", "n3", "s0", "s3"]
+    assert dict(plan.dropped.select("turn_id", "reason").iter_rows()) == {
+        "s1": "next_batch",  # 0.9 against 0.2: a pair once s0 and s3 are consumed
+        "s2": "next_batch",
+        "n1": "no_pair",  # 0.6 against 0.4: under the 0.5 gap for good
+        "n2": "no_pair",
+    }
+    assert sorted(plan.final["turn_id"]) == ["n1", "n2"]
+    ledger = plan.ledger_rows("dpo", T0 + timedelta(seconds=60))
+    later = plan_batch(
+        recipe.model_copy(update={"groups_per_batch": 1}), curated, steps, ledger, at(60)
+    )
+    assert later.ready and sorted(later.consumed["turn_id"]) == ["s1", "s2"]
+
+
 def test_shipped_recipes_load():
     recipes = load_recipes("assets/batches.yaml")
     grpo = recipes["grpo"]
