@@ -220,6 +220,18 @@ def test_unfinished_trajectories_follow_the_recipe_rule():
     assert _reasons(dropped)["b:0"] == "unfinished" and not dropped.ready
 
 
+def _completed(rows: list[dict], values: dict[str, float]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The steps and curated steps of ``rows``' trajectories, each completed with its reward
+    in ``values``."""
+    landed = rewards(*[{"trajectory_id": t, "value": v} for t, v in values.items()])
+    steps = extract_steps(turns(*rows), None, events(*[event(t) for t in values]), now=at(50)).steps
+    curated = curate_steps(
+        score_steps(reward_steps(steps, landed, None, RewardConfig()), steps, QualityConfig()),
+        None,
+    ).collect()
+    return steps, curated
+
+
 def test_dpo_pairs_come_from_the_same_state():
     prompt = [*SYSTEM, 1, 2]
     rows = [
@@ -231,12 +243,7 @@ def test_dpo_pairs_come_from_the_same_state():
         turn("close-b", [*SYSTEM, 3], [2], trajectory_id="t6", group_id="h", start=5),
     ]
     values = {"t1": 1.0, "t2": 0.5, "t3": 0.0, "t4": 0.0, "t5": 1.0, "t6": 0.8}
-    landed = rewards(*[{"trajectory_id": t, "value": v} for t, v in values.items()])
-    steps = extract_steps(turns(*rows), None, events(*[event(t) for t in values]), now=at(50)).steps
-    curated = curate_steps(
-        score_steps(reward_steps(steps, landed, None, RewardConfig()), steps, QualityConfig()),
-        None,
-    ).collect()
+    steps, curated = _completed(rows, values)
     recipe = load_recipes("assets/batches.yaml")["dpo"].model_copy(update={"groups_per_batch": 1})
     plan = plan_batch(recipe, curated, steps, None, at(60))
     conform(plan.rows, DPO_PAIRS)
@@ -278,12 +285,7 @@ def test_dpo_leftovers_that_cannot_pair_retire_and_those_that_can_wait():
         "u2": 0.4,
         "u3": 0.0,
     }
-    landed = rewards(*[{"trajectory_id": t, "value": v} for t, v in values.items()])
-    steps = extract_steps(turns(*rows), None, events(*[event(t) for t in values]), now=at(50)).steps
-    curated = curate_steps(
-        score_steps(reward_steps(steps, landed, None, RewardConfig()), steps, QualityConfig()),
-        None,
-    ).collect()
+    steps, curated = _completed(rows, values)
     recipe = load_recipes("assets/batches.yaml")["dpo"].model_copy(update={"groups_per_batch": 2})
     plan = plan_batch(recipe, curated, steps, None, at(60))
     assert sorted(plan.consumed["turn_id"]) == ["n0", "n3", "s0", "s3"]
