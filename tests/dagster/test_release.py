@@ -7,6 +7,7 @@ from __future__ import annotations
 import dagster as dg
 import polars as pl
 import pytest
+from dagster._core.events import DagsterEvent
 from dagster._core.test_utils import create_run_for_test
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
@@ -32,6 +33,20 @@ def _queued_refresh(
     create_run_for_test(
         instance, status=status, asset_selection=frozenset(dg.AssetKey(key) for key in REFRESH)
     )
+
+
+def _refresh_past_its_steps(instance: dg.DagsterInstance) -> None:
+    """A refresh run that has started its ``steps`` step: new data is not its to read."""
+    run = create_run_for_test(
+        instance,
+        status=dg.DagsterRunStatus.STARTED,
+        asset_selection=frozenset(dg.AssetKey(key) for key in REFRESH),
+    )
+    started = DagsterEvent(
+        event_type_value=dg.DagsterEventType.STEP_START.value, job_name=run.job_name,
+        step_key=REFRESH[0],
+    )  # fmt: skip
+    instance.report_dagster_event(started, run_id=run.run_id)
 
 
 def test_the_refresh_run_builds_and_exports_the_batch_it_made_ready(bound, instance):
@@ -73,6 +88,19 @@ def test_no_second_refresh_run_while_one_is_yet_to_start(bound, instance, status
     assert ticked.run_requests == [] and {e.asset_key.path[0] for e in ticked.asset_events} == {
         "turns", "trajectory_events",
     }  # fmt: skip
+
+
+def test_a_second_refresh_run_starts_beside_one_past_its_steps_but_no_third(bound, instance):
+    """Runs slower than the data comes must not pile up: each would wait for the others' pool
+    slots, polling the run storage, and slow them all; the run after them reads what they left."""
+    driver = Driver(bound, instance)
+    _refresh_past_its_steps(instance)
+    land_rollouts(bound.lake, groups=1, group_size=4, steps=1, seed=8)
+    assert len(driver.tick("landing_ingest_sensor").run_requests) == 1
+    _refresh_past_its_steps(instance)
+    land_rollouts(bound.lake, groups=1, group_size=4, steps=1, seed=9)
+    ticked = driver.tick("landing_ingest_sensor")
+    assert ticked.run_requests == [] and ticked.asset_events
 
 
 def test_the_planner_leaves_a_ready_batch_to_the_refresh_run_on_its_way(bound, instance):
