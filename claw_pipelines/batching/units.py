@@ -225,9 +225,8 @@ def dpo_batch(
     wanted = recipe.units_per_batch
     chosen = pairs.filter(pl.col("_unit") < wanted)
     consumed = _both_sides(chosen)
-    later = _both_sides(pairs.filter(pl.col("_unit") >= wanted)).get_column("turn_id")
     unpaired = eligible.join(consumed.select("turn_id"), on="turn_id", how="anti")
-    waiting = pl.concat([later, _pairable(recipe, unpaired)])
+    waiting = _pairable(recipe, unpaired)  # the pairs past this batch's too
     drops = [
         dropped_as(steps.filter(pl.col("_reason").is_not_null()), pl.col("_reason")),
         dropped_as(steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_null()),
@@ -263,14 +262,19 @@ def _pairs(recipe: Recipe, eligible: pl.DataFrame) -> pl.DataFrame:
 
 
 def _pairable(recipe: Recipe, unpaired: pl.DataFrame) -> pl.Series:
-    """Turn ids of the steps left unpaired whose state (group, prompt) still spans the reward
-    gap: once this batch's pairs are consumed a later plan may pair them. The rest can pair
-    only if their group changes, which voids a retirement, so their ``no_pair`` is final (kept
-    in play, they held every later plan's start at the first of them: a soak's dpo plans read
-    every curated step since it began)."""
-    spread = pl.col("reward").max() - pl.col("reward").min()
-    state = ["group_id", pl.col("prompt_token_ids").hash()]
-    return unpaired.filter(spread.over(state) >= recipe.min_reward_gap).get_column("turn_id")
+    """Turn ids of the steps left unpaired whose state (group, prompt) still holds a pair by
+    ``_pairs``' own rule: once this batch's pairs are consumed a later plan pairs them. The rest
+    can pair only if their group changes, which voids a retirement, so their ``no_pair`` is
+    final (kept in play, they held every later plan's start at the first of them: a soak's dpo
+    plans read every curated step since it began, first for steps under the reward gap, then
+    for states whose best and worst replies are the same tokens)."""
+    state = ["group_id", "_prompt_key"]
+    open_states = _pairs(recipe, unpaired).select(state)
+    return (
+        unpaired.with_columns(pl.col("prompt_token_ids").hash().alias("_prompt_key"))
+        .join(open_states, on=state, how="semi")
+        .get_column("turn_id")
+    )
 
 
 def _both_sides(pairs: pl.DataFrame) -> pl.DataFrame:

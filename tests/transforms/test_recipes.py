@@ -265,16 +265,23 @@ def test_dpo_pairs_come_from_the_same_state():
 
 def test_dpo_leftovers_that_cannot_pair_retire_and_those_that_can_wait():
     """Once a state's best and worst are paired, its steps left wait for a later batch only
-    while they still span the reward gap; the others are final drops (retired until their
-    group changes), so later plans need not start reading at them."""
+    while they still make a pair (a reward gap, different replies); the others are final drops
+    (retired until their group changes), so later plans need not start reading at them."""
     prompt = [*SYSTEM, 1, 2]
-    rows = [
-        turn(f"s{i}", prompt, [5 + i], trajectory_id=f"t{i}", group_id="g", start=i)
-        for i in range(4)
-    ] + [
-        turn(f"n{i}", [*SYSTEM, 3], [5 + i], trajectory_id=f"u{i}", group_id="h", start=4 + i)
-        for i in range(4)
-    ]
+    rows = (
+        [
+            turn(f"s{i}", prompt, [5 + i], trajectory_id=f"t{i}", group_id="g", start=i)
+            for i in range(4)
+        ]
+        + [
+            turn(f"n{i}", [*SYSTEM, 3], [5 + i], trajectory_id=f"u{i}", group_id="h", start=4 + i)
+            for i in range(4)
+        ]
+        + [
+            turn(f"k{i}", [*SYSTEM, 4], [9], trajectory_id=f"v{i}", group_id="k", start=8 + i)
+            for i in range(2)
+        ]
+    )
     values = {
         "t0": 1.0,
         "t1": 0.9,
@@ -284,6 +291,8 @@ def test_dpo_leftovers_that_cannot_pair_retire_and_those_that_can_wait():
         "u1": 0.6,
         "u2": 0.4,
         "u3": 0.0,
+        "v0": 1.0,
+        "v1": 0.0,
     }
     steps, curated = _completed(rows, values)
     recipe = load_recipes("assets/batches.yaml")["dpo"].model_copy(update={"groups_per_batch": 2})
@@ -294,8 +303,10 @@ def test_dpo_leftovers_that_cannot_pair_retire_and_those_that_can_wait():
         "s2": "next_batch",
         "n1": "no_pair",  # 0.6 against 0.4: under the 0.5 gap for good
         "n2": "no_pair",
+        "k0": "no_pair",  # 1.0 against 0.0 for the same reply: never a pair
+        "k1": "no_pair",
     }
-    assert sorted(plan.final["turn_id"]) == ["n1", "n2"]
+    assert sorted(plan.final["turn_id"]) == ["k0", "k1", "n1", "n2"]
     ledger = plan.ledger_rows("dpo", T0 + timedelta(seconds=60))
     later = plan_batch(
         recipe.model_copy(update={"groups_per_batch": 1}), curated, steps, ledger, at(60)
