@@ -422,6 +422,10 @@ class VerlFiles:
 
 
 def _fixed_lists(array: np.ndarray) -> pa.FixedSizeListArray:
-    """A [rows, width] array as Arrow fixed-size lists, sharing its memory."""
-    values = pa.array(np.ascontiguousarray(array).reshape(-1))
+    """A [rows, width] numeric array as Arrow fixed-size lists, sharing its memory (built on
+    its buffer: ``pa.array`` of an ndarray imports pandas, 0.3 s of a refresh run's CPU)."""
+    flat = np.ascontiguousarray(array).reshape(-1)
+    values = pa.Array.from_buffers(
+        pa.from_numpy_dtype(flat.dtype), flat.size, [None, pa.py_buffer(flat)]
+    )
     return pa.FixedSizeListArray.from_arrays(values, array.shape[1])
