@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -196,14 +197,24 @@ class Trainer:
             consumer.ack(batch.batch_id, trainer_step=step)
 
 
+def _file_bytes(root: Path) -> dict[Path, int]:
+    """Size of each file under ``root``; a file the stack's maintenance deletes while it is
+    listed (a superseded checkpoint, a vacuumed file) counts as gone."""
+    sizes = {}
+    for path in root.rglob("*") if root.exists() else ():
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_file():
+                sizes[path] = path.stat().st_size
+    return sizes
+
+
 def table_bytes(lake: Lake, tables: tuple[str, ...] = LANDING) -> dict[str, dict[str, int]]:
     """Bytes of each of ``tables``' log and data files (the lake is on local disk)."""
     sizes = {}
     for table in tables:
-        root = Path(lake.uri(table))
-        files = [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
-        log = sum(p.stat().st_size for p in files if p.parent.name == "_delta_log")
-        sizes[table] = {"log_bytes": log, "data_bytes": sum(p.stat().st_size for p in files) - log}
+        files = _file_bytes(Path(lake.uri(table)))
+        log = sum(size for path, size in files.items() if path.parent.name == "_delta_log")
+        sizes[table] = {"log_bytes": log, "data_bytes": sum(files.values()) - log}
     return sizes
 
 
