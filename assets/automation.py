@@ -39,20 +39,6 @@ def on_new_data_or_idle_sweep() -> dg.AutomationCondition:
     ).with_label("on new data or idle sweep")
 
 
-def after_its_batch() -> dg.AutomationCondition:
-    """An export runs when its batch partition was materialized without it (a batch launched
-    from the UI), once the batch's blocking checks passed. ``eager()`` without its trigger on
-    partitions newly added: the planner launches each batch with its export, and that trigger,
-    left pending until the export's materialization was seen, re-ran exports already done."""
-    return (
-        AC.any_deps_updated().since_last_handled()
-        & ~AC.any_deps_missing()
-        & ~AC.any_deps_in_progress()
-        & ~AC.in_progress()
-        & AC.all_deps_blocking_checks_passed()
-    ).with_label("after its batch")
-
-
 def build_automation_sensor(interval_s: int) -> dg.AutomationConditionSensorDefinition:
     return dg.AutomationConditionSensorDefinition(
         name="claw_automation_sensor",

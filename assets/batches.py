@@ -16,7 +16,6 @@ from typing import NamedTuple
 import dagster as dg
 import polars as pl
 
-from assets.automation import after_its_batch
 from assets.batch_work import (
     batch_checks,
     batch_key,
@@ -39,7 +38,7 @@ from claw_pipelines.batches.names import MANIFEST, batches_table, exports_folder
 from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.building import batch_schema
-from claw_pipelines.batching.release import build_batch, export_batch
+from claw_pipelines.batching.release import build_batch, export_batch, failed_checks
 from claw_pipelines.config_files import recipes
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.commits import ConcurrentRun
@@ -120,7 +119,6 @@ def build_export_asset(recipe: Recipe, batch_asset: dg.AssetsDefinition) -> dg.A
         owners=OWNERS,
         deps=[batch_asset],
         partitions_def=partitions(name),
-        automation_condition=after_its_batch(),
         retry_policy=EXPORT_RETRIES,
         description=(
             f"`{name}` batches in the trainers' formats ({', '.join(recipe.exports)}) under "
@@ -168,8 +166,7 @@ class RecipeAssets(NamedTuple):
 
 def build_planner_sensor(assets: RecipeAssets, interval_s: int) -> dg.SensorDefinition:
     """The sensor launches each batch and its export in one run (the export step runs once the
-    batch's blocking checks pass): half the runs of leaving the export to automation, which
-    still exports batches launched from the UI."""
+    batch's blocking checks pass)."""
     name = assets.recipe.name
 
     @dg.sensor(
@@ -263,12 +260,16 @@ def build_relaunch_sensor(assets: RecipeAssets) -> dg.SensorDefinition:
     """Launches again the reserved batches that are not written or not exported and have no run
     to come in this instance: their run was lost (a temporary instance starts without the old
     queue, run keys and materializations) or failed (a dead worker, failed by run monitoring,
-    or an export that failed all its retries). Their steps are consumed in the ledger, so
+    or an export that failed all its retries), or it built the batch alone (a partition
+    materialized from the UI without its export). Their steps are consumed in the ledger, so
     nothing else would ever write or export them. An unwritten batch is launched with its
     export and re-planned from the pins, so it writes exactly the reserved steps; a written one
-    is only exported. A fresh run key per attempt keeps Dagster from deduplicating it; after
-    ``MAX_BATCH_RUNS`` runs in this instance the batch is only logged. A run finishing between
-    the lake read and the run query gets one more run, which rewrites the same files.
+    is only exported, unless it fails a check (a warning says which). A fresh run key per
+    attempt keeps Dagster from deduplicating it; after ``MAX_BATCH_RUNS`` runs in this instance
+    the batch is only logged. A run finishing between the lake read and the run query gets one
+    more run, which rewrites the same files. (Declarative automation used to export a batch
+    built alone, gated on the batch's blocking checks, whose state Dagster re-reads over every
+    partition on every tick: its daemon's work grew with the batches ever built.)
 
     The cursor is the reservation time before which every batch is finished or given up, so a
     tick checks only the reservations since (their manifests one by one): its cost follows the
@@ -294,7 +295,8 @@ class Relaunch(NamedTuple):
     relaunched: pl.DataFrame
     """batch_id, written and run_key of each batch to launch again."""
     given_up: pl.Series
-    """The batches already run ``MAX_BATCH_RUNS`` times in this instance."""
+    """The batches already run ``MAX_BATCH_RUNS`` times in this instance, and the written ones
+    that fail a check (their export would refuse them)."""
     to_come: int
     """How many unfinished batches have a run to come."""
     cursor: datetime
@@ -302,20 +304,25 @@ class Relaunch(NamedTuple):
 
 
 def relaunch_choices(
-    unfinished: pl.DataFrame, runs: pl.DataFrame, reserved_before: datetime
+    unfinished: pl.DataFrame,
+    runs: pl.DataFrame,
+    reserved_before: datetime,
+    refused: Collection[str] = (),
 ) -> Relaunch:
     """Which of the ``unfinished`` batches (``ledger.unfinished_batches``) to launch again,
-    given this instance's ``runs`` of them (``_runs_of``)."""
+    given this instance's ``runs`` of them (``_runs_of``) and the written ones whose checks
+    fail (``refused``)."""
     idle = (
         unfinished.join(runs, on="batch_id", how="left", maintain_order="left")
         .group_by("batch_id", "written", maintain_order=True)
         .agg(runs=pl.col("pending").count(), pending=pl.col("pending").any())
         .filter(~pl.col("pending"))
     )
-    given_up = idle.filter(pl.col("runs") >= MAX_BATCH_RUNS).get_column("batch_id")
+    stopped = (pl.col("runs") >= MAX_BATCH_RUNS) | pl.col("batch_id").is_in(list(refused))
+    given_up = idle.filter(stopped).get_column("batch_id")
     in_play = unfinished.filter(~pl.col("batch_id").is_in(given_up.implode()))
     relaunched = (
-        idle.filter(pl.col("runs") < MAX_BATCH_RUNS)
+        idle.filter(~stopped)
         .head(MAX_BATCHES_PER_TICK)
         .select(
             "batch_id",
@@ -343,21 +350,32 @@ def relaunch_tick(
         )
     keys = [assets.batch.key, assets.export.key]
     runs = _runs_of(context.instance, keys, unfinished.get_column("batch_id").to_list())
-    choice = relaunch_choices(unfinished, runs, reserved_before)
+    refused = {
+        batch_id: failed
+        for batch_id in unfinished.filter("written").get_column("batch_id")
+        if (failed := failed_checks(lake, assets.recipe, batch_id))
+    }
+    choice = relaunch_choices(unfinished, runs, reserved_before, refused)
     cursor = choice.cursor.isoformat()
-    if not choice.given_up.is_empty():
-        context.log.warning(
-            "not relaunching %s: reserved, never written or exported, and already run %d "
-            "times in this instance; materialize them from the UI once the cause is fixed",
-            ", ".join(choice.given_up),
-            MAX_BATCH_RUNS,
-        )
+    for batch_id in choice.given_up:
+        if batch_id in refused:
+            context.log.warning(
+                "not exporting %s: it fails %s; materialize it again from the UI once the "
+                "cause is fixed", batch_id, ", ".join(refused[batch_id]),
+            )  # fmt: skip
+        else:
+            context.log.warning(
+                "not relaunching %s: reserved, never written or exported, and already run %d "
+                "times in this instance; materialize it from the UI once the cause is fixed",
+                batch_id,
+                MAX_BATCH_RUNS,
+            )
     relaunched = choice.relaunched
     if relaunched.is_empty():
         context.update_cursor(cursor)
         return dg.SkipReason(
-            f"unfinished `{name}` batches: {choice.to_come} with a run to "
-            f"come, {choice.given_up.len()} given up after {MAX_BATCH_RUNS} runs"
+            f"unfinished `{name}` batches: {choice.to_come} with a run to come, "
+            f"{choice.given_up.len()} given up (failed checks, or {MAX_BATCH_RUNS} runs)"
         )
     context.log.info(
         "relaunching %s: reserved, never written or exported, no run to come in this instance",

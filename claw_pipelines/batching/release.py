@@ -166,18 +166,31 @@ def _built(lake: Lake, recipe: Recipe, batch_id: str) -> _Built | None:
     return _Built(batch, in_export_order(recipe.algorithm, pl.from_arrow(written)))
 
 
-def _rechecked(
-    lake: Lake, recipe: Recipe, batch_id: str, rows: pl.DataFrame
-) -> tuple[Recipe, Pins | None]:
-    """The batch's pinned recipe and pins, once its checks pass again (an export launched
-    alone is not gated by its batch's run)."""
+class Rechecked(NamedTuple):
+    """A written batch checked again, as an export launched alone finds it."""
+
+    planned_under: Recipe
+    """The recipe as it was when the batch was reserved (``ledger.pinned_recipe``)."""
+    pins: Pins | None
+    failed: list[str]
+    """The names of the checks it fails now."""
+
+
+def _rechecked(lake: Lake, recipe: Recipe, batch_id: str, rows: pl.DataFrame) -> Rechecked:
+    """The batch's pinned recipe and pins, and the checks its stored ``rows`` fail now (an
+    export launched alone is not gated by its batch's run)."""
     pins = ledger.pins_of(lake, recipe.name, batch_id)
     planned_under = ledger.pinned_recipe(recipe, pins)
     consumed = pl.Series("turn_id", ledger.consumed_turns(lake, recipe.name, batch_id))
-    failed = [c.name for c in _checks(lake, planned_under, rows, consumed) if not c.passed]
-    if failed:
-        raise BatchRefused(f"batch {batch_id} fails {', '.join(failed)}: not exported")
-    return planned_under, pins
+    outcomes = _checks(lake, planned_under, rows, consumed)
+    return Rechecked(planned_under, pins, [c.name for c in outcomes if not c.passed])
+
+
+def failed_checks(lake: Lake, recipe: Recipe, batch_id: str) -> list[str]:
+    """The checks the written ``batch_id`` fails now, which its export would refuse it for
+    (none for a batch not written)."""
+    rows = stored_rows(lake, recipe.name, recipe.algorithm, batch_id)
+    return [] if rows.is_empty() else _rechecked(lake, recipe, batch_id, rows).failed
 
 
 def export_batch(lake: Lake, recipe: Recipe, batch_id: str) -> ExportedBatch:
@@ -186,8 +199,10 @@ def export_batch(lake: Lake, recipe: Recipe, batch_id: str) -> ExportedBatch:
     rows = stored_rows(lake, recipe.name, recipe.algorithm, batch_id)
     if rows.is_empty():
         raise BatchRefused(f"batch {batch_id} has no rows in {batches_table(recipe.name)}")
-    planned_under, pins = _rechecked(lake, recipe, batch_id, rows)
-    return _exported(lake, planned_under, pins, rows)
+    rechecked = _rechecked(lake, recipe, batch_id, rows)
+    if rechecked.failed:
+        raise BatchRefused(f"batch {batch_id} fails {', '.join(rechecked.failed)}: not exported")
+    return _exported(lake, rechecked.planned_under, rechecked.pins, rows)
 
 
 def _exported(

@@ -4,9 +4,6 @@ reservations, and the run or tick that lost goes on (a retried step, the next ti
 
 from __future__ import annotations
 
-import threading
-from pathlib import Path
-
 import dagster as dg
 import polars as pl
 import pytest
@@ -15,7 +12,6 @@ from dagster_rollouts import land_rollouts
 from deltalake import DeltaTable
 
 from claw_pipelines.batching import building, ledger
-from claw_pipelines.batching import release as batch_release
 from claw_pipelines.config_files import recipes
 from claw_pipelines.schemas import utc_now
 
@@ -162,112 +158,3 @@ def test_a_batch_id_reserved_between_naming_and_planning_is_not_reserved_twice(
     request = _tick_after_one_lost_to_the_ui(driver, monkeypatch, "next_batch_id", named_then_taken)
     assert request.partition_key == "grpo-000002"
     assert _reserved(bound) == [("grpo-000001", 16), ("grpo-000002", 16)]
-
-
-class ExportTicks:
-    """Evaluates the export's automation condition tick after tick (cursor kept)."""
-
-    def __init__(self, bound, instance) -> None:
-        self.bound, self.instance, self.cursor = bound, instance, None
-        self.requested: set[str] = set()
-
-    def tick(self) -> set[str]:
-        result = dg.evaluate_automation_conditions(
-            defs=self.bound.defs,
-            instance=self.instance,
-            asset_selection=dg.AssetSelection.assets("export_grpo"),
-            cursor=self.cursor,
-        )
-        self.cursor = result.cursor
-        requested = result.get_requested_partitions(dg.AssetKey("export_grpo"))
-        self.requested |= requested
-        return requested
-
-
-def test_batches_that_finish_out_of_order_are_all_exported(bound, instance, monkeypatch) -> None:
-    """The planner launches several batches at once; the first waits (for the pool slot, say)
-    while the second finishes. Each batch's blocking checks gate its own export: with checks
-    kept per asset rather than per partition, the first batch's export waited forever."""
-    driver = _eight_ready_groups(bound, instance)
-    first, second = [r.partition_key for r in driver.tick("batch_grpo_planner").run_requests]
-    exports = ExportTicks(bound, instance)
-    exports.tick()
-    writing, release = threading.Event(), threading.Event()
-    written_alone = batch_release.write_batch
-
-    def first_waits(lake, recipe, plan):
-        if plan.batch_id == first:
-            writing.set()
-            assert release.wait(60)
-        return written_alone(lake, recipe, plan)
-
-    monkeypatch.setattr(batch_release, "write_batch", first_waits)
-    slow = threading.Thread(target=driver.materialize, args=(["batch_grpo"], first))
-    slow.start()
-    assert writing.wait(60)
-    driver.materialize(["batch_grpo"], partition_key=second)
-    assert exports.tick() == {second}
-    release.set()
-    slow.join(60)
-    for _ in range(2):
-        exports.tick()
-    assert exports.requested == {first, second}
-
-
-def _fail_group_check_of(bad: str, monkeypatch) -> None:
-    """The ``groups_complete`` check fails for batch ``bad`` (and passes as usual for others)."""
-    checked_alone = batch_release.groups_complete
-
-    def fails_for_bad(recipe, rows):
-        result = checked_alone(recipe, rows)
-        if rows.get_column("batch_id")[0] == bad:
-            return result.model_copy(update={"passed": False})
-        return result
-
-    monkeypatch.setattr(batch_release, "groups_complete", fails_for_bad)
-
-
-def test_a_batch_whose_blocking_check_failed_is_not_exported(bound, instance, monkeypatch) -> None:
-    driver = _eight_ready_groups(bound, instance)
-    good, bad = [r.partition_key for r in driver.tick("batch_grpo_planner").run_requests]
-    exports = ExportTicks(bound, instance)
-    exports.tick()
-    _fail_group_check_of(bad, monkeypatch)
-    driver.materialize(["batch_grpo"], partition_key=good)
-    assert not driver.attempt(["batch_grpo"], partition_key=bad).success
-    for _ in range(2):
-        exports.tick()
-    assert exports.requested == {good}
-
-
-def test_an_export_launched_alone_refuses_a_batch_that_fails_its_checks(
-    bound, instance, monkeypatch
-) -> None:
-    """A failed blocking check stops the export in the batch's own run, but the rows are
-    written; an export launched alone (the relauncher, the UI) checks the batch itself."""
-    driver = _eight_ready_groups(bound, instance)
-    good, bad = [r.partition_key for r in driver.tick("batch_grpo_planner").run_requests]
-    _fail_group_check_of(bad, monkeypatch)
-    assert not driver.attempt(["batch_grpo", "export_grpo"], partition_key=bad).success
-    refused = driver.attempt(["export_grpo"], partition_key=bad)
-    assert not refused.success
-    error = refused.failure_data_for_node("export_grpo").error
-    assert f"batch {bad} fails groups_complete: not exported" in error.message
-    assert not Path(bound.lake.uri(f"exports/grpo/{bad}")).exists()
-    driver.materialize(["batch_grpo", "export_grpo"], partition_key=good)
-    assert (Path(bound.lake.uri(f"exports/grpo/{good}")) / "manifest.json").exists()
-
-
-def test_a_batch_launched_with_its_export_is_not_exported_again(bound, instance) -> None:
-    """The planner adds the partitions and launches each batch with its export; automation
-    exports only a batch materialized alone (as from the UI)."""
-    driver = _eight_ready_groups(bound, instance)
-    together, alone = driver.tick("batch_grpo_planner").run_requests
-    exports = ExportTicks(bound, instance)
-    exports.tick()
-    launched = [key.to_user_string() for key in together.asset_selection]
-    driver.materialize(launched, partition_key=together.partition_key)
-    driver.materialize(["batch_grpo"], partition_key=alone.partition_key)
-    for _ in range(3):
-        exports.tick()
-    assert exports.requested == {alone.partition_key}

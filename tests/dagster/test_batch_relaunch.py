@@ -198,3 +198,76 @@ def test_a_failed_batch_run_that_dagster_will_retry_is_left_to_that_retry(
     instance.add_run_tags(failed.run_id, {WILL_RETRY_TAG: "false"})
     (again,) = driver.tick(RELAUNCHER).run_requests
     assert again.partition_key == lost.partition_key
+
+
+def _two_batches_planned(bound, instance) -> tuple[Driver, list[dg.RunRequest]]:
+    """Eight complete GRPO groups; the planner reserves two batches and asks for their runs."""
+    driver = Driver(bound, instance)
+    land_rollouts(bound.lake, groups=8, group_size=4, steps=1)
+    driver.refresh()
+    return driver, driver.tick("batch_grpo_planner").run_requests
+
+
+def _fail_group_check_of(bad: str, monkeypatch) -> None:
+    """The ``groups_complete`` check fails for batch ``bad`` (and passes as usual for others)."""
+    checked_alone = batch_release.groups_complete
+
+    def fails_for_bad(recipe, rows):
+        result = checked_alone(recipe, rows)
+        if rows.get_column("batch_id")[0] == bad:
+            return result.model_copy(update={"passed": False})
+        return result
+
+    monkeypatch.setattr(batch_release, "groups_complete", fails_for_bad)
+
+
+def test_a_batch_built_alone_is_exported_and_one_built_with_its_export_is_left_alone(
+    bound, instance, monkeypatch
+) -> None:
+    """A partition materialized from the UI without its export is exported once its run is
+    surely over; a batch the planner's run built with its export leaves nothing to do."""
+    driver, (together, alone) = _two_batches_planned(bound, instance)
+    driver.materialize(_selected(together), partition_key=together.partition_key)
+    driver.materialize(["batch_grpo"], partition_key=alone.partition_key)
+    _past_the_grace_period(monkeypatch)
+    (again,) = driver.tick(RELAUNCHER).run_requests
+    assert again.partition_key == alone.partition_key and _selected(again) == ["export_grpo"]
+    driver.materialize(_selected(again), partition_key=alone.partition_key)
+    assert isinstance(driver.tick(RELAUNCHER), dg.SkipReason)
+    both = {together.partition_key, alone.partition_key}
+    assert ledger.exported_batches(bound.lake, "grpo", sorted(both)) == both
+
+
+def test_a_written_batch_that_fails_a_check_is_not_exported(bound, instance, monkeypatch) -> None:
+    """Its rows are in the lake (the blocking check stopped its run after the write), and its
+    export would refuse it: the relauncher leaves it to a person instead of failing runs."""
+    driver, requests = _two_batches_planned(bound, instance)
+    good, bad = [r.partition_key for r in requests]
+    _fail_group_check_of(bad, monkeypatch)
+    driver.materialize(["batch_grpo"], partition_key=good)
+    assert not driver.attempt(["batch_grpo"], partition_key=bad).success
+    assert batch_release.failed_checks(bound.lake, recipes()["grpo"], bad) == ["groups_complete"]
+    _past_the_grace_period(monkeypatch)
+    (again,) = driver.tick(RELAUNCHER).run_requests
+    assert again.partition_key == good and _selected(again) == ["export_grpo"]
+    driver.materialize(_selected(again), partition_key=good)
+    assert isinstance(driver.tick(RELAUNCHER), dg.SkipReason)
+    assert ledger.exported_batches(bound.lake, "grpo", [good, bad]) == {good}
+
+
+def test_an_export_launched_alone_refuses_a_batch_that_fails_its_checks(
+    bound, instance, monkeypatch
+) -> None:
+    """A failed blocking check stops the export in the batch's own run, but the rows are
+    written; an export launched alone (the relauncher, the UI) checks the batch itself."""
+    driver, requests = _two_batches_planned(bound, instance)
+    good, bad = [r.partition_key for r in requests]
+    _fail_group_check_of(bad, monkeypatch)
+    assert not driver.attempt(["batch_grpo", "export_grpo"], partition_key=bad).success
+    refused = driver.attempt(["export_grpo"], partition_key=bad)
+    assert not refused.success
+    error = refused.failure_data_for_node("export_grpo").error
+    assert f"batch {bad} fails groups_complete: not exported" in error.message
+    assert not Path(bound.lake.uri(f"exports/grpo/{bad}")).exists()
+    driver.materialize(["batch_grpo", "export_grpo"], partition_key=good)
+    assert (Path(bound.lake.uri(f"exports/grpo/{good}")) / "manifest.json").exists()
