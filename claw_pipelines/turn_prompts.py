@@ -13,6 +13,8 @@ before the references existed) read as they are.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import polars as pl
 
 REFERENCE = "prompt_prefix_turn_id"
@@ -23,14 +25,23 @@ PROMPT_REFERENCE = (REFERENCE, PREFIX_LEN, PROMPT_LEN)
 """The columns that say what a stored prompt refers to, and how long it is whole."""
 TEXTS = ("request_messages", "request_tools", "api_request")
 STORED_COLUMNS = (PROMPT, *TEXTS)
+"""The columns a turn may store as a difference."""
 _SHARE = {PROMPT: PREFIX_LEN, **{text: f"{text}_shared" for text in TEXTS}}
 """The column that says how much of each stored column a turn shares with its reference."""
-"""The columns a turn may store as a difference."""
 
 _INPUTS = {
     PROMPT: [PROMPT, PREFIX_LEN, "prompt_len", "response_token_ids"],
     **{text: [text, f"{text}_shared"] for text in TEXTS},
 }
+
+
+LOOKBACK = timedelta(seconds=30)
+"""How far before the earliest referring row the first read of earlier turns reaches (an
+agent's calls come seconds apart); each read that leaves a reference unresolved reaches
+``WIDEN`` times as far, and after ``READS`` reads (three months back) the rest of the table is
+read: a trajectory that ran for longer, or a broken reference."""
+WIDEN = 8
+READS = 7
 
 
 class BrokenReference(RuntimeError):
@@ -111,7 +122,10 @@ def _earlier_turns(
     rows: pl.DataFrame, landed: pl.LazyFrame | pl.DataFrame | None, inputs: list[str]
 ) -> pl.DataFrame:
     """The turns of the referring rows' trajectories that started no later than the last of
-    them: a reference names an earlier turn of the same trajectory."""
+    them: a reference names an earlier turn of the same trajectory. They are read in windows
+    reaching further back until every reference resolves (``LOOKBACK``), so the read follows
+    the trajectories' age, not the table's: reading back to the table's start, each export of
+    a soak's batches slowed as ``turns`` grew."""
     referring = rows.filter(pl.col(REFERENCE).is_not_null())
     missing = referring.join(
         rows.select("turn_id"), left_on=REFERENCE, right_on="turn_id", how="anti"
@@ -121,15 +135,27 @@ def _earlier_turns(
     if "response_token_ids" in inputs and "response_token_ids" not in rows.columns:
         missing = referring  # the rows read no responses, which the prompts need
     trajectories = missing.get_column("trajectory_id").drop_nulls().unique().implode()
-    return (
-        landed.lazy()
-        .filter(
-            (pl.col("started_at") <= missing.get_column("started_at").max())
-            & pl.col("trajectory_id").is_in(trajectories)
-        )
-        .select(inputs)
-        .collect()
-    )
+    started = missing.get_column("started_at")
+    own = (pl.col("started_at") <= started.max()) & pl.col("trajectory_id").is_in(trajectories)
+    reach = LOOKBACK
+    for _ in range(READS):
+        earlier = _read(landed, own & (pl.col("started_at") >= started.min() - reach), inputs)
+        if _resolved(
+            pl.concat([earlier.select("turn_id", REFERENCE), rows.select("turn_id", REFERENCE)])
+        ):
+            return earlier
+        reach *= WIDEN
+    return _read(landed, own, inputs)
+
+
+def _read(landed: pl.LazyFrame | pl.DataFrame, where: pl.Expr, inputs: list[str]) -> pl.DataFrame:
+    return landed.lazy().filter(where).select(inputs).collect()
+
+
+def _resolved(turns: pl.DataFrame) -> bool:
+    """Whether every reference among ``turns`` (turn_id, reference) names one of them."""
+    references = turns.get_column(REFERENCE).drop_nulls()
+    return references.is_in(turns.get_column("turn_id").implode()).all()
 
 
 ANCHOR = 2

@@ -11,7 +11,7 @@ import pytest
 
 from claw_pipelines.capture.prompt_prefixes import PromptPrefixes
 from claw_pipelines.schemas import LandingRow, Reward, Turn, rows_to_arrow
-from claw_pipelines.turn_prompts import whole_turns
+from claw_pipelines.turn_prompts import REFERENCE, _earlier_turns, whole_turns, with_whole_prompts
 
 START = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -70,3 +70,33 @@ def test_nothing_is_remembered_of_a_write_that_failed() -> None:
     runtime = Runtime()
     asyncio.run(prefixes.land(runtime, _steps("a", 1, first=2)))
     assert runtime.spooled[0].prompt_prefix_turn_id is None
+
+
+def _stored(steps: list[Turn], apart: timedelta) -> pl.DataFrame:
+    """``steps`` as the proxy stores them (each referring to the one before), ``apart`` apart."""
+    runtime = Runtime()
+    asyncio.run(PromptPrefixes(1 << 20).land(runtime, steps))
+    table = pl.from_arrow(rows_to_arrow(Turn, [t.model_dump() for t in runtime.spooled]))
+    return table.with_columns(started_at=pl.lit(START) + pl.int_range(pl.len()) * apart)
+
+
+def test_a_reference_hours_back_reads_back_whole() -> None:
+    """The earlier turns are read in windows reaching further back until every reference
+    resolves: a trajectory whose calls are hours apart still reads back exactly."""
+    steps = _steps("a", 3)
+    table = _stored(steps, timedelta(hours=3))
+    last = with_whole_prompts(table.filter(pl.col("turn_id") == "a-2"), table.lazy())
+    assert last["prompt_token_ids"].to_list() == [steps[2].prompt_token_ids]
+
+
+def test_earlier_turns_are_read_back_only_as_far_as_the_references_go() -> None:
+    """An older turn of the same trajectory that no reference reaches (its calls from a day
+    before, say) is not read: the read follows the trajectory's recent calls, not the table."""
+    old = _stored(_steps("a", 1), timedelta(0)).with_columns(
+        turn_id=pl.lit("a-old"), started_at=pl.lit(START - timedelta(days=1))
+    )
+    recent = _stored(_steps("a", 3), timedelta(seconds=5))
+    table = pl.concat([old, recent])
+    rows = table.filter(pl.col("turn_id") == "a-2").drop("response_token_ids")
+    read = _earlier_turns(rows, table.lazy(), ["turn_id", REFERENCE, "response_token_ids"])
+    assert sorted(read["turn_id"]) == ["a-0", "a-1", "a-2"]
