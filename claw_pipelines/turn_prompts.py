@@ -130,19 +130,20 @@ def _earlier_turns(
     missing = referring.join(
         rows.select("turn_id"), left_on=REFERENCE, right_on="turn_id", how="anti"
     )
-    if missing.is_empty() or landed is None:
-        return pl.DataFrame()
+    known = rows.get_column("turn_id")
     if "response_token_ids" in inputs and "response_token_ids" not in rows.columns:
         missing = referring  # the rows read no responses, which the prompts need
+        known = known.clear()  # so a referenced row counts only once read with its response
+    if missing.is_empty() or landed is None:
+        return pl.DataFrame()
     trajectories = missing.get_column("trajectory_id").drop_nulls().unique().implode()
     started = missing.get_column("started_at")
     own = (pl.col("started_at") <= started.max()) & pl.col("trajectory_id").is_in(trajectories)
     reach = LOOKBACK
     for _ in range(READS):
         earlier = _read(landed, own & (pl.col("started_at") >= started.min() - reach), inputs)
-        if _resolved(
-            pl.concat([earlier.select("turn_id", REFERENCE), rows.select("turn_id", REFERENCE)])
-        ):
+        references = pl.concat([rows.get_column(REFERENCE), earlier.get_column(REFERENCE)])
+        if _resolved(references, pl.concat([known, earlier.get_column("turn_id")])):
             return earlier
         reach *= WIDEN
     return _read(landed, own, inputs)
@@ -152,10 +153,9 @@ def _read(landed: pl.LazyFrame | pl.DataFrame, where: pl.Expr, inputs: list[str]
     return landed.lazy().filter(where).select(inputs).collect()
 
 
-def _resolved(turns: pl.DataFrame) -> bool:
-    """Whether every reference among ``turns`` (turn_id, reference) names one of them."""
-    references = turns.get_column(REFERENCE).drop_nulls()
-    return references.is_in(turns.get_column("turn_id").implode()).all()
+def _resolved(references: pl.Series, turn_ids: pl.Series) -> bool:
+    """Whether every one of ``references`` names one of ``turn_ids``."""
+    return references.drop_nulls().is_in(turn_ids.implode()).all()
 
 
 ANCHOR = 2

@@ -100,3 +100,12 @@ def test_earlier_turns_are_read_back_only_as_far_as_the_references_go() -> None:
     rows = table.filter(pl.col("turn_id") == "a-2").drop("response_token_ids")
     read = _earlier_turns(rows, table.lazy(), ["turn_id", REFERENCE, "response_token_ids"])
     assert sorted(read["turn_id"]) == ["a-0", "a-1", "a-2"]
+
+
+def test_rows_read_without_responses_have_their_referenced_turns_read_with_them() -> None:
+    """A prompt is rebuilt from the turn it extends and that turn's response: a referenced
+    turn among rows read without responses must still be read, however far back it started."""
+    table = _stored(_steps("a", 3), timedelta(minutes=2))
+    rows = table.drop("response_token_ids")
+    read = _earlier_turns(rows, table.lazy(), ["turn_id", REFERENCE, "response_token_ids"])
+    assert sorted(read["turn_id"]) == ["a-0", "a-1", "a-2"]
