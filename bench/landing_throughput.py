@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 from deltalake import CommitProperties, WriterProperties, write_deltalake
 
 from claw_pipelines.lake import Lake
@@ -23,30 +24,45 @@ from claw_pipelines.spool.flusher import SpoolFlusher
 from claw_pipelines.spool.writer import SpoolWriter
 
 
-def synthetic_turns(count: int, prompt_len: int, response_len: int, seed: int = 0) -> list[Turn]:
-    rng = random.Random(seed)
+def synthetic_batches(
+    count: int, batch: int, prompt_len: int, response_len: int, seed: int = 0
+) -> Iterator[list[Turn]]:
+    """The same ``count`` rows on every call, ``batch`` at a time.
+
+    Made batch by batch so the bench holds no more rows than a proxy does between flushes: all
+    8,192 default rows at once are 10M Python ints, and a full garbage collection over them (a
+    tenth of a second) would land in whichever side's timed stretch happened to trigger it.
+    """
+    rng = np.random.default_rng(seed)
     now = utc_now()
-    return [
-        Turn(
-            turn_id=f"turn-{i:08d}",
-            trajectory_id=f"traj-{i // 4:07d}",
-            group_id=f"group-{i // 16:06d}",
-            model="policy",
-            token_source="engine",
-            prompt_token_ids=[rng.randrange(50_000) for _ in range(prompt_len)],
-            response_token_ids=[rng.randrange(50_000) for _ in range(response_len)],
-            response_logprobs=[-rng.random() for _ in range(response_len)],
-            request_messages=json.dumps([{"role": "user", "content": f"task {i}"}]),
-            response_message=json.dumps({"role": "assistant", "content": f"answer {i}"}),
-            response_text=f"answer {i}",
-            started_at=now,
-            ended_at=now,
-        )
-        for i in range(count)
-    ]
+    for start in range(0, count, batch):
+        size = min(batch, count - start)
+        prompts = rng.integers(50_000, size=(size, prompt_len), dtype=np.int32).tolist()
+        responses = rng.integers(50_000, size=(size, response_len), dtype=np.int32).tolist()
+        logprobs = (-rng.random((size, response_len), dtype=np.float32)).tolist()
+        yield [
+            Turn(
+                turn_id=f"turn-{i:08d}",
+                trajectory_id=f"traj-{i // 4:07d}",
+                group_id=f"group-{i // 16:06d}",
+                model="policy",
+                token_source="engine",
+                prompt_token_ids=prompt,
+                response_token_ids=response,
+                response_logprobs=logprob,
+                request_messages=json.dumps([{"role": "user", "content": f"task {i}"}]),
+                response_message=json.dumps({"role": "assistant", "content": f"answer {i}"}),
+                response_text=f"answer {i}",
+                started_at=now,
+                ended_at=now,
+            )
+            for i, prompt, response, logprob in zip(
+                range(start, start + size), prompts, responses, logprobs, strict=True
+            )
+        ]
 
 
-def spool_to_delta(turns: list[Turn], batch: int, workdir: Path) -> float:
+def spool_to_delta(batches: Iterable[list[Turn]], batch: int, workdir: Path) -> float:
     """Seconds the flusher spends committing segments of ``batch`` rows, one commit each.
 
     Appending to the spool happens on the request path and is measured by capture_overhead.
@@ -55,20 +71,21 @@ def spool_to_delta(turns: list[Turn], batch: int, workdir: Path) -> float:
     writer = SpoolWriter(workdir / "spool")
     flusher = SpoolFlusher(writer, lake, max_rows=batch)
     elapsed = 0.0
-    committed = 0
-    for start in range(0, len(turns), batch):
-        for turn in turns[start : start + batch]:
+    appended = committed = 0
+    for turns in batches:
+        for turn in turns:
             writer.append(turn)
+        appended += len(turns)
+        del turns
         began = time.perf_counter()
         committed += flusher.flush()
         elapsed += time.perf_counter() - began
-    assert committed == len(turns), (committed, len(turns))
+    assert committed == appended, (committed, appended)
     return elapsed
 
 
 def bare_writes(
-    turns: list[Turn],
-    batch: int,
+    batches: Iterable[list[Turn]],
     workdir: Path,
     name: str = "bare-lake",
     writer_properties: WriterProperties | None = None,
@@ -77,10 +94,7 @@ def bare_writes(
     with the landing table's properties; with ``writer_properties``, Parquet written as the
     proxy writes it (``lake.landing_writer``), so only the spool's own work differs."""
     uri = str(workdir / name / "turns")
-    tables = [
-        rows_to_arrow(Turn, [t.model_dump() for t in turns[start : start + batch]])
-        for start in range(0, len(turns), batch)
-    ]
+    tables = [rows_to_arrow(Turn, [t.model_dump() for t in turns]) for turns in batches]
     began = time.perf_counter()
     for table in tables:
         write_deltalake(
@@ -109,10 +123,10 @@ def main() -> None:
     if args.quick:
         vars(args).update(QUICK)
     workdir = Path(tempfile.mkdtemp(prefix="claw-bench-landing-"))
-    turns = synthetic_turns(args.turns, args.prompt_tokens, args.response_tokens)
-    bare_s = bare_writes(turns, args.batch, workdir)
-    tuned_s = bare_writes(turns, args.batch, workdir, "tuned-lake", landing_writer("turns"))
-    spool_s = spool_to_delta(turns, args.batch, workdir)
+    shape = (args.turns, args.batch, args.prompt_tokens, args.response_tokens)
+    bare_s = bare_writes(synthetic_batches(*shape), workdir)
+    tuned_s = bare_writes(synthetic_batches(*shape), workdir, "tuned-lake", landing_writer("turns"))
+    spool_s = spool_to_delta(synthetic_batches(*shape), args.batch, workdir)
     print(
         json.dumps(
             {
