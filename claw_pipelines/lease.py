@@ -17,17 +17,20 @@ process's clock, so the machines' clocks must agree to well within the lease.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import time
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.commits import commit
 from claw_pipelines.lake.properties import TABLE_CONFIGURATION
+from claw_pipelines.lake.tables import REOPEN_AFTER_S
 from claw_pipelines.schemas import utc_now
 
 LEASE_TABLE = "maintenance_lease"
@@ -66,15 +69,35 @@ class Lease:
     name: str = LEASE_TABLE
     """The lease's table: one per kind of work (maintenance, ``COMMIT_LEASE_TABLE``)."""
 
+    seen: Holding | None = field(default=None, init=False)
+    """The lease as this process last read it."""
+    _handle: DeltaTable | None = field(default=None, init=False, repr=False)
+    _opened_at: float = field(default=0.0, init=False, repr=False)
+    _read_at: int | None = field(default=None, init=False, repr=False)
+    """The table version ``seen`` was read at."""
+
     def table(self) -> DeltaTable:
-        return self.lake.ensure(self.name, LEASE_SCHEMA, LEASE_CONFIGURATION)
+        """The lease table, up to date. One handle reads on from the version it last saw (on
+        an object store a GET or two, where an open lists the log and reads the checkpoint and
+        the entries after it), re-opened once ``REOPEN_AFTER_S`` old like a table writer's."""
+        if self._handle is not None and time.monotonic() - self._opened_at < REOPEN_AFTER_S:
+            with contextlib.suppress(DeltaError):  # say the entries it needs were cleaned up
+                self._handle.update_incremental()
+                return self._handle
+        self._handle = self.lake.ensure(self.name, LEASE_SCHEMA, LEASE_CONFIGURATION)
+        self._opened_at = time.monotonic()
+        return self._handle
 
     def holding(self, table: DeltaTable | None = None) -> Holding:
-        """The lease as the latest snapshot (or ``table``) says."""
-        rows = pl.scan_delta(table or self.table()).collect()
-        if rows.is_empty():
-            return Holding(None, None)
-        return Holding(rows["holder"][0], rows["expires_at"][0])
+        """The lease as the latest snapshot (or ``table``) says; read again only when its
+        version moved."""
+        table = table or self.table()
+        if self.seen is None or self._read_at != table.version():
+            rows = pl.scan_delta(table).collect()
+            empty = rows.is_empty()
+            self.seen = Holding(None, None) if empty else Holding(*rows.row(0))
+            self._read_at = table.version()
+        return self.seen
 
     def acquire(self) -> bool:
         """Take the lease (free, expired or ours already: then this renews it) until

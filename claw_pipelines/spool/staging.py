@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+from deltalake import DeltaTable
 from deltalake._internal import DeltaFileSystemHandler  # the public wrapper cannot write bytes
 from pydantic import BaseModel
 
 from claw_pipelines.lake.store import is_remote
 from claw_pipelines.lake.tables import Lake, TableWriter
 from claw_pipelines.lease import COMMIT_LEASE_TABLE, Lease
-from claw_pipelines.schemas import LANDING_MODELS
+from claw_pipelines.schemas import LANDING_MODELS, utc_now
 from claw_pipelines.spool import codec
 from claw_pipelines.spool.commit_rules import (
     COMMIT_ORDER,
@@ -199,6 +200,38 @@ def _in_commit_order(sealed: list[Sealed]) -> list[Sealed]:
 
 
 @dataclass
+class AppVersions:
+    """The writers' app transaction versions in one table, as of one version of one handle.
+
+    delta-rs answers ``transaction_version`` by replaying the table's log from its last
+    checkpoint, reading every entry again (a GET each on an object store): asked for each of
+    16 writers in each round, that was most of a round's requests and time. The committer asks
+    once per writer and handle, then adds what it commits itself; a table that moved by any
+    other commit, or a handle re-opened, starts over.
+    """
+
+    handle: DeltaTable | None = None
+    version: int | None = None
+    known: dict[str, int | None] = field(default_factory=dict)
+
+    def of(self, snapshot: DeltaTable, writer_id: str) -> int | None:
+        """``writer_id``'s version in ``snapshot``."""
+        if snapshot is not self.handle or snapshot.version() != self.version:
+            self.handle, self.version, self.known = snapshot, snapshot.version(), {}
+        if writer_id not in self.known:
+            self.known[writer_id] = snapshot.transaction_version(writer_id)
+        return self.known[writer_id]
+
+    def committed(self, version: int, apps: dict[str, int]) -> None:
+        """Our commit of ``apps`` made ``version``: known still, unless others committed too."""
+        if self.version is not None and version == self.version + 1:
+            self.version = version
+            self.known.update(apps)
+        else:
+            self.handle = None
+
+
+@dataclass
 class Committer:
     """The fleet's side: whichever process holds the commit lease commits the staged bundles,
     once per ``window_s``, from a background thread."""
@@ -214,6 +247,7 @@ class Committer:
         self.lease = Lease(self.lake, self.holder, self.lease_s, COMMIT_LEASE_TABLE)
         self.committed_rows = 0
         self._writers: dict[str, TableWriter] = {}
+        self._apps = {table: AppVersions() for table in COMMIT_ORDER}
         self._held = False
         self._ask_at = 0.0
         self._round = threading.Lock()
@@ -246,18 +280,26 @@ class Committer:
                 log_failure(self.commit_staged, "staged commit")
 
     def _holds(self) -> bool:
-        """Whether this process may commit now. The lease is asked for (taken or renewed)
-        every third of ``lease_s``, and the answer trusted until the next ask: a holder
-        always has two thirds of the lease left."""
+        """Whether this process may commit now. The holder renews the lease every third of
+        ``lease_s`` and trusts it until the next ask, so it always has two thirds of the lease
+        left; any other process asks again when the lease it saw runs out (a third to all of
+        ``lease_s`` later): each ask is a few requests, and a fleet's proxies all ask."""
         now = time.monotonic()
         if now >= self._ask_at:
-            self._ask_at = now + self.lease_s / 3
             try:
                 self._held = self.lease.acquire()
             except Exception:
                 log.exception("asking for the commit lease failed; asking again later")
                 self._held = False
+            self._ask_at = now + self._until_next_ask()
         return self._held
+
+    def _until_next_ask(self) -> float:
+        seen = self.lease.seen
+        if self._held or seen is None or seen.expires_at is None:
+            return self.lease_s / 3
+        left = (seen.expires_at - utc_now()).total_seconds()
+        return min(max(left, self.lease_s / 3), self.lease_s)
 
     def commit_staged(self) -> int:
         """Commit the staged bundles (oldest first, ``max_bytes`` of them at most) to the
@@ -303,13 +345,15 @@ class Committer:
         app transaction per writer; the rows appended. What it holds is read from the snapshot
         the append commits from, so if another committer appended any of these writers' rows
         since, the append is refused instead of landing them twice."""
-        writer = self._writer(table)
+        writer, known = self._writer(table), self._apps[table]
         snapshot = writer.snapshot(LANDING_MODELS[table].arrow_schema())
         parts: list[pa.Table] = []
         apps: dict[str, int] = {}
         for header, bodies in bundles:
             writer_id = header.writer_id
-            done = snapshot.transaction_version(writer_id)
+            if not any(segment.table == table for segment in header.segments):
+                continue
+            done = known.of(snapshot, writer_id)
             for segment, body in zip(header.segments, bodies, strict=True):
                 if segment.table != table or (done is not None and segment.seq <= done):
                     continue
@@ -319,7 +363,12 @@ class Committer:
             return 0
         data = dedupe_on_key(pa.concat_tables(parts), LANDING_MODELS[table].key)
         metadata = {"claw.committer": self.holder}
-        writer.append(data, apps=apps, metadata=metadata, snapshot=snapshot)
+        try:
+            version = writer.append(data, apps=apps, metadata=metadata, snapshot=snapshot)
+        except Exception:
+            known.handle = None  # it may have landed all the same: ask the table again
+            raise
+        known.committed(version, apps)
         return data.num_rows
 
     def _writer(self, table: str) -> TableWriter:

@@ -5,15 +5,18 @@ turns, and a bundle staged again or a second committer never lands a row twice."
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 from test_commit_rate import _trajectory
 
 from claw_pipelines.lake import Lake
+from claw_pipelines.lease import LEASE_APP
 from claw_pipelines.schemas import LANDING_MODELS
 from claw_pipelines.spool.flusher import SpoolFlusher
 from claw_pipelines.spool.staging import (
@@ -152,3 +155,56 @@ def test_a_refused_append_is_retried_unless_its_rows_landed_meanwhile(tmp_path: 
     with pytest.raises(CommitFailedError):  # "w" 2 is in the table already: never twice
         stale.append(pa.table({"x": [3]}), apps={"w": 2})
     assert sorted(lake.scan("t").collect()["x"]) == [0, 1, 2, 3]
+
+
+def test_a_committer_asks_each_writers_version_once_until_another_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """delta-rs reads a table's log again for every ``transaction_version``: the committer asks
+    once per writer and table, and again only once someone else has committed to it."""
+    asked: list[str] = []
+    original = DeltaTable.transaction_version
+
+    def counted(table: DeltaTable, app: str) -> int | None:
+        if app != LEASE_APP:
+            asked.append(app)
+        return original(table, app)
+
+    monkeypatch.setattr(DeltaTable, "transaction_version", counted)
+    lake = Lake(str(tmp_path / "lake"))
+    proxies = [_proxy(lake, tmp_path / f"spool-{i}") for i in range(2)]
+    committer = Committer(lake, "committer")
+
+    def staged_round(first: int) -> int:
+        for index, proxy in enumerate(proxies):
+            _land(proxy, first + 100 * index, 2)
+            proxy.flush()
+        asked.clear()
+        return committer.commit_staged()
+
+    assert staged_round(0) == 2 * 2 * 5
+    assert sorted(asked) == sorted(p.writer.writer_id for p in proxies for _ in KEYS)
+    assert staged_round(10) == 2 * 2 * 5
+    assert asked == []
+    committer.lease.release()  # say it ran out: another process commits meanwhile
+    other = Committer(lake, "other")
+    _land(proxies[0], 20, 2)
+    proxies[0].flush()
+    assert other.commit_staged() == 2 * 5  # the tables moved under the first committer
+    other.lease.release()
+    committer._ask_at = 0.0
+    assert staged_round(30) == 2 * 2 * 5
+    assert len(asked) == 2 * len(KEYS)
+    for table, frame in _landed(lake).items():
+        assert frame[KEYS[table]].n_unique() == frame.height == (42 if table == "turns" else 14)
+
+
+def test_a_committer_that_does_not_hold_the_lease_asks_again_when_it_runs_out(
+    tmp_path: Path,
+) -> None:
+    lake = Lake(str(tmp_path / "lake"))
+    holder, other = Committer(lake, "holder", lease_s=30), Committer(lake, "other", lease_s=30)
+    assert holder._holds() and not other._holds()
+    now = time.monotonic()
+    assert holder._ask_at - now == pytest.approx(10, abs=1)  # renews every third of the lease
+    assert other._ask_at - now == pytest.approx(30, abs=1)  # when the lease it saw expires
