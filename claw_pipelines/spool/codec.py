@@ -169,10 +169,11 @@ def _list_columns(lists: list[memoryview], packed: dict[str, pa.DataType]) -> di
     for name, kind in packed.items():
         sizes = octets[at[:, None] + np.arange(LENGTH.size)].view("<i4").ravel()
         missing = sizes < 0
+        counts = np.where(missing, 0, sizes).astype(np.int64)
         begins = at + LENGTH.size
-        at = begins + np.where(missing, 0, sizes).astype(np.int64) * 4
+        at = begins + counts * 4
         values = b"".join([view[b:e] for b, e in zip(begins.tolist(), at.tolist(), strict=True)])
-        offsets = np.concatenate([[0], np.cumsum(np.where(missing, 0, sizes))]).astype(np.int32)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
         items = pa.Array.from_buffers(
             kind.value_type, len(values) // 4, [None, pa.py_buffer(values)]
         )
