@@ -200,10 +200,14 @@ REWARDED_STEPS = pa.schema(
         pa.field("reward", pa.float64()),
         pa.field("reward_present", pa.bool_()),
         pa.field("reward_sources", _STRINGS),
+        pa.field("trajectory_started_at", _TS),
     ]
 )
 """``step_reward``: immediate reward aimed at the turn; ``outcome_reward``: the trajectory's
-outcome (trajectory/group/event rewards); ``reward``: credited per the credit-assignment rule."""
+outcome (trajectory/group/event rewards); ``reward``: credited per the credit-assignment rule;
+``trajectory_started_at``: the earliest ``started_at`` of the trajectory's steps (each run
+recomputes a trajectory from all of them), which the batch ledger and retirements keep so that
+planning reads only their recent end (``batching.planner``); null in rows written before it."""
 
 SCORED_STEPS = pa.schema(
     [

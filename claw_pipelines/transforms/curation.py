@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from claw_pipelines.derived_schemas import CURATED_STEPS, polars_schema
+from claw_pipelines.derived_schemas import CURATED_STEPS, fit
 
 _FIELDS = {"quality_label": "quality_label", "trainable": "trainable", "tags": "tags",
            "note": "label_note"}  # fmt: skip
@@ -69,9 +69,7 @@ def curate_steps(
                 pl.col("tags").fill_null(pl.lit([], pl.List(pl.String))),
             )
         )  # fmt: skip
-    return curated.select(
-        pl.col(name).cast(dtype) for name, dtype in polars_schema(CURATED_STEPS).items()
-    )
+    return fit(curated, CURATED_STEPS)  # a column the scored rows predate is null
 
 
 def labelled_trajectories(labels: pl.DataFrame | None, scored: pl.LazyFrame | None) -> pl.DataFrame:

@@ -139,7 +139,9 @@ def reward_steps(
     within it; a trajectory's own outcome beats its group's at equal priority only by being
     later. ``reward_sources`` lists the winning sources of the step's reward and outcome.
     ``reward`` is credited by ``config.credit_assignment``. ``turns``: where the rules read the
-    steps' replies (None: ``steps`` carry them).
+    steps' replies (None: ``steps`` carry them). ``trajectory_started_at``: the earliest start
+    among the trajectory's steps; steps are only ever added to a trajectory, so it can only move
+    earlier as more of them land.
     """
     steps = steps.lazy()
     candidates = _all_rewards(
@@ -160,8 +162,12 @@ def reward_steps(
         how="diagonal",
     )
     outcomes = _winner(outcome_candidates, "trajectory_id", "outcome_reward")
-    frame = steps.join(step_rewards, on="turn_id", how="left").join(
-        outcomes, on="trajectory_id", how="left"
+    frame = (
+        steps.join(step_rewards, on="turn_id", how="left")
+        .join(outcomes, on="trajectory_id", how="left")
+        .with_columns(
+            pl.col("started_at").min().over("trajectory_id").alias("trajectory_started_at")
+        )
     )
     return fit(assign_credit(_with_sources(frame), config.credit_assignment), REWARDED_STEPS)
 

@@ -66,6 +66,13 @@ def test_late_reward_reaches_only_the_affected_trajectories():
     ]
 
 
+def test_every_step_carries_its_trajectorys_first_start():
+    steps = pl.concat([_steps("A", start=30), _steps("B", start=5)])
+    frame = reward_steps(steps, None, None, RewardConfig()).collect()
+    firsts = frame.group_by("trajectory_id").agg(pl.col("trajectory_started_at").unique())
+    assert sorted(firsts.rows()) == [("A", [at(30)]), ("B", [at(5)])]
+
+
 def test_source_priority_and_latest_value_win():
     steps = _steps("A")
     landed = rewards(
