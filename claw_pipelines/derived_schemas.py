@@ -381,8 +381,9 @@ DROPPED = pa.schema(
 )
 """Steps a batch plan left out and why (inspector batch preview)."""
 
-RETIRED = DROPPED.append(pa.field("retired_at", _TS))
-"""``batch_retired/<recipe>``: steps a recipe's plans dropped for good (``planner.final_drops``)."""
+RETIRED = pa.schema([*DROPPED, pa.field("trajectory_started_at", _TS), pa.field("retired_at", _TS)])
+"""``batch_retired/<recipe>``: steps a recipe's plans dropped for good (``planner.final_drops``),
+with their trajectory's first start when retired (null in rows retired before it was kept)."""
 
 LEDGER = pa.schema(
     [
@@ -391,11 +392,14 @@ LEDGER = pa.schema(
         pa.field("turn_id", pa.string(), nullable=False),
         pa.field("trajectory_id", pa.string()),
         pa.field("group_id", pa.string()),
+        pa.field("trajectory_started_at", _TS),
         pa.field("planned_at", _TS),
     ]
 )
 """``batch_ledger/<recipe>``: which steps a recipe already consumed (a step goes into at most one
-batch of a recipe)."""
+batch of a recipe), with their trajectory's first start when consumed (null in rows consumed
+before it was kept): planning reads only the rows of trajectories started since its window
+(``planner.started_since``)."""
 
 SKIPPING_COLUMNS = sorted(
     {

@@ -233,6 +233,7 @@ def reserve_on(
     commit(
         target,
         rows,
+        schema_mode="merge",  # a ledger from before a column gains it, null in older rows
         properties=lake.commit_properties(
             {_plan_app(recipe.name): done + 1}, {"claw.batch_id": batch_id}
         ),

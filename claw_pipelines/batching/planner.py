@@ -47,10 +47,11 @@ class BatchPlan:
     (``units.Units.more``); when not, the release plans no second batch, which would read
     every curated step in play again to find too few."""
     consumed: pl.DataFrame
-    """(turn_id, trajectory_id, group_id) of every step this batch uses; for dpo both the
-    chosen and the rejected step."""
+    """(turn_id, trajectory_id, group_id, trajectory_started_at) of every step this batch uses;
+    for dpo both the chosen and the rejected step."""
     final: pl.DataFrame
-    """The rows of ``dropped`` that later plans drop too (``final_drops``): to retire."""
+    """The rows of ``dropped`` that later plans drop too (``final_drops``), with their
+    trajectory's ``trajectory_started_at``: to retire."""
     open_since_next: datetime | None
     """The earliest start (``started_at``, to the millisecond) of a step of a trajectory still
     in play once this batch is reserved (if ``ready``) and the final drops retired, or the
@@ -78,6 +79,7 @@ class BatchPlan:
 PLANNED_COLUMNS = frozenset(
     {
         *(set(STORED_BATCH_ROWS.names) | set(DPO_PAIRS.names)),
+        "trajectory_started_at",
         "ended_at",
         "step_reward",
         "trainable",
@@ -93,6 +95,9 @@ PLANNED_COLUMNS = frozenset(
 )
 """The curated columns a plan reads (its filters, credit, units and rows): the rest (e.g. the
 response text) would only widen every sort and join of the open steps."""
+
+LATER_COLUMNS = {"failed_calls": pl.Int32, "trajectory_started_at": pl.Datetime("us", "UTC")}
+"""Planned columns that curated rows written before them lack: read as null."""
 
 TRUNCATED = "length"
 """The finish reason of a reply cut off at max_tokens: it has no end-of-turn token."""
@@ -272,7 +277,7 @@ def plan_batch(
     else:
         units = trajectory_batch(recipe, frame, now, batch_id, versions)
     dropped = fit(units.dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED)
-    final = final_drops(recipe, dropped)
+    final = _with_first_start(final_drops(recipe, dropped), frame)
     settled = [final, units.consumed] if units.ready else [final]
     return BatchPlan(
         batch_id=batch_id,
@@ -281,7 +286,7 @@ def plan_batch(
         dropped=dropped,
         ready=units.ready,
         more=units.more,
-        consumed=units.consumed.sort("turn_id"),
+        consumed=_with_first_start(units.consumed, frame).sort("turn_id"),
         final=final,
         open_since_next=_open_since_next(
             frame, pl.concat(part.select("turn_id") for part in settled), curated, open_since
@@ -314,9 +319,10 @@ def _candidates(
     """The credited curated steps in play that no frame of ``excluding`` (ledger, retired
     steps) holds, each with the first filter it fails (``_reason``), in batch order."""
     names = curated.collect_schema().names()
-    curated = curated.select(name for name in names if name in PLANNED_COLUMNS)
-    if "failed_calls" not in names:  # a table written before the column
-        curated = curated.with_columns(pl.lit(None, pl.Int32).alias("failed_calls"))
+    absent = {name: dtype for name, dtype in LATER_COLUMNS.items() if name not in names}
+    curated = curated.select(name for name in names if name in PLANNED_COLUMNS).with_columns(
+        pl.lit(None, dtype).alias(name) for name, dtype in absent.items()
+    )
     excluded = [
         frame.lazy().select("turn_id", "trajectory_id") for frame in excluding if frame is not None
     ]
@@ -334,6 +340,13 @@ def _candidates(
         .sort("started_at", "trajectory_id", "step_index", "turn_id")
         .collect(engine="streaming")
     )
+
+
+def _with_first_start(rows: pl.DataFrame, candidates: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` of ``candidates`` with their trajectory's ``trajectory_started_at`` (its rows
+    hold one value), which the ledger and the retirements keep."""
+    firsts = candidates.group_by("trajectory_id").agg(pl.col("trajectory_started_at").max())
+    return rows.join(firsts, on="trajectory_id", how="left", maintain_order="left")
 
 
 def _open_since_next(

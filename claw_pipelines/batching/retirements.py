@@ -215,6 +215,7 @@ class Retirements:
             commits.commit(
                 self.table,
                 conform(rows, RETIRED),
+                schema_mode="merge",  # a table from before a column gains it, null in older rows
                 properties=self._commit(curated_version, {OPEN_SINCE: _iso(plan)}),
                 compact_after=commits.COMPACT_AFTER_FILES,
             )

@@ -9,10 +9,13 @@ import polars as pl
 import pytest
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts, late_turn
+from deltalake import write_deltalake
 
+from claw_pipelines.batches.names import ledger_table, retired_table
 from claw_pipelines.batching import ledger, planner
 from claw_pipelines.batching.release import BuiltBatch, ExportedBatch, release_ready
 from claw_pipelines.config_files import recipes
+from claw_pipelines.lake import Lake
 from claw_pipelines.schemas import Turn, rows_to_arrow
 
 ROUNDS = 4
@@ -72,3 +75,35 @@ def test_each_plan_reads_only_the_steps_in_play_when_ids_sort_against_time(
         assert again.consumed["turn_id"].to_list() == ledger.consumed_turns(
             bound.lake, recipe.name, batch_id
         )
+
+
+def _as_before_first_starts(lake: Lake, table: str) -> None:
+    """Rewrite ``table`` as a version that kept no ``trajectory_started_at`` wrote it."""
+    older = pl.scan_delta(lake.open(table)).drop("trajectory_started_at").collect()
+    write_deltalake(lake.open(table), older.to_arrow(), mode="overwrite", schema_mode="overwrite")
+
+
+def test_a_ledger_and_retirements_kept_before_first_starts_still_exclude_their_steps(
+    bound, instance
+) -> None:
+    driver, recipe = Driver(bound, instance), recipes()["grpo"]
+    first = land_rollouts(bound.lake, groups=GROUPS, steps=1)
+    land_rollouts(bound.lake, groups=2, steps=1, flat=True, seed=1)
+    driver.refresh()
+    assert [type(r) for r in release_ready(bound.lake, recipe)] == [BuiltBatch, ExportedBatch]
+    tables = [ledger_table(recipe.name), retired_table(recipe.name)]
+    for table in tables:
+        _as_before_first_starts(bound.lake, table)
+
+    late = late_turn(max(first.turns.values(), key=lambda turn: turn["started_at"]))
+    bound.lake.append("turns", rows_to_arrow(Turn, [late]))
+    second = land_rollouts(bound.lake, groups=GROUPS, steps=1, seed=2)
+    land_rollouts(bound.lake, groups=1, steps=1, flat=True, seed=3)
+    driver.refresh()
+    built, _ = release_ready(bound.lake, recipe)
+    batched = bound.lake.scan("batches/grpo").collect()["turn_id"]
+    assert batched.sort().to_list() == sorted([*first.turns, *second.turns])  # not the late one
+    assert (built.retired_before, built.retired) == (8, {"zero_variance": 4})
+    for table, kept_before in zip(tables, [GROUPS * 4, 8], strict=True):
+        unknown = bound.lake.scan(table).select(pl.col("trajectory_started_at").null_count())
+        assert unknown.collect().item() == kept_before  # the older rows read it as null
