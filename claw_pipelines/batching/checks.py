@@ -7,6 +7,7 @@ import polars as pl
 from pydantic import BaseModel, JsonValue
 
 from claw_pipelines.batches.recipe import GROUPED, Recipe
+from claw_pipelines.batching.planner import first_start_bound, started_since
 from claw_pipelines.lake.filters import keyed
 
 CHECKS = ("groups_complete", "no_step_consumed_twice")
@@ -38,13 +39,23 @@ def groups_complete(recipe: Recipe, rows: pl.DataFrame) -> CheckOutcome:
     )
 
 
-def no_step_consumed_twice(ledger: pl.LazyFrame | None, turn_ids: pl.Series) -> CheckOutcome:
-    """No turn of the batch is in the recipe's ledger twice (within or across batches); only
-    the batch's turns are looked up (``lake.keyed`` skips the other files by statistics)."""
+def no_step_consumed_twice(ledger: pl.LazyFrame | None, consumed: pl.DataFrame) -> CheckOutcome:
+    """No turn of the batch (``consumed``: its ledger rows' turn_id and trajectory_started_at)
+    is in the recipe's ledger twice (within or across batches). Only the batch's turns are
+    looked up (``lake.keyed`` skips the other files by statistics), among the rows of
+    trajectories first started since the batch's earliest (``planner.started_since``): a step
+    consumed before keeps a first start at or after the one its trajectory had when this batch
+    was planned, so every earlier consumption of the batch's turns is found, and a step
+    consumed twice fails the check of the batch that took it again."""
+    turn_ids = consumed.get_column("turn_id")
     reused = (
         pl.Series("turn_id", [], pl.String)
         if ledger is None
-        else keyed(ledger.select("turn_id"), "turn_id", turn_ids)
+        else keyed(
+            started_since(ledger, first_start_bound(consumed)).select("turn_id"),
+            "turn_id",
+            turn_ids,
+        )
         .group_by("turn_id")
         .len()
         .filter(pl.col("len") > 1)

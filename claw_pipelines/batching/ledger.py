@@ -24,7 +24,7 @@ from claw_pipelines.batches.pins import Pins
 from claw_pipelines.batches.recipe import PINNED, Recipe
 from claw_pipelines.batching.planner import BatchPlan, plan_batch
 from claw_pipelines.batching.retirements import Retirements
-from claw_pipelines.derived_schemas import LEDGER, conform
+from claw_pipelines.derived_schemas import LEDGER, conform, fit
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.commits import COMPACT_AFTER_FILES, ConcurrentRun, commit
 from claw_pipelines.lake.filters import floor_ms, keyed
@@ -174,11 +174,15 @@ def unfinished_batches(
     )
 
 
+def consumed_steps(lake: Lake, recipe: str, batch_id: str) -> pl.DataFrame:
+    """The turn ids ``batch_id`` consumed (sorted), with their trajectory's first start as its
+    ledger rows keep it (null in rows kept before it)."""
+    rows = lake.scan(ledger_table(recipe)).filter(pl.col("batch_id") == batch_id)
+    return fit(rows, LEDGER).select("turn_id", "trajectory_started_at").collect().sort("turn_id")
+
+
 def consumed_turns(lake: Lake, recipe: str, batch_id: str) -> list[str]:
-    ledger = lake.scan(ledger_table(recipe))
-    return (
-        ledger.filter(pl.col("batch_id") == batch_id).select("turn_id").collect()["turn_id"].sort()
-    ).to_list()
+    return consumed_steps(lake, recipe, batch_id).get_column("turn_id").to_list()
 
 
 class Reservation(NamedTuple):

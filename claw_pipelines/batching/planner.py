@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 
 import polars as pl
@@ -23,7 +23,7 @@ from claw_pipelines.derived_schemas import (
     STORED_BATCH_ROWS,
     fit,
 )
-from claw_pipelines.lake.filters import floor_ms, keyed
+from claw_pipelines.lake.filters import floor_ms, keyed, since
 from claw_pipelines.transforms.credit import assign_credit
 from claw_pipelines.transforms.sequences import segment_index, sequence_lengths
 
@@ -163,15 +163,47 @@ def _step_reasons(recipe: Recipe, latest_policy: pl.Expr) -> pl.Expr:
     return reason
 
 
+def first_start_bound(rows: pl.LazyFrame | pl.DataFrame) -> datetime | None:
+    """The earliest ``trajectory_started_at`` of ``rows`` (curated rows, a batch's ledger rows):
+    the bound of ``started_since`` for matching them. None when one is null (a row written
+    before the column: its trajectory may have started any time); the latest time when there
+    are no rows (none to match)."""
+    first = pl.col("trajectory_started_at")
+    earliest, unknown, count = (
+        rows.lazy()
+        .select(first.min().alias("earliest"), first.null_count().alias("unknown"), pl.len())
+        .collect()
+        .row(0)
+    )
+    if unknown:
+        return None
+    return earliest if count else datetime.max.replace(tzinfo=UTC)
+
+
+def started_since(rows: pl.LazyFrame, bound: datetime | None) -> pl.LazyFrame:
+    """The ledger or retirement rows that can be of a trajectory first started at ``bound`` or
+    later: those whose ``trajectory_started_at`` is not earlier, or null (written before the
+    column); all of them without a bound or the column. Exact, not a guess: a trajectory's
+    first start only moves earlier as more of its steps land, so a row keeps one at or after
+    its trajectory's first start now, which is at or after ``bound`` for every trajectory of
+    the rows matched (``first_start_bound``). In a Delta scan the filter skips the files
+    holding only trajectories started before ``bound``, so the read follows the rows in play,
+    not the ledger's age."""
+    if bound is None or "trajectory_started_at" not in rows.collect_schema().names():
+        return rows
+    return rows.filter(since("trajectory_started_at", bound))
+
+
 def _unconsumed(recipe: Recipe, curated: pl.LazyFrame, excluded: pl.LazyFrame) -> pl.LazyFrame:
     """Credited curated steps the recipe has neither consumed nor retired: trajectory-based
     algorithms skip any trajectory with an excluded step, dpo skips excluded steps (credit is
     still assigned over the whole trajectory). The excluded keys of the curated rows read are
-    collected first (only the key column of the ledger and the retirements is read: they hold
-    no start time, and a late step of a trajectory consumed long ago must still find it), then
-    the open trajectory ids (one plan joining the whole id columns took ~3x the memory), so
-    planning holds the open trajectories' rows, not the table's. With none excluded in play (a
-    recipe's first plan) every trajectory is open: nothing to match."""
+    collected first (``excluded``: the key columns of the ledger's and the retirements' rows of
+    trajectories started since the earliest first start read, ``started_since``; a late step
+    of a trajectory consumed long ago carries that trajectory's first start, so it still finds
+    it), then the open trajectory ids (one plan joining the whole id columns took ~3x the
+    memory), so planning holds the open trajectories' rows, not the table's. With none excluded
+    in play (a recipe's first plan) every trajectory is open: nothing to match."""
     key = "turn_id" if recipe.algorithm == "dpo" else "trajectory_id"
     keys = (
         excluded.select(key)
@@ -260,9 +292,11 @@ def plan_batch(
     step that started before it belongs to a trajectory consumed or retired: only the curated
     steps started since are read, which file statistics make cheap whatever the trajectory ids
     look like (they need not sort by time), and of the ledger and the retirements only the
-    rows of those steps' trajectories. Planning reads only the narrow curated
-    columns: a grpo-style batch's rows point at their turns (``BatchPlan.rows`` reads their
-    token lists from ``turns``); dpo reads the eligible steps' token lists to pair them.
+    rows of trajectories first started since the earliest of those steps' trajectories
+    (``started_since``), which their file statistics make cheap likewise. Planning reads only
+    the narrow curated columns: a grpo-style batch's rows point at their turns
+    (``BatchPlan.rows`` reads their token lists from ``turns``); dpo reads the eligible steps'
+    token lists to pair them.
     """
     curated = curated_steps.lazy()
     if latest_policy_version is None:
@@ -307,7 +341,7 @@ def _in_play(open_since: datetime | None) -> pl.Expr:
     belongs to a trajectory consumed or retired)."""
     if open_since is None:
         return pl.lit(True)
-    return pl.col("started_at").is_null() | (pl.col("started_at") >= open_since)
+    return since("started_at", open_since)
 
 
 def _candidates(
@@ -323,9 +357,9 @@ def _candidates(
     curated = curated.select(name for name in names if name in PLANNED_COLUMNS).with_columns(
         pl.lit(None, dtype).alias(name) for name, dtype in absent.items()
     )
-    excluded = [
-        frame.lazy().select("turn_id", "trajectory_id") for frame in excluding if frame is not None
-    ]
+    settled = [frame.lazy() for frame in excluding if frame is not None]
+    bound = first_start_bound(curated) if settled else None
+    excluded = [started_since(frame, bound).select("turn_id", "trajectory_id") for frame in settled]
     candidates = (
         _unconsumed(recipe, curated, pl.concat(excluded))
         if excluded

@@ -107,10 +107,10 @@ def _sample(plan: BatchPlan, algorithm: str) -> list[dict[str, Any]]:
 
 
 def _checks(
-    lake: Lake, recipe: Recipe, rows: pl.DataFrame, turn_ids: pl.Series
+    lake: Lake, recipe: Recipe, rows: pl.DataFrame, consumed: pl.DataFrame
 ) -> list[CheckOutcome]:
     ledger_rows = lake.scan(ledger_table(recipe.name))
-    return [groups_complete(recipe, rows), no_step_consumed_twice(ledger_rows, turn_ids)]
+    return [groups_complete(recipe, rows), no_step_consumed_twice(ledger_rows, consumed)]
 
 
 def build_batch(lake: Lake, recipe: Recipe, batch_id: str) -> BuiltBatch | None:
@@ -160,7 +160,7 @@ def _built(lake: Lake, recipe: Recipe, batch_id: str) -> _Built | None:
         table_rows=int(files.get_column("num_records").sum()) if files.height else 0,
         table_version=table.version(),
         table_uri=lake.uri(batches_table(recipe.name)),
-        checks=_checks(lake, planned_under, rows, consumed),
+        checks=_checks(lake, planned_under, rows, plan.consumed),
         more=plan.more or not reserved_now,
     )
     return _Built(batch, in_export_order(recipe.algorithm, pl.from_arrow(written)))
@@ -181,7 +181,7 @@ def _rechecked(lake: Lake, recipe: Recipe, batch_id: str, rows: pl.DataFrame) ->
     export launched alone is not gated by its batch's run)."""
     pins = ledger.pins_of(lake, recipe.name, batch_id)
     planned_under = ledger.pinned_recipe(recipe, pins)
-    consumed = pl.Series("turn_id", ledger.consumed_turns(lake, recipe.name, batch_id))
+    consumed = ledger.consumed_steps(lake, recipe.name, batch_id)
     outcomes = _checks(lake, planned_under, rows, consumed)
     return Rechecked(planned_under, pins, [c.name for c in outcomes if not c.passed])
 

@@ -40,6 +40,12 @@ def floor_ms(moment: datetime) -> datetime:
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
+def since(column: str, moment: datetime) -> pl.Expr:
+    """``column`` null or at ``moment`` or later (to the millisecond: ``floor_ms``), as a Delta
+    scan's filter that skips the files whose rows all hold an earlier one."""
+    return pl.col(column).is_null() | (pl.col(column) >= floor_ms(moment))
+
+
 def column_bound(delta_table: DeltaTable, column: str, bound: Literal["min", "max"]):
     """The smallest or largest value of ``column`` (None when empty), from the files'
     statistics when every file has them, so no data is read however big the table; else from

@@ -4,6 +4,9 @@ a batch to the refresh run on its way."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
 import dagster as dg
 import polars as pl
 import pytest
@@ -14,6 +17,7 @@ from dagster_rollouts import land_rollouts
 
 from assets.landing import REFRESH
 from claw_pipelines.batching import ledger
+from claw_pipelines.batching.checks import no_step_consumed_twice
 from claw_pipelines.batching.release import (
     BatchRefused,
     BuiltBatch,
@@ -23,6 +27,8 @@ from claw_pipelines.batching.release import (
     release_ready,
 )
 from claw_pipelines.config_files import recipes
+from claw_pipelines.derived_schemas import LEDGER, conform, fit
+from claw_pipelines.lake import Lake
 
 
 def _queued_refresh(
@@ -161,3 +167,35 @@ def test_a_batch_is_one_library_call_with_plain_results(bound, instance, monkeyp
         build_batch(bound.lake, grpo, "grpo-000001")
     with pytest.raises(BatchRefused, match="has no rows"):
         export_batch(bound.lake, grpo, "grpo-000009")
+
+
+def test_a_step_consumed_twice_is_found_in_the_ledger_files_of_its_trajectory_only(tmp_path):
+    """The check looks the batch's turns up among the ledger rows of trajectories first started
+    since the batch's earliest (the older files are gone from disk here), which holds every
+    earlier consumption of them: a trajectory's first start only moves earlier."""
+    lake, table, t0 = Lake(str(tmp_path)), "batch_ledger/grpo", datetime(2026, 1, 1, tzinfo=UTC)
+
+    def reserve(batch_id: str, turns: list[str], first_start: timedelta) -> None:
+        rows = pl.DataFrame({"turn_id": turns}).with_columns(
+            recipe=pl.lit("grpo"),
+            batch_id=pl.lit(batch_id),
+            trajectory_started_at=pl.lit(t0 + first_start),
+        )
+        lake.append(table, conform(fit(rows, LEDGER), LEDGER))
+
+    for n in range(5):  # turn ids in the range of the later batches' (they need not sort by time)
+        reserve(f"grpo-{n:06d}", [f"b{n}", f"c{n}"], timedelta(minutes=n))
+    old = lake.open(table).file_uris()
+    reserve("grpo-000005", ["a", "b"], timedelta(hours=2))
+    reserve("grpo-000006", ["b", "c"], timedelta(hours=1))  # b's trajectory gained a step
+    reserve("grpo-000007", ["d"], timedelta(hours=3))
+    for path in old:
+        Path(path).unlink()
+
+    def check(batch_id: str):
+        consumed = ledger.consumed_steps(lake, "grpo", batch_id)
+        return no_step_consumed_twice(lake.scan(table), consumed)
+
+    twice = check("grpo-000006")
+    assert not twice.passed and twice.facts["examples"] == ["b"]
+    assert check("grpo-000007").passed

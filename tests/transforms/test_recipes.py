@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from datetime import timedelta
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -16,6 +17,7 @@ from claw_pipelines.batches.recipe import PINNED, Recipe, load_recipes
 from claw_pipelines.batching.ledger import pinned_recipe
 from claw_pipelines.batching.planner import final_drops, plan_batch
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, conform
+from claw_pipelines.lake import Lake
 from claw_pipelines.transforms import (
     QualityConfig,
     curate_steps,
@@ -97,6 +99,58 @@ def test_ledger_prevents_double_consumption():
         _recipe(), curated, steps, pl.concat([ledger, second.ledger_rows("grpo", at(201))]), at(200)
     )
     assert not third.ready and third.rows.height == 0
+
+
+LEDGER_TABLE = "batch_ledger/grpo"
+
+
+def _reserved_group_by_group(lake: Lake, groups: int):
+    """One-step trajectories in groups g0, g1, ... started a second apart, each group reserved
+    by its own plan in turn for ``groups`` plans (a ledger file each): the curated steps, their
+    token lists, the plans and, per plan, the ledger's files after it."""
+    curated, steps = _curated({f"g{g}": [1, 0] for g in range(groups + 1)}, steps=1)
+    plans, files = [], []
+    for n in range(groups):
+        ledger = lake.scan(LEDGER_TABLE)
+        plan = plan_batch(_recipe(groups_per_batch=1), curated, steps, ledger, at(200),
+                          batch_id=f"grpo-{n + 1:06d}")  # fmt: skip
+        lake.append(LEDGER_TABLE, conform(plan.ledger_rows("grpo", at(200)), LEDGER))
+        plans.append(plan)
+        files.append(set(lake.open(LEDGER_TABLE).file_uris()))
+    return curated, steps, plans, files
+
+
+def test_a_plan_reads_only_the_ledger_files_of_trajectories_started_in_its_window(tmp_path):
+    """Plans after many reservations read only the ledger files holding a trajectory first
+    started since the earliest one they read: the older ones are gone from disk here."""
+    lake = Lake(str(tmp_path))
+    curated, steps, plans, files = _reserved_group_by_group(lake, groups=9)
+    window = plans[7].open_since_next  # g8 and g9 in play then; g8 reserved since
+    assert window == at(8) and set(plans[8].rows["group_id"]) == {"g8"}
+    for old in files[7]:
+        Path(old).unlink()
+    plan = plan_batch(_recipe(groups_per_batch=1), curated, steps, lake.scan(LEDGER_TABLE),
+                      at(200), open_since=window, batch_id="grpo-000010")  # fmt: skip
+    assert len(files[7]) == 8 and set(plan.rows["group_id"]) == {"g9"}
+
+
+def test_a_late_step_of_a_trajectory_reserved_long_ago_is_still_left_out(tmp_path):
+    """The late step carries its trajectory's first start, so the plan reads the ledger back
+    to it, however recent the window of curated steps it reads."""
+    lake = Lake(str(tmp_path))
+    curated, steps, _, _ = _reserved_group_by_group(lake, groups=9)
+    late = curated.filter(pl.col("trajectory_id") == "g0:0").with_columns(
+        pl.lit("g0:0-late").alias("turn_id"),
+        pl.lit(1, pl.Int32).alias("step_index"),
+        pl.lit(at(500)).alias("started_at"),
+        pl.lit(at(501)).alias("ended_at"),
+    )
+    assert late["trajectory_started_at"].to_list() == [at(0)]
+    plan = plan_batch(_recipe(groups_per_batch=1), pl.concat([curated, late]), steps,
+                      lake.scan(LEDGER_TABLE), at(200), open_since=at(9),
+                      batch_id="grpo-000010")  # fmt: skip
+    assert set(plan.rows["group_id"]) == {"g9"}
+    assert "g0:0" not in set(plan.dropped["trajectory_id"])  # not in play: it was consumed
 
 
 @pytest.mark.parametrize(
