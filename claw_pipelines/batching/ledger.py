@@ -28,6 +28,7 @@ from claw_pipelines.derived_schemas import LEDGER, conform, fit
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.commits import COMPACT_AFTER_FILES, ConcurrentRun, commit
 from claw_pipelines.lake.filters import floor_ms, keyed
+from claw_pipelines.lake.properties import SETTLED_FILE_BYTES
 from claw_pipelines.policy.versions import highest_announced_version, lag_reference
 
 PINNED_LEDGER = LEDGER.append(pa.field("pins", pa.string()))
@@ -242,6 +243,7 @@ def reserve_on(
             {_plan_app(recipe.name): done + 1}, {"claw.batch_id": batch_id}
         ),
         compact_after=COMPACT_AFTER_FILES,
+        target_size=SETTLED_FILE_BYTES,
         refused=f"another batch of {recipe.name} was reserved while {batch_id} was planned",
     )
     retirements.record(plan, curated_version, now)  # after: it assumes the batch consumed

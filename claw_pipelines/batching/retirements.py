@@ -42,6 +42,7 @@ from claw_pipelines.incremental.increment import CHUNK_TRAJECTORIES
 from claw_pipelines.lake import Lake, commits
 from claw_pipelines.lake.changes import changes
 from claw_pipelines.lake.filters import floor_ms, keyed, sql_in
+from claw_pipelines.lake.properties import SETTLED_FILE_BYTES
 
 LOG = logging.getLogger(__name__)
 
@@ -218,6 +219,7 @@ class Retirements:
                 schema_mode="merge",  # a table from before a column gains it, null in older rows
                 properties=self._commit(curated_version, {OPEN_SINCE: _iso(plan)}),
                 compact_after=commits.COMPACT_AFTER_FILES,
+                target_size=SETTLED_FILE_BYTES,
             )
         except CommitFailedError as error:
             self._give_up("record", error)

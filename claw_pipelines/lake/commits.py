@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Literal
 
+import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError
@@ -24,6 +25,9 @@ from claw_pipelines.lake.properties import TABLE_CONFIGURATION
 COMPACT_AFTER_FILES = 64
 """Every run adds a small file to each derived table (and to ``steps_tails``); past this many
 they are merged."""
+
+DEFAULT_TARGET_FILE_BYTES = 100 << 20
+"""What delta-rs's compaction merges files up to when a table sets no ``delta.targetFileSize``."""
 
 
 class ConcurrentRun(RuntimeError):
@@ -68,6 +72,7 @@ def commit(
     properties: CommitProperties | None = None,
     writer_properties: WriterProperties | None = None,
     compact_after: int | None = None,
+    target_size: int | None = None,
     refused: str | None = None,
 ) -> int:
     """Write ``data`` to ``target`` in one commit (the handle moves to it) and return the
@@ -75,8 +80,8 @@ def commit(
     one the whole table. From ``target``'s snapshot: a commit of another writer since then that
     conflicts (same app transaction, files removed) refuses it after ``properties``' retries;
     with ``refused`` the refusal is raised as ``ConcurrentRun(refused)``, else as delta-rs's
-    ``CommitFailedError``. With ``compact_after`` the table's files are then merged once more
-    than that many, with the same writer properties (``compact``)."""
+    ``CommitFailedError``. With ``compact_after`` the table's files under ``target_size`` are
+    then merged once more than that many, with the same writer properties (``compact``)."""
     try:
         write_deltalake(
             target,
@@ -93,7 +98,12 @@ def commit(
         raise ConcurrentRun(refused) from error
     version = target.version()
     if compact_after is not None:
-        compact(target, max_files=compact_after, writer_properties=writer_properties)
+        compact(
+            target,
+            max_files=compact_after,
+            writer_properties=writer_properties,
+            target_size=target_size,
+        )
     return version
 
 
@@ -104,20 +114,30 @@ def compact(
     writer_properties: WriterProperties | None = None,
     target_size: int | None = None,
 ) -> None:
-    """Merge the table's files smaller than ``target_size`` (delta-rs's default: the table's
-    ``delta.targetFileSize``, else 100 MB) once it has more than ``max_files`` (the handle moves
-    to the new version). A table that gets a small commit per run would otherwise make every
-    open and scan slower as it ages. The commit carries no data change, so change-data-feed
-    readers skip it, and earlier versions stay readable until a ``vacuum`` deletes the merged
-    files (only the landing tables' are, after a retention: ``assets.maintenance``). It only
-    saves work later: when another writer removed files it merged (its commit is rejected), it
-    is skipped, and the caller's own commit, already made, stands; a later compaction merges
-    them."""
-    if len(delta_table.file_uris()) > max_files:
+    """Merge the table's files no larger than ``target_size`` (delta-rs's default: the table's
+    ``delta.targetFileSize``, else 100 MB) once more than ``max_files`` are (the handle moves to
+    the new version). A table that gets a small commit per run would otherwise make every open
+    and scan slower as it ages. Larger files are neither merged nor counted: a table of many
+    of them would otherwise be compacted after every commit. The commit carries no data
+    change, so change-data-feed readers skip it, and earlier versions stay readable until a
+    ``vacuum`` deletes the merged files (only the landing tables' are, after a retention:
+    ``assets.maintenance``). It only saves work later: when another writer removed files it
+    merged (its commit is rejected), it is skipped, and the caller's own commit, already made,
+    stands; a later compaction merges them."""
+    if _mergeable(delta_table, target_size) > max_files:
         with contextlib.suppress(CommitFailedError):
             delta_table.optimize.compact(
                 target_size=target_size, writer_properties=writer_properties
             )
+
+
+def _mergeable(delta_table: DeltaTable, target_size: int | None) -> int:
+    """How many of the table's files a compaction to ``target_size`` would merge."""
+    if target_size is None:
+        configured = delta_table.metadata().configuration.get("delta.targetFileSize")
+        target_size = int(configured or DEFAULT_TARGET_FILE_BYTES)
+    sizes = pl.DataFrame(delta_table.get_add_actions()).get_column("size_bytes")
+    return int((sizes <= target_size).sum())
 
 
 def keep_configured(

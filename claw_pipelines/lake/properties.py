@@ -71,6 +71,17 @@ pass made was rewritten whole by every later one: 65 MB every minute and a half 
 a 30-minute soak, a rewrite that grew with the table's age."""
 
 
+SETTLED_FILE_BYTES = 1 << 20
+"""Compaction merges the files of a recipe's ledger and retirements smaller than this. Their
+rows land about in the order their trajectories started, so a merged file spans a short
+stretch of ``trajectory_started_at`` and a plan skips it by its statistics once the stretch is
+behind the plan's window (``planner.started_since``). Merged up to delta-rs's 100 MB, the
+table was one file that every plan read whole and every compaction rewrote whole. At 25-45
+bytes a ledger row, a full file holds 25-40k rows (a quarter to half an hour of a soak's
+batches): what a plan reads beyond its window is about one such file and the small ones
+since."""
+
+
 def landing_writer(table: str) -> WriterProperties:
     """How a landing table's files are written (by the proxies and by compaction): chunk
     statistics for ``stats_columns`` only and no dictionaries, like the derived tables'

@@ -1,5 +1,5 @@
 """How derived tables are read and written: keyed reads, bounds from file statistics,
-statistics kept for flat columns only, compactions that lost a race."""
+statistics kept for flat columns only, compactions that lost a race or wait for small files."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from claw_pipelines.derived_schemas import EXTRACTED_STEPS, TOKEN_COLUMNS, WRITE
 from claw_pipelines.incremental.increment import Increment
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.changes import changes
-from claw_pipelines.lake.commits import compact
+from claw_pipelines.lake.commits import commit, compact
 from claw_pipelines.lake.filters import column_bound, keyed
 from claw_pipelines.lake.properties import TABLE_CONFIGURATION
 
@@ -85,6 +85,26 @@ def test_a_compaction_another_writer_got_ahead_of_is_skipped(tmp_path: Path) -> 
     assert sorted(pl.scan_delta(uri).collect()["batch_id"]) == ["a", "c"]
     compact(DeltaTable(uri), max_files=1)
     assert len(DeltaTable(uri).file_uris()) == 1
+
+
+def test_compaction_leaves_full_files_as_they_are_and_waits_for_enough_small_ones(
+    tmp_path: Path,
+) -> None:
+    """A file past the target is never merged again, so a ledger's merged files keep spanning
+    the stretch they were written in; and only the files under it count towards compacting,
+    so a table of many full files is not compacted after every commit."""
+    uri, target = str(tmp_path / "t"), 64 << 10
+    full = pa.table({"v": pa.array(range(0, 10**12, 10**7), pa.int64())})  # 100k values
+    for _ in range(2):
+        write_deltalake(uri, full, mode="append")
+    kept = set(DeltaTable(uri).file_uris())
+    table = DeltaTable(uri)
+    for n in range(3):
+        commit(table, pa.table({"v": [n]}), compact_after=2, target_size=target)
+        merged = "OPTIMIZE" in {entry["operation"] for entry in table.history()}
+        assert merged == (n == 2)  # after the third small file, not after 4 or 5 files
+    assert kept < set(table.file_uris()) and len(table.file_uris()) == 3
+    assert pl.scan_delta(uri).select(pl.len()).collect().item() == 200_003
 
 
 def test_a_change_feed_read_holds_the_rows_columns_and_on_request_their_version(
