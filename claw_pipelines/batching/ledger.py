@@ -1,10 +1,12 @@
 """Batch reservations: which steps each batch of a recipe consumed, and what it was planned from.
 
-``batch_ledger/<recipe>`` holds one row per consumed step. A batch's rows are appended in one
-commit together with its pins (the curated_steps, steps, turns, ledger and retirement
-versions it was planned from, the policy version announced then and the planning time), so the
-ledger is both the "at most one batch per step" guarantee and the partition's record:
-re-planning from the pins reproduces the batch exactly.
+``batch_ledger/<recipe>`` holds one row per consumed step, with its trajectory's first start
+(``planner.started_since``: a plan reads only the rows of trajectories started since its
+window, and the files are merged up to ``SETTLED_FILE_BYTES`` only, so statistics skip the
+rest). A batch's rows are appended in one commit together with its pins (the curated_steps,
+steps, turns, ledger and retirement versions it was planned from, the policy version announced
+then and the planning time), so the ledger is both the "at most one batch per step" guarantee
+and the partition's record: re-planning from the pins reproduces the batch exactly.
 Reservations carry a ``claw/plan/<recipe>`` app transaction taken from the snapshot the plan was
 made on, so two planners racing on the same ledger cannot both commit: the loser's step is
 retried (``ConcurrentRun``) and plans again from the ledger the winner left.
