@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from claw_pipelines.capture import json_text
+
 MAX_DEPTH = 64
 """Deeper than any chat request or tool schema needs, and far from Python's recursion limit."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -75,6 +77,18 @@ def parse_json_object(body: bytes) -> dict[str, Any] | None:
     """The body's JSON object (None for an empty body), or ``BodyRejected`` (400)."""
     if not body:
         return None
+    value = json_text.loads(body)
+    if value is None:
+        return _parse_with_json(body)
+    if not isinstance(value, dict):
+        raise BodyRejected(400, "request body must be a JSON object")
+    deep = body.count(b"[") + body.count(b"{") > MAX_DEPTH
+    _refuse_problem(value, _Suspects(deep=deep, strings=False, numbers=False))
+    return value
+
+
+def _parse_with_json(body: bytes) -> dict[str, Any]:
+    """The body parsed by ``json``, whose hooks and errors name what the rules refuse."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -93,12 +107,17 @@ def parse_json_object(body: bytes) -> dict[str, Any] | None:
         strings=b"\\ud" in body or b"\\uD" in body,
         numbers=bool(non_finite.seen),
     )
+    _refuse_problem(value, suspects)
+    return value
+
+
+def _refuse_problem(value: dict[str, Any], suspects: _Suspects) -> None:
+    """``BodyRejected`` naming the first value the rules refuse, if the suspects say to look."""
     problem = _first_problem(value, suspects) if suspects.any else None
     if problem is not None:
         path, what = problem
         field = path_text(path)
         raise BodyRejected(400, f"{field or 'request body'}: {what}", field or None)
-    return value
 
 
 NON_FINITE = object()

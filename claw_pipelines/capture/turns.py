@@ -11,7 +11,6 @@ a 200 whose row never lands or a 500 after its row landed.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from claw_pipelines.capture import json_text
 from claw_pipelines.capture.request_body import path_text
 from claw_pipelines.identity import IDENTITY_FIELDS, TurnIdentity
 from claw_pipelines.redaction import Redactor
@@ -79,7 +79,7 @@ def scrubbed_json(value: object, redactor: Redactor) -> str | None:
     """``value`` as JSON text with secrets scrubbed (None stays None)."""
     if value is None:
         return None
-    return json.dumps(redactor.data(value), ensure_ascii=False, default=str)
+    return json_text.dumps(redactor.data(value))
 
 
 def field_of(obj: object, name: str) -> Any:

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import secrets
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
@@ -16,6 +17,7 @@ import yaml
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from claw_pipelines.capture import json_text
 from claw_pipelines.capture.request_body import BodyRejected, parse_json_object
 from claw_pipelines.capture.runtime import CaptureRuntime
 from claw_pipelines.capture.stream_turns import StreamAccumulator
@@ -429,6 +431,32 @@ def test_request_bodies_that_only_look_suspect_are_accepted() -> None:
         "ids": list(range(100_000)),
     }
     assert parse_json_object(json.dumps(body).encode()) == body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"seed": 2**64 + 1, "ids": [-(2**70), 12345678901234567890123]},
+        {"x": 1.5e300, "y": [0.1, -0.0, 3], "text": "é \u2028 \U0001f600", "n": None},
+        {"deep": [[[[[[[[[[{"a": [1]}]]]]]]]]]] * 8},
+    ],
+)
+def test_request_bodies_parse_to_what_json_reads(body: dict) -> None:
+    """orjson reads the body where it reads what ``json`` does; integers past 64 bits, which it
+    would read as floats, are read by ``json``."""
+    raw = json.dumps(body).encode()
+    parsed = parse_json_object(raw)
+    assert parsed == json.loads(raw)
+    assert json.dumps(parsed) == raw.decode(), "the same types: an int stays an int"
+
+
+def test_texts_are_written_as_json_writes_what_orjson_cannot() -> None:
+    """Integers past 64 bits, non-string keys and lone surrogates fall back to ``json``;
+    datetimes and anything else without a JSON type are ``str()`` as with ``default=str``."""
+    odd = {"big": 2**70, 1: "int key", "lone": "\ud800", "at": datetime(2026, 1, 2, 3, 4, 5)}
+    assert json_text.dumps(odd) == json.dumps(odd, ensure_ascii=False, default=str)
+    plain = {"at": datetime(2026, 1, 2, 3, 4, 5), "set": {1}, "text": "é", "n": [1, 2.5, None]}
+    assert json.loads(json_text.dumps(plain)) == json.loads(json.dumps(plain, default=str))
 
 
 def test_both_proxies_freeze_the_heap_once_startup_completes_and_not_before() -> None:

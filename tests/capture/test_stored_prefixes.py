@@ -81,7 +81,7 @@ def test_every_rebuilt_prompt_is_the_engines_through_kill_9_side_calls_and_edits
     assert set(rows) == set(sent)
     for turn_id, (response_id, request) in sent.items():
         assert rows[turn_id]["prompt_token_ids"] == answers[response_id]["prompt_token_ids"]
-        assert rows[turn_id]["request_messages"] == json.dumps(request, ensure_ascii=False)
+        assert json.loads(rows[turn_id]["request_messages"]) == request
         assert json.loads(rows[turn_id]["request_tools"] or "null") is None
     referring = raw.filter(pl.col("prompt_prefix_turn_id").is_not_null())
     assert referring.height >= 4, "consecutive calls on one worker share their prefix"
