@@ -45,10 +45,12 @@ def _plan_app(recipe: str) -> str:
     return f"claw/plan/{recipe}"
 
 
-def next_batch_id(lake: Lake, recipe: str) -> str:
-    """Sequential ids (``grpo-000001``) from the number of reservations so far, skipping ids that
-    a partition added in the UI under this pattern has already reserved."""
-    ledger = lake.open(ledger_table(recipe))
+def next_batch_id(lake: Lake, recipe: str, version: int | None = None) -> str:
+    """Sequential ids (``grpo-000001``) from the number of reservations so far (in the ledger's
+    ``version``, default the latest), skipping ids that a partition added in the UI under this
+    pattern has already reserved. Counted by the planner's transaction version, so the ledger's
+    rows are read only from that id on, whatever its age."""
+    ledger = lake.open(ledger_table(recipe), version)
     if ledger is None:
         return f"{recipe}-{1:06d}"
     number = (ledger.transaction_version(_plan_app(recipe)) or 0) + 1

@@ -22,6 +22,7 @@ import polars as pl
 
 from claw_pipelines.batches.names import ledger_table, retired_table
 from claw_pipelines.batches.recipe import Recipe
+from claw_pipelines.batching.ledger import next_batch_id
 from claw_pipelines.batching.planner import BatchPlan, plan_batch
 from claw_pipelines.batching.retirements import (
     current_through,
@@ -205,14 +206,17 @@ def preview(lake: Lake, state: LakeState, recipe: Recipe) -> Preview:
     ledger = ledger_table(recipe.name)
     retired, open_since = standing_retirements(lake, state, recipe)
     scored = lake.open("scored_steps", state.versions["scored_steps"])
+    ledger_version = state.versions[ledger] if state.has(ledger) else None
+    batch_id = None if ledger_version is None else next_batch_id(lake, recipe.name, ledger_version)
     plan = plan_batch(
         recipe,
         curate_steps(pl.scan_delta(scored), labels if labels.height else None),
         lake.scan("turns"),
-        lake.scan(ledger, state.versions[ledger]) if state.has(ledger) else None,
+        None if ledger_version is None else lake.scan(ledger, ledger_version),
         datetime.now(UTC),
         retired=retired,
         open_since=open_since,
+        batch_id=batch_id,
         latest_policy_version=lag_reference(highest_announced_version(lake), scored),
     )
     dropped = plan.dropped
