@@ -20,7 +20,7 @@ def test_int32_vocabulary_indices_pass_as_they_came() -> None:
     assert WHOLE.validate_python([]) == []
 
 
-@pytest.mark.parametrize("bad", [-1, 2**31, 2**70, True, 1.0, "3", None])
+@pytest.mark.parametrize("bad", [-1, 2**31, 2**70, True, False, 1.0, "3", None, [1]])
 def test_a_bad_item_fails_as_item_by_item_validation_does(bad: object) -> None:
     """The error names the first bad item (``response_token_ids[7]`` in the agent's 502)."""
     ids = [5, 6, bad, -2]
@@ -39,3 +39,21 @@ def test_a_checked_list_keeps_the_int32_buffer_the_spool_writes() -> None:
     assert checked.int32 == array("i", ids).tobytes()
     assert codec.packed(checked, "i") is checked.int32
     assert codec.packed(checked[1:], "i") == array("i", ids[1:]).tobytes()
+
+
+def test_zeros_and_ones_pass_and_a_boolean_among_them_does_not() -> None:
+    """``array`` reads ``True`` as 1, so items read as 0 or 1 are looked at: a boolean anywhere
+    in a long prompt is refused, naming it, and genuine 0s and 1s pass."""
+    ids = [0, 1, 5] * 20_000
+    assert WHOLE.validate_python(ids) == ids
+    with pytest.raises(ValidationError) as refused:
+        WHOLE.validate_python([*ids, False, 9])
+    assert refused.value.errors()[0]["loc"] == (len(ids),)
+
+
+def test_other_sequences_and_checked_lists() -> None:
+    """A tuple is validated item by item, as pydantic does; a list checked before passes as
+    it is, with its buffer."""
+    assert WHOLE.validate_python((3, 4)) == [3, 4]
+    checked = WHOLE.validate_python([3, 4])
+    assert WHOLE.validate_python(checked) is checked
