@@ -19,6 +19,7 @@ CASES = {
     "token id over int32": "token id 2147483648",
     "token id below zero": "token id -1",
     "token id not a number": 'token id "x"',
+    "token id a boolean": "token id true",
     "NaN logprob": "nan logprob",
 }
 NAMED = {
@@ -26,6 +27,7 @@ NAMED = {
     "token id over int32": "response_token_ids[7]",
     "token id below zero": "response_token_ids[7]",
     "token id not a number": "response_token_ids[7]",
+    "token id a boolean": "response_token_ids[7]",
     "NaN logprob": "response_logprobs[7]",
 }
 INTERNALS = ("validation error", "pydantic", "input_value", "Traceback", "OverflowError")
