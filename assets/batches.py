@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import dagster as dg
 import polars as pl
+from pydantic import BaseModel
 
 from assets.batch_work import (
     batch_checks,
@@ -273,7 +274,8 @@ def build_relaunch_sensor(assets: RecipeAssets) -> dg.SensorDefinition:
 
     The cursor is the reservation time before which every batch is finished or given up, so a
     tick checks only the reservations since (their manifests one by one): its cost follows the
-    backlog, not the ledger. A temporary instance starts without it and checks them all once."""
+    backlog, not the ledger. It also keeps the batches given up since then, so each is logged
+    once. A temporary instance starts without it and checks them all once."""
     name = assets.recipe.name
 
     @dg.sensor(
@@ -287,6 +289,25 @@ def build_relaunch_sensor(assets: RecipeAssets) -> dg.SensorDefinition:
         return relaunch_tick(context, lake.lake(), assets)
 
     return relauncher
+
+
+class RelaunchCursor(BaseModel):
+    """The relauncher's cursor: every batch reserved before ``finished_before`` is finished or
+    given up, and ``given_up`` are the batches since then it already said it gave up on, so an
+    older batch still in play (holding ``finished_before`` back) does not have them logged again
+    every tick."""
+
+    finished_before: datetime
+    given_up: list[str] = []
+
+    @classmethod
+    def parse(cls, text: str | None) -> "RelaunchCursor | None":
+        """The cursor a tick stored; a bare time is one stored before ``given_up`` was kept."""
+        if not text:
+            return None
+        if text.startswith("{"):
+            return cls.model_validate_json(text)
+        return cls(finished_before=datetime.fromisoformat(text))
 
 
 class Relaunch(NamedTuple):
@@ -341,10 +362,11 @@ def relaunch_tick(
     the cursor) that have no run to come."""
     name = assets.recipe.name
     reserved_before = utc_now() - timedelta(seconds=RELAUNCH_AFTER_S)
-    finished_before = datetime.fromisoformat(context.cursor) if context.cursor else None
+    stored = RelaunchCursor.parse(context.cursor)
+    finished_before = stored.finished_before if stored else None
     unfinished = ledger.unfinished_batches(lake, name, reserved_before, finished_before)
     if unfinished.is_empty():
-        context.update_cursor(reserved_before.isoformat())
+        context.update_cursor(RelaunchCursor(finished_before=reserved_before).model_dump_json())
         return dg.SkipReason(
             f"every reserved `{name}` batch is written and exported or just reserved"
         )
@@ -356,8 +378,12 @@ def relaunch_tick(
         if (failed := failed_checks(lake, assets.recipe, batch_id))
     }
     choice = relaunch_choices(unfinished, runs, reserved_before, refused)
-    cursor = choice.cursor.isoformat()
-    for batch_id in choice.given_up:
+    given_up = choice.given_up.to_list()
+    cursor = RelaunchCursor(finished_before=choice.cursor, given_up=given_up).model_dump_json()
+    said = set(stored.given_up) if stored else set()
+    for batch_id in given_up:
+        if batch_id in said:
+            continue
         if batch_id in refused:
             context.log.warning(
                 "not exporting %s: it fails %s; materialize it again from the UI once the "

@@ -255,6 +255,33 @@ def test_a_written_batch_that_fails_a_check_is_not_exported(bound, instance, mon
     assert ledger.exported_batches(bound.lake, "grpo", [good, bad]) == {good}
 
 
+def test_a_batch_given_up_is_logged_once_while_an_older_one_has_a_run_to_come(
+    bound, instance, monkeypatch, capsys
+) -> None:
+    """The older batch in play holds the cursor back, so every tick reads the given-up one
+    again; the cursor remembers it was said."""
+    driver, (queued, bad) = _two_batches_planned(bound, instance)
+    _run_of(driver, queued.partition_key, dg.DagsterRunStatus.QUEUED)
+    _fail_group_check_of(bad.partition_key, monkeypatch)
+    assert not driver.attempt(["batch_grpo"], partition_key=bad.partition_key).success
+    _past_the_grace_period(monkeypatch)
+    capsys.readouterr()
+    for tick in range(3):
+        skipped = driver.tick(RELAUNCHER)
+        assert isinstance(skipped, dg.SkipReason)
+        assert "1 with a run to come, 1 given up" in skipped.skip_message
+        logged = capsys.readouterr().err
+        assert (f"not exporting {bad.partition_key}" in logged) == (tick == 0)
+
+
+def test_a_cursor_stored_as_a_bare_time_still_reads() -> None:
+    """Instances keep sensor cursors across upgrades; one stored before ``given_up`` was kept."""
+    cursor = batches.RelaunchCursor.parse("2026-12-06T18:00:00+00:00")
+    assert cursor is not None and cursor.given_up == []
+    assert batches.RelaunchCursor.parse(cursor.model_dump_json()) == cursor
+    assert batches.RelaunchCursor.parse(None) is None
+
+
 def test_an_export_launched_alone_refuses_a_batch_that_fails_its_checks(
     bound, instance, monkeypatch
 ) -> None:
