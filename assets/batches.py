@@ -11,7 +11,7 @@ so it rewrites exactly the same rows.
 import json
 from collections.abc import Collection
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import NamedTuple, Self
 
 import dagster as dg
 import polars as pl
@@ -301,7 +301,7 @@ class RelaunchCursor(BaseModel):
     given_up: list[str] = []
 
     @classmethod
-    def parse(cls, text: str | None) -> "RelaunchCursor | None":
+    def parse(cls, text: str | None) -> Self | None:
         """The cursor a tick stored; a bare time is one stored before ``given_up`` was kept."""
         if not text:
             return None
