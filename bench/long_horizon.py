@@ -25,7 +25,9 @@ of every row: nothing is padded there) / tokens of the trajectories' sequences (
 every reply + every tool output) <= 1.02; ``stored_bytes_ratio`` = bytes of every file under
 the lake root (landing tables, derived tables, Delta logs, exports) / bytes of the same
 trajectories' last calls alone landed by a fresh capture runtime (which has seen no earlier
-call, so it stores each whole) <= 2; ``build_peak_rss_bytes`` = peak RSS of the build process
+call, so it stores each whole), in uncompressed Parquet as ``turns`` stored a row when the goal
+was set (the lake is zstd-compressed since; ``stored_bytes_ratio_lake_codec`` divides by those
+rows in the lake's own codec) <= 2; ``build_peak_rss_bytes`` = peak RSS of the build process
 at 256 trajectories x 100 calls x 27k (full size only; the build is stopped past
 ``--rss-cap-gib`` and the figure then is that cap, flagged) <= 2 GiB; ``capture_cpu_ratio`` =
 CPU per call of ``claw proxy --no-capture`` / that of the capturing proxy at a ~50k-token chat
@@ -244,11 +246,18 @@ async def _land_sessions(shape: Shape, last_only: bool, worker: int, workers: in
     return calls
 
 
-def phase_land(shape: Shape, last_only: bool, worker: int, workers: int) -> dict:
+def phase_land(
+    shape: Shape, last_only: bool, worker: int, workers: int, uncompressed: bool = False
+) -> dict:
     """Land the shape's sessions (lake and spool from ``CLAW_*``): every call and a completion
     with a reward per trajectory, or with ``last_only`` each trajectory's last call alone (the
-    reference a full row is measured by), then commit what the spool holds."""
+    reference a full row is measured by), then commit what the spool holds. ``uncompressed``:
+    in uncompressed Parquet files, as ``turns`` stored a row when issue 33 set its goal."""
     from claw_pipelines.capture.runtime import CaptureRuntime
+    from claw_pipelines.lake import properties
+
+    if uncompressed:
+        properties.COMPRESSION, properties.COMPRESSION_LEVEL = "UNCOMPRESSED", None
 
     started = time.perf_counter()
     calls = asyncio.run(_land_sessions(shape, last_only, worker, workers))
@@ -304,10 +313,13 @@ def _phase_env(root: Path, worker: int) -> dict[str, str]:
     }
 
 
-def land(shape: Shape, root: Path, last_only: bool = False, workers: int = 1) -> dict:
+def land(
+    shape: Shape, root: Path, last_only: bool = False, workers: int = 1, uncompressed: bool = False
+) -> dict:
     """``phase_land`` in ``workers`` fresh processes (as a proxy's workers, each with its own
     spool, a trajectory on one of them) whose capture runtimes write the lake under ``root``."""
     args = ["--phase", "land", "--shape", shape.model_dump_json(), "--workers", str(workers)]
+    args += ["--uncompressed"] if uncompressed else []
     started = time.perf_counter()
     children = [
         subprocess.Popen(
@@ -380,7 +392,8 @@ def measure_shape(shape: Shape, workdir: Path) -> dict:
     """Land, build and measure one shape (every phase in its own process)."""
     root = workdir / shape.name
     landed = land(shape, root)
-    reference = land(shape, workdir / f"{shape.name}-last-rows", last_only=True)
+    reference = land(shape, workdir / f"{shape.name}-last-rows", last_only=True, uncompressed=True)
+    land(shape, workdir / f"{shape.name}-last-rows-lake-codec", last_only=True)
     lake = root / "lake"
     build = run_phase(
         [
@@ -394,6 +407,7 @@ def measure_shape(shape: Shape, workdir: Path) -> dict:
         __file__,
     )
     last_rows_bytes = data_bytes(workdir / f"{shape.name}-last-rows" / "lake" / "turns")
+    same_codec_bytes = data_bytes(workdir / f"{shape.name}-last-rows-lake-codec" / "lake" / "turns")
     exported = forwarded(lake)
     sequence_tokens = shape.trajectories * shape.sequence_tokens
     per_trajectory = sequence_tokens / shape.trajectories
@@ -416,6 +430,8 @@ def measure_shape(shape: Shape, workdir: Path) -> dict:
         "lake_bytes": lake_bytes,
         "last_rows_bytes": last_rows_bytes,
         "stored_bytes_ratio": round(lake_bytes / last_rows_bytes, 3),
+        "last_rows_bytes_lake_codec": same_codec_bytes,
+        "stored_bytes_ratio_lake_codec": round(lake_bytes / same_codec_bytes, 3),
         "sequence_int32_bytes": sequence_tokens * 4,
         "table_bytes": table_bytes(lake),
         "land_seconds": landed["seconds"],
@@ -543,6 +559,7 @@ def main() -> None:
     parser.add_argument("--phase", choices=["land", "build"], help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--last-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--uncompressed", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--lake", help=argparse.SUPPRESS)
@@ -551,7 +568,9 @@ def main() -> None:
     if args.phase:
         if args.phase == "land":
             shape = Shape.model_validate_json(args.shape)
-            measured = phase_land(shape, args.last_only, args.worker, args.workers)
+            measured = phase_land(
+                shape, args.last_only, args.worker, args.workers, args.uncompressed
+            )
         else:
             measured = phase_build(args.lake, args.groups)
         print(json.dumps({**measured, "peak_rss_mib": round(peak_rss_mib(), 1)}))
@@ -580,6 +599,9 @@ def main() -> None:
                     [s["forwarded_token_ratio"] for s in shapes.values()]
                 ),
                 "stored_bytes_ratio": _worst([s["stored_bytes_ratio"] for s in shapes.values()]),
+                "stored_bytes_ratio_lake_codec": _worst(
+                    [s["stored_bytes_ratio_lake_codec"] for s in shapes.values()]
+                ),
                 "build_peak_rss_bytes": peak,
                 "build_peak_rss_gib": round(peak / GIB, 3) if peak else None,
                 "build_rss_exceeded_cap": rss["build"]["exceeded_cap"] if rss else None,

@@ -186,13 +186,13 @@ def _encodings() -> dict[str, WriterProperties | None]:
     plain = ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
     dictionary = ColumnProperties(dictionary_enabled=True, statistics_enabled="NONE")
     return {
-        "derived (plain, snappy)": WRITER,
+        "lake (plain, zstd level 1)": WRITER,
         "dictionary, snappy": WriterProperties(default_column_properties=dictionary),
         "plain, zstd": WriterProperties(default_column_properties=plain, compression="ZSTD"),
         "dictionary, zstd": WriterProperties(
             default_column_properties=dictionary, compression="ZSTD"
         ),
-        "landing (delta-rs defaults)": None,
+        "delta-rs defaults (dictionary, snappy)": None,
     }
 
 

@@ -90,13 +90,26 @@ def landing_writer(table: str) -> WriterProperties:
     return statistics_only(stats_columns(table), max_row_group_size=LANDING_ROW_GROUP_ROWS)
 
 
+COMPRESSION = "ZSTD"
+COMPRESSION_LEVEL = 1
+"""How the files of the landing and derived tables are compressed. Writer properties that name
+no codec make delta-rs write uncompressed Parquet (its own default, snappy, applies only when no
+properties are given), and writing the bytes is what costs: in commits of 64 rows of a
+48k-token call, a row took 1.62 ms of CPU uncompressed, 1.25 of them in the kernel, against
+0.87 ms with snappy and 0.38 with zstd level 1 (the embedded engine's IDs); with random IDs of
+a 150k vocabulary 1.28 ms either way, the file 135 KB a row instead of 259 KB."""
+
+
 def statistics_only(columns: list[str], max_row_group_size: int | None = None) -> WriterProperties:
-    """Files with chunk statistics for ``columns`` only and no dictionary encoding: token-ID
-    lists are most of the bytes, and for them the writer's defaults (dictionaries, page
-    statistics) cost ~4x the write time; the statistics of the filtered columns keep file and
-    row-group skipping. (delta-rs keys column properties by top-level name only.)"""
+    """Files with chunk statistics for ``columns`` only, no dictionary encoding, compressed
+    (``COMPRESSION``): token-ID lists are most of the bytes, and for them the writer's defaults
+    (dictionaries, page statistics) cost ~4x the write time; the statistics of the filtered
+    columns keep file and row-group skipping. (delta-rs keys column properties by top-level
+    name only.)"""
     return WriterProperties(
         max_row_group_size=max_row_group_size,
+        compression=COMPRESSION,
+        compression_level=COMPRESSION_LEVEL,
         default_column_properties=ColumnProperties(
             dictionary_enabled=False, statistics_enabled="NONE"
         ),

@@ -104,6 +104,29 @@ def test_a_pass_compacts_checkpoints_and_cleans_up_and_keeps_every_row(tmp_path:
     assert len(_turn_ids(lake)) == 122
 
 
+def _codecs(lake: Lake) -> set[str]:
+    """The compression of every column chunk of ``turns``' live files."""
+    chunks = set()
+    for uri in lake.open("turns").file_uris():
+        metadata = pq.ParquetFile(uri.removeprefix("file://")).metadata
+        for group in range(metadata.num_row_groups):
+            row_group = metadata.row_group(group)
+            chunks |= {row_group.column(i).compression for i in range(row_group.num_columns)}
+    return chunks
+
+
+def test_the_proxies_and_compaction_write_zstd_files(tmp_path: Path) -> None:
+    """Writer properties that name no codec make delta-rs write uncompressed Parquet: the
+    landing tables' files were, until they named zstd, as the proxies append them and as
+    maintenance merges them."""
+    lake = Lake(str(tmp_path / "lake"))
+    _land(lake, 20)
+    appended = _codecs(lake)
+    (merged,) = maintain_lake(lake, NOW, Lease(lake, "proxy-1", 60))
+    assert merged.files_after < merged.files_before
+    assert appended == _codecs(lake) == {"ZSTD"}
+
+
 def test_the_log_and_files_a_lagging_reader_has_yet_to_read_are_kept(tmp_path: Path) -> None:
     """``steps`` read turns up to version 10: the pass compacts, but neither deletes the log
     entries after it nor vacuums the files they added, so the reader reads on by version."""

@@ -52,7 +52,8 @@ def test_column_bound_comes_from_file_statistics_and_falls_back_to_a_scan(tmp_pa
 
 def test_derived_tables_keep_statistics_for_flat_columns_only(tmp_path: Path) -> None:
     """Files and row groups are skipped by ids, times and versions, so those keep their
-    statistics; the token lists, which no reader filters on, are written without."""
+    statistics; the token lists, which no reader filters on, are written without. Every column
+    is zstd-compressed (writer properties that name no codec write uncompressed Parquet)."""
     steps = Path(tmp_path / "steps")
     names = ["step_id", "turn_id", "trajectory_id", "policy_version", *TOKEN_COLUMNS]
     rows = pa.table(
@@ -69,6 +70,7 @@ def test_derived_tables_keep_statistics_for_flat_columns_only(tmp_path: Path) ->
     }
     assert {"step_id", "turn_id", "trajectory_id", "policy_version"} <= with_min_max
     assert not with_min_max & set(TOKEN_COLUMNS)
+    assert {chunks.column(i).compression for i in range(chunks.num_columns)} == {"ZSTD"}
     assert column_bound(DeltaTable(str(steps)), "policy_version", "max") == 3
 
 
