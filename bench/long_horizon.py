@@ -31,7 +31,10 @@ rows in the lake's own codec) <= 2; ``build_peak_rss_bytes`` = peak RSS of the b
 at 256 trajectories x 100 calls x 27k (full size only; the build is stopped past
 ``--rss-cap-gib`` and the figure then is that cap, flagged) <= 2 GiB; ``capture_cpu_ratio`` =
 CPU per call of ``claw proxy --no-capture`` / that of the capturing proxy at a ~50k-token chat
-prompt, with ``bench/capture_overhead.py``'s machinery >= 0.95. Per shape it also reports the
+prompt whose agent asks for the token IDs and logprobs (both proxies then hand them out), with
+``bench/capture_overhead.py``'s machinery >= 0.95; ``capture_cpu_ratio_plain_agent`` the same
+for the request as agents send it, asking for neither (only the capturing proxy's engine
+computes them, and its proxy reads them). Per shape it also reports the
 tokens ``turns`` stores against the sequences' tokens, each table's bytes and the phases'
 seconds and peak RSS; ``load_average`` too (the machine is shared).
 
@@ -469,9 +472,20 @@ def long_request(chars: int) -> dict:
     return {"messages": [{"role": "user", "content": corpus()[:chars]}]}
 
 
+def capture_requests(size: str) -> dict[str, dict]:
+    """The capture comparison's two requests on one long chat prompt (``agent_request``):
+    ``asking`` asks for the engine's token IDs and logprobs itself (so both proxies serialize
+    them to the agent: like for like), ``plain`` as agents send it, asking for neither (the
+    capturing proxy still asks the engine for both; the bare proxy's engine computes neither)."""
+    body = long_request(CAPTURE_PROMPT_CHARS[size])
+    body.update(model="policy", max_tokens=32)
+    plain = {k: v for k, v in body.items() if k not in ("logprobs", "return_token_ids")}
+    return {"asking": {**plain, "logprobs": True, "return_token_ids": True}, "plain": plain}
+
+
 def capture_cpu(size: str) -> dict:
-    """``capture_overhead``'s CPU per call, capturing proxy against ``--no-capture``, on one
-    long chat prompt (``agent_request``), in its rounds with who goes first alternating."""
+    """``capture_overhead``'s CPU per call, capturing proxy against ``--no-capture``, on each of
+    ``capture_requests``, in rounds with who goes first alternating."""
 
     import httpx
 
@@ -479,9 +493,9 @@ def capture_cpu(size: str) -> dict:
     from claw_pipelines.stack import start_engine, start_proxy
 
     runs = CAPTURE_RUNS[size]
-    body = long_request(CAPTURE_PROMPT_CHARS[size])
-    body.update(model="policy", max_tokens=32, logprobs=True, return_token_ids=True)
-    overhead.ROUTES[CAPTURE_ROUTE] = ("/v1/chat/completions", body)
+    bodies = capture_requests(size)
+    for name, body in bodies.items():
+        overhead.ROUTES[f"{CAPTURE_ROUTE}_{name}"] = ("/v1/chat/completions", body)
     workdir = Path(tempfile.mkdtemp(prefix="claw-bench-long-capture-"))
     key, env = overhead.stack_env(workdir)
     services = [start_engine(free_port(), workdir, env)]
@@ -489,7 +503,7 @@ def capture_cpu(size: str) -> dict:
         engine = services[0]
         engine.wait_ready("/health", timeout_s=60)
         prompt_tokens = httpx.post(
-            f"{engine.url}/v1/chat/completions", json=body, timeout=120
+            f"{engine.url}/v1/chat/completions", json=bodies["plain"], timeout=120
         ).json()["usage"]["prompt_tokens"]
         (workdir / "plain").mkdir()
         proxies = {
@@ -504,39 +518,49 @@ def capture_cpu(size: str) -> dict:
             ),
         }
         services += proxies.values()
+        routes = [f"{CAPTURE_ROUTE}_{name}" for name in bodies]
         for proxy in proxies.values():
             proxy.wait_ready("/health/liveliness", timeout_s=300)
-            asyncio.run(
-                overhead.drive(proxy.url, key, CAPTURE_ROUTE, runs["warm_up"], runs["concurrency"])
-            )
-        time.sleep(overhead.FIRST_COMMIT_WAIT_S)
-        load: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
-        latency: dict[str, list[list[float]]] = {"with": [], "without": []}
-        for round_index in range(runs["rounds"]):
-            for name in overhead.round_order(round_index):
-                load[name].append(
-                    overhead.measure(
-                        proxies[name], key, CAPTURE_ROUTE, runs["requests"], runs["concurrency"]
-                    )
+            for route in routes:
+                asyncio.run(
+                    overhead.drive(proxy.url, key, route, runs["warm_up"], runs["concurrency"])
                 )
-            urls = {name: proxy.url for name, proxy in proxies.items()}
-            paired = overhead.paired_latencies(urls, key, CAPTURE_ROUTE, runs["latency_requests"])
-            for name in latency:
-                latency[name].append(paired[name])
-        summary = overhead.summary(load, latency)
+        time.sleep(overhead.FIRST_COMMIT_WAIT_S)
+        measured = {
+            name: _capture_rounds(proxies, key, route, runs)
+            for name, route in zip(bodies, routes, strict=True)
+        }
     finally:
         for service in reversed(services):
             service.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    keep = (
-        "cpu_ratio",
-        "cpu_ms_per_call_with",
-        "cpu_ms_per_call_without",
-        "throughput_ratio",
-        "p50_added_ms",
-        "p99_added_ms",
-    )
-    return {"prompt_tokens": prompt_tokens, **runs, **{k: summary[k] for k in keep}}
+    return {"prompt_tokens": prompt_tokens, **runs, **measured}
+
+
+CAPTURE_KEYS = (
+    "cpu_ratio",
+    "cpu_ms_per_call_with",
+    "cpu_ms_per_call_without",
+    "throughput_ratio",
+    "p50_added_ms",
+    "p99_added_ms",
+)
+
+
+def _capture_rounds(proxies: dict, key: str, route: str, runs: dict) -> dict:
+    load: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
+    latency: dict[str, list[list[float]]] = {"with": [], "without": []}
+    for round_index in range(runs["rounds"]):
+        for name in overhead.round_order(round_index):
+            load[name].append(
+                overhead.measure(proxies[name], key, route, runs["requests"], runs["concurrency"])
+            )
+        urls = {name: proxy.url for name, proxy in proxies.items()}
+        paired = overhead.paired_latencies(urls, key, route, runs["latency_requests"])
+        for name in latency:
+            latency[name].append(paired[name])
+    summary = overhead.summary(load, latency)
+    return {k: summary[k] for k in CAPTURE_KEYS}
 
 
 def progress(measured: dict) -> dict:
@@ -605,7 +629,8 @@ def main() -> None:
                 "build_peak_rss_bytes": peak,
                 "build_peak_rss_gib": round(peak / GIB, 3) if peak else None,
                 "build_rss_exceeded_cap": rss["build"]["exceeded_cap"] if rss else None,
-                "capture_cpu_ratio": capture["cpu_ratio"] if capture else None,
+                "capture_cpu_ratio": capture["asking"]["cpu_ratio"] if capture else None,
+                "capture_cpu_ratio_plain_agent": capture["plain"]["cpu_ratio"] if capture else None,
                 "goals": {
                     "forwarded_token_ratio": 1.02,
                     "stored_bytes_ratio": 2,

@@ -235,7 +235,6 @@ async def play(
             model=MODEL,
             messages=messages,  # type: ignore[arg-type]
             tools=agent.tools,  # type: ignore[arg-type]
-            logprobs=True,
             max_tokens=MAX_TOKENS,
             extra_body=extra_body,
         )
@@ -254,7 +253,7 @@ async def run_rollout(
     agent = client.with_options(
         base_url=f"{proxy_url}/t/{rollout.trajectory_id}/{rollout.group_id}/v1"
     )
-    extra_body = {"return_token_ids": True, "metadata": {"claw": rollout.claw_metadata()}}
+    extra_body = {"metadata": {"claw": rollout.claw_metadata()}}
     try:
         episode = await play(agent, rollout.task, extra_body, rollout.agent)
     except Exception as exc:  # counted and reported; one failed rollout must not stop the demo

@@ -6,7 +6,9 @@ the streaming iterator hook for streams (the final chunk is held until the turn 
 ``async_post_call_failure_hook`` for errors. Each hook does one local append and returns; Delta
 commits happen in the flusher thread. An answer no row can be made of (``UnusableAnswer``) lands
 an error row and fails the call with a 502 naming the problem: LiteLLM runs the failure hook
-after a success hook raises, but this one has already taken the call's pending state.
+after a success hook raises, but this one has already taken the call's pending state. Once a
+turn is spooled, its answer loses the token IDs and logprobs capture asked the engine for and
+the agent did not (``asked_fields``).
 
 Every model route an agent speaks is captured: chat and text completions, and Responses and
 Messages calls, either bridged to the engine's chat call by the HTTP edge (this logger then sees
@@ -26,6 +28,7 @@ from fastapi import HTTPException
 from litellm.integrations.custom_logger import CustomLogger
 
 from claw_pipelines.capture.apis import CALL_TYPE_APIS, NATIVE_APIS
+from claw_pipelines.capture.asked_fields import AskedFields, withhold_unasked
 from claw_pipelines.capture.bridge import BRIDGES, BridgeRequestError
 from claw_pipelines.capture.native import NativeStream, answer_json
 from claw_pipelines.capture.prompt_prefixes import land_turns
@@ -81,6 +84,7 @@ class CaptureLogger(CustomLogger):
         if api in NATIVE_APIS:
             pending = self._native_pending(data, api, identity, metadata, context, client_stream)
         else:
+            asked = AskedFields.of(data)
             self._ask_for_token_ids(data)
             bridge = context.bridge
             pending = pending_call(
@@ -93,15 +97,18 @@ class CaptureLogger(CustomLogger):
                 api=bridge.api if bridge else None,
                 api_request=bridge.request if bridge else None,
                 bridge=bridge,
+                asked=asked,
             )
         self.runtime.remember(pending)
         return data
 
     def _ask_for_token_ids(self, data: dict) -> None:
+        """Ask the engine for what the row needs; the agent's answer shows only what it asked
+        for itself (``asked_fields``)."""
         options = self.runtime.options_for(str(data.get("model", "")))
         if options.return_token_ids:
             data["return_token_ids"] = True
-        if options.logprobs and not data.get("logprobs"):
+        if options.logprobs and data.get("logprobs") in (None, False):
             data["logprobs"] = True
             if options.top_logprobs is not None:
                 data["top_logprobs"] = options.top_logprobs
@@ -145,6 +152,7 @@ class CaptureLogger(CustomLogger):
         except UnusableAnswer as error:
             await self._land_unusable(pending, error)
         await land_turns(self.runtime, turns)
+        withhold_unasked(response, pending.asked)
         return None
 
     def _answer_turns(self, pending: PendingCall, response: object) -> list[Turn]:
@@ -178,7 +186,9 @@ class CaptureLogger(CustomLogger):
         held: list[Any] = []
         try:
             async for chunk in response:
-                if collect.add(chunk) or held:
+                ends = collect.add(chunk)
+                withhold_unasked(chunk, pending.asked)
+                if ends or held:
                     held.append(chunk)
                 else:
                     yield chunk

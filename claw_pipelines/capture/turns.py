@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from claw_pipelines.capture import json_text
+from claw_pipelines.capture.asked_fields import EVERYTHING, AskedFields
 from claw_pipelines.capture.request_body import path_text
 from claw_pipelines.identity import IDENTITY_FIELDS, TurnIdentity
 from claw_pipelines.redaction import Redactor
@@ -120,6 +121,8 @@ class PendingCall:
     api_request: str | None = None
     bridge: Bridge | None = None
     native: bool = False
+    asked: AskedFields = EVERYTHING
+    """What the agent's answer may show of the engine's token IDs and logprobs."""
 
 
 def pending_call(
@@ -134,6 +137,7 @@ def pending_call(
     api_request: dict[str, Any] | None = None,
     bridge: Bridge | None = None,
     native: bool = False,
+    asked: AskedFields = EVERYTHING,
 ) -> PendingCall:
     """Snapshot the request side of a call (scrubbed) at the moment the proxy accepts it.
 
@@ -165,6 +169,7 @@ def pending_call(
         api_request=scrubbed_json(api_request, redactor),
         bridge=bridge,
         native=native,
+        asked=asked,
     )
 
 

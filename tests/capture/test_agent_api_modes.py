@@ -4,6 +4,8 @@
   ``use_chat_completions_api``, and its Anthropic adapter); the turn lands with both shapes and
   the normalized messages, and ``token_source = none`` (no engine IDs come through).
 - ``stream_mode: passthrough`` with the bridge: streams are translated chunk by chunk.
+- Whatever the mode, an agent's answer shows the engine's token IDs and logprobs only if the
+  agent asked for them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
-from proxy_calls import QUESTION
+from proxy_calls import QUESTION, assert_matches_engine, client_for, landed
 from stack_fixtures import CaptureStack, launch_stack
 from test_agent_apis import (
     anthropic_client,
@@ -180,3 +182,56 @@ def test_a_native_messages_error_keeps_anthropics_shape(modes_stack: CaptureStac
     assert error.body["type"] == "error"
     row = landed_row(modes_stack, error.response.headers["x-litellm-call-id"])
     assert (row["api"], row["status"]) == ("messages", "error")
+
+
+def _engine_fields(answer: dict) -> list[str]:
+    """The token ID and logprob fields an answer or chunk (as JSON) shows with a value."""
+    shown = ["prompt_token_ids"] if answer.get("prompt_token_ids") is not None else []
+    for choice in answer.get("choices") or []:
+        provider = choice.get("provider_specific_fields") or {}
+        shown += [name for name in ("prompt_token_ids", "token_ids") if choice.get(name)]
+        shown += ["token_ids"] if provider.get("token_ids") is not None else []
+        shown += ["logprobs"] if choice.get("logprobs") is not None else []
+    return shown
+
+
+def test_an_agent_gets_token_ids_and_logprobs_only_when_it_asks(
+    modes_stack: CaptureStack,
+) -> None:
+    """Capture asks the engine for both on every call; a chat or text completion agent that did
+    not gets the plain proxy's answer, whole or streamed (passthrough too), and the row is
+    still the engine's; one that asked gets what it asked for."""
+    client = client_for(modes_stack)
+    messages = [{"role": "user", "content": QUESTION}]
+    whole = client.chat.completions.with_raw_response.create(model="policy", messages=messages)
+    text = client.completions.with_raw_response.create(model="policy", prompt=QUESTION)
+    streams = [
+        client.chat.completions.with_raw_response.create(
+            model=model, messages=messages, stream=True
+        )
+        for model in ("policy", "policy-live")
+    ]
+    plain = [whole.parse().model_dump(), text.parse().model_dump()]
+    plain += [chunk.model_dump() for stream in streams for chunk in stream.parse()]
+    assert [_engine_fields(answer) for answer in plain] == [[]] * len(plain)
+    asked = client.chat.completions.with_raw_response.create(
+        model="policy",
+        messages=messages,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    )
+    assert _engine_fields(asked.parse().model_dump()) == [
+        "prompt_token_ids",
+        "token_ids",
+        "logprobs",
+    ]
+    calls = [whole, text, *streams, asked]
+    rows = landed(modes_stack, [call.headers["x-litellm-call-id"] for call in calls])
+    by_id = {row["turn_id"]: row for row in rows.iter_rows(named=True)}
+    for call, answer in [(whole, plain[0]), (text, plain[1]), (asked, asked.parse())]:
+        answer_id = answer["id"] if isinstance(answer, dict) else answer.id
+        assert_matches_engine(modes_stack, by_id[call.headers["x-litellm-call-id"]], answer_id)
+    assert (
+        asked.parse().model_extra["prompt_token_ids"]
+        == by_id[asked.headers["x-litellm-call-id"]]["prompt_token_ids"]
+    )

@@ -35,7 +35,7 @@ def test_the_proxy_writes_its_config_in_its_own_run_folder(capture_stack: Captur
 
 def test_non_streaming_turns_land_with_the_engines_exact_ids(capture_stack: CaptureStack) -> None:
     client = client_for(capture_stack)
-    calls = [chat(client, max_tokens=64) for _ in range(5)]
+    calls = [chat(client, max_tokens=64, extra_body={"return_token_ids": True}) for _ in range(5)]
     rows = landed(capture_stack, [turn_id for turn_id, _ in calls])
     assert rows.height == 5
     by_id = {row["turn_id"]: row for row in rows.iter_rows(named=True)}
@@ -55,6 +55,7 @@ def test_streamed_turns_land_with_the_engines_exact_ids(capture_stack: CaptureSt
             messages=[{"role": "user", "content": QUESTION}],
             stream=True,
             stream_options={"include_usage": True},
+            extra_body={"return_token_ids": True},
         )
         chunks = list(raw.parse())
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -331,7 +332,7 @@ def test_text_completion_turns_land_with_the_engines_exact_ids(
 ) -> None:
     client = client_for(capture_stack)
     raw = client.completions.with_raw_response.create(
-        model="policy", prompt=QUESTION, max_tokens=16
+        model="policy", prompt=QUESTION, max_tokens=16, extra_body={"return_token_ids": True}
     )
     streamed = client.completions.with_raw_response.create(
         model="policy", prompt=QUESTION, max_tokens=16, stream=True

@@ -21,12 +21,15 @@ def _engine_choices(stack: CaptureStack, response_id: str) -> list[dict]:
 
 def test_token_id_prompts_land_engine_exact(capture_stack: CaptureStack) -> None:
     client = client_for(capture_stack)
+    asked = {"return_token_ids": True}
     text = client.completions.with_raw_response.create(
-        model="policy", prompt=QUESTION, max_tokens=4
+        model="policy", prompt=QUESTION, max_tokens=4, extra_body=asked
     )
     ids = text.parse().choices[0].model_extra["prompt_token_ids"]
     (text_row,) = landed(capture_stack, [text.headers["x-litellm-call-id"]]).iter_rows(named=True)
-    raw = client.completions.with_raw_response.create(model="policy", prompt=ids, max_tokens=8)
+    raw = client.completions.with_raw_response.create(
+        model="policy", prompt=ids, max_tokens=8, extra_body=asked
+    )
     completion = raw.parse()
     assert completion.choices[0].model_extra["prompt_token_ids"] == ids
     (row,) = landed(capture_stack, [raw.headers["x-litellm-call-id"]]).iter_rows(named=True)

@@ -63,13 +63,15 @@ def chat_answer(completion: dict[str, Any], layout: str) -> dict[str, Any]:
 
 
 def completion_request(request: GenerateRequest, model: str, max_tokens: int) -> dict[str, Any]:
-    """The text completion call for a ``/generate`` request (logprobs always, for the turn)."""
+    """The text completion call for a ``/generate`` request: the engine's token IDs for the
+    answer, logprobs always (for the turn)."""
     params = request.sampling_params
     body: dict[str, Any] = {
         "model": model,
         "prompt": request.prompt_ids,
         "max_tokens": params.get("max_tokens") or max_tokens,
         "logprobs": 1,
+        "return_token_ids": True,
         **{key: params[key] for key in GENERATE_PARAMS if params.get(key) is not None},
     }
     extra = {key: params[key] for key in VLLM_PARAMS if params.get(key) is not None}
