@@ -1,16 +1,20 @@
-"""The agent's answer holds the engine's token IDs and logprobs only when the agent asked for them.
+"""What capture asks the engine for beside the answer, and what the agent gets of it.
 
-Capture asks the engine for them on every call (``return_token_ids``, ``logprobs``), so its
-row is exact. An agent that did not ask gets the answer the plain proxy would give it: at a
-50k-token prompt the IDs are ~180 KB of JSON a call that the agent never reads, and LiteLLM's
-serializer turns each ID over one at a time (~45 ms of the proxy's CPU a call). They are taken
-out once the row is spooled, from whole answers and from each streamed chunk alike.
+Capture asks the engine for the token IDs and logprobs on every call (``ask_for_capture``), so
+its row is exact. An agent that did not ask for them gets the answer the plain proxy would give
+it: at a 50k-token prompt the IDs are ~180 KB of JSON a call that the agent never reads, and
+LiteLLM's serializer turns each ID over one at a time (~45 ms of the proxy's CPU a call). They
+are taken out once the row is spooled (``withhold_unasked``), from whole answers and from each
+streamed chunk alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from claw_pipelines.capture.runtime import ModelCapture
 
 
 @dataclass(frozen=True)
@@ -26,12 +30,29 @@ class AskedFields:
         completion's ``logprobs: 0`` asks for the chosen tokens' logprobs)."""
         return cls(
             token_ids=bool(request.get("return_token_ids")),
-            logprobs=request.get("logprobs") not in (None, False),
+            logprobs=not _unset(request.get("logprobs")),
         )
 
 
 EVERYTHING = AskedFields()
 """Withhold nothing: a call whose answer capture did not ask anything more of."""
+
+
+def _unset(logprobs: object) -> bool:
+    """Whether ``logprobs`` asks for none: absent or ``false`` (``0`` is a text completion's
+    ask for the chosen tokens' logprobs, though ``0 == False``)."""
+    return logprobs is None or logprobs is False
+
+
+def ask_for_capture(request: dict[str, Any], options: ModelCapture) -> None:
+    """Add to ``request`` (in place) what the row needs of the engine, as the model's capture
+    ``options`` say; logprobs the agent asked for itself are left as it asked for them."""
+    if options.return_token_ids:
+        request["return_token_ids"] = True
+    if options.logprobs and _unset(request.get("logprobs")):
+        request["logprobs"] = True
+        if options.top_logprobs is not None:
+            request["top_logprobs"] = options.top_logprobs
 
 
 def withhold_unasked(answer: object, asked: AskedFields) -> None:

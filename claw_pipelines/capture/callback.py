@@ -28,7 +28,7 @@ from fastapi import HTTPException
 from litellm.integrations.custom_logger import CustomLogger
 
 from claw_pipelines.capture.apis import CALL_TYPE_APIS, NATIVE_APIS
-from claw_pipelines.capture.asked_fields import AskedFields, withhold_unasked
+from claw_pipelines.capture.asked_fields import AskedFields, ask_for_capture, withhold_unasked
 from claw_pipelines.capture.bridge import BRIDGES, BridgeRequestError
 from claw_pipelines.capture.native import NativeStream, answer_json
 from claw_pipelines.capture.prompt_prefixes import land_turns
@@ -85,7 +85,7 @@ class CaptureLogger(CustomLogger):
             pending = self._native_pending(data, api, identity, metadata, context, client_stream)
         else:
             asked = AskedFields.of(data)
-            self._ask_for_token_ids(data)
+            ask_for_capture(data, self.runtime.options_for(str(data.get("model", ""))))
             bridge = context.bridge
             pending = pending_call(
                 str(data["litellm_call_id"]),
@@ -101,17 +101,6 @@ class CaptureLogger(CustomLogger):
             )
         self.runtime.remember(pending)
         return data
-
-    def _ask_for_token_ids(self, data: dict) -> None:
-        """Ask the engine for what the row needs; the agent's answer shows only what it asked
-        for itself (``asked_fields``)."""
-        options = self.runtime.options_for(str(data.get("model", "")))
-        if options.return_token_ids:
-            data["return_token_ids"] = True
-        if options.logprobs and data.get("logprobs") in (None, False):
-            data["logprobs"] = True
-            if options.top_logprobs is not None:
-                data["top_logprobs"] = options.top_logprobs
 
     def _native_pending(
         self,

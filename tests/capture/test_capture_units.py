@@ -18,8 +18,9 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from claw_pipelines.capture import json_text
+from claw_pipelines.capture.asked_fields import AskedFields, ask_for_capture, withhold_unasked
 from claw_pipelines.capture.request_body import BodyRejected, parse_json_object
-from claw_pipelines.capture.runtime import CaptureRuntime
+from claw_pipelines.capture.runtime import CaptureRuntime, ModelCapture
 from claw_pipelines.capture.stream_turns import StreamAccumulator
 from claw_pipelines.capture.turns import (
     UnusableAnswer,
@@ -276,6 +277,61 @@ def test_each_choice_counts_its_own_completion_tokens() -> None:
     turns = turns_from_response(pending, response, Redactor(), "w")
     assert [t.completion_tokens for t in turns] == [2, 3]
     assert [t.prompt_tokens for t in turns] == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("request_body", "asked"),
+    [
+        ({}, AskedFields(token_ids=False, logprobs=False)),
+        ({"logprobs": False, "return_token_ids": False}, AskedFields(False, False)),
+        ({"logprobs": True}, AskedFields(token_ids=False, logprobs=True)),
+        ({"prompt": "x", "logprobs": 0}, AskedFields(token_ids=False, logprobs=True)),
+        ({"return_token_ids": True}, AskedFields(token_ids=True, logprobs=False)),
+    ],
+)
+def test_what_an_agent_asked_for_is_read_before_capture_asks(
+    request_body: dict, asked: AskedFields
+) -> None:
+    """A text completion's ``logprobs: 0`` asks for the chosen tokens' logprobs (and capture
+    keeps it 0); ``false`` and absent ask for nothing."""
+    assert AskedFields.of(request_body) == asked
+    sent = dict(request_body)
+    ask_for_capture(sent, ModelCapture(return_token_ids=True, logprobs=True, top_logprobs=2))
+    assert sent["return_token_ids"] is True
+    assert sent["logprobs"] == (request_body["logprobs"] if asked.logprobs else True)
+    assert sent.get("top_logprobs") == (None if asked.logprobs else 2)
+
+
+def test_an_answer_keeps_only_the_engine_fields_its_agent_asked_for() -> None:
+    """Per choice too (a text completion's ``prompt_token_ids``); what the agent asked for
+    stays, and the provider's ``token_ids`` reads as when the engine sent none."""
+    answer = {
+        "prompt_token_ids": [1, 2],
+        "choices": [
+            {
+                "text": "a",
+                "prompt_token_ids": [1, 2],
+                "token_ids": [3],
+                "logprobs": {"token_logprobs": [-0.1]},
+                "provider_specific_fields": {"token_ids": [3], "stop_reason": None},
+            }
+        ],
+    }
+    kept = json.loads(json.dumps(answer))
+    withhold_unasked(kept, AskedFields(token_ids=True, logprobs=True))
+    assert kept == answer
+    withhold_unasked(kept, AskedFields(token_ids=False, logprobs=True))
+    assert kept == {
+        "choices": [
+            {
+                "text": "a",
+                "logprobs": {"token_logprobs": [-0.1]},
+                "provider_specific_fields": {"token_ids": None, "stop_reason": None},
+            }
+        ]
+    }
+    withhold_unasked(kept, AskedFields(token_ids=False, logprobs=False))
+    assert kept["choices"][0]["logprobs"] is None
 
 
 @pytest.mark.parametrize(
