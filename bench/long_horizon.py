@@ -149,7 +149,7 @@ AGENT_REQUEST_CHARS = 48_000
 """From this size on the request is ``agent_request``'s (system prompt, 16 tools, history)."""
 CAPTURE_RUNS = {
     "full": {"requests": 60, "rounds": 4, "concurrency": 4, "latency_requests": 20, "warm_up": 10},
-    "quick": {"requests": 4, "rounds": 2, "concurrency": 2, "latency_requests": 4, "warm_up": 2},
+    "quick": {"requests": 4, "rounds": 1, "concurrency": 2, "latency_requests": 4, "warm_up": 2},
 }
 CAPTURE_ROUTE = "chat_long"
 
