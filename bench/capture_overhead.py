@@ -218,6 +218,29 @@ def summary(load: dict, latency: dict[str, list[list[float]]]) -> dict[str, floa
     }
 
 
+def measure_route(
+    proxies: dict[str, Service],
+    key: str,
+    route: str,
+    rounds: int,
+    requests: int,
+    concurrency: int,
+    latency_requests: int,
+) -> dict:
+    """``summary`` of ``rounds`` rounds on ``route``: each proxy under load (who goes first
+    alternating), then sequential calls alternating between them."""
+    load: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
+    latency: dict[str, list[list[float]]] = {"with": [], "without": []}
+    for round_index in range(rounds):
+        for name in round_order(round_index):
+            load[name].append(measure(proxies[name], key, route, requests, concurrency))
+        urls = {name: proxy.url for name, proxy in proxies.items()}
+        paired = paired_latencies(urls, key, route, latency_requests)
+        for name in latency:
+            latency[name].append(paired[name])
+    return summary(load, latency)
+
+
 QUICK = {"requests": 16, "concurrency": 4, "latency_requests": 8, "rounds": 1}
 """``--quick``: both proxies on every route, a few calls each, for the suite (tests/bench)."""
 
@@ -262,17 +285,15 @@ def main() -> None:
             proxy.wait_ready("/health/liveliness", timeout_s=300)
         warm_up(proxies, key, args.routes, args.concurrency)
         for route in args.routes:
-            load: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
-            latency: dict[str, list[list[float]]] = {"with": [], "without": []}
-            for round_index in range(args.rounds):
-                for name in round_order(round_index):
-                    proxy = proxies[name]
-                    load[name].append(measure(proxy, key, route, args.requests, args.concurrency))
-                urls = {name: proxy.url for name, proxy in proxies.items()}
-                paired = paired_latencies(urls, key, route, args.latency_requests)
-                for name in latency:
-                    latency[name].append(paired[name])
-            results[route] = summary(load, latency)
+            results[route] = measure_route(
+                proxies,
+                key,
+                route,
+                args.rounds,
+                args.requests,
+                args.concurrency,
+                args.latency_requests,
+            )
     finally:
         for service in reversed(services):
             service.stop()

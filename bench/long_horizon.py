@@ -526,15 +526,26 @@ def capture_cpu(size: str) -> dict:
                     overhead.drive(proxy.url, key, route, runs["warm_up"], runs["concurrency"])
                 )
         time.sleep(overhead.FIRST_COMMIT_WAIT_S)
-        measured = {
-            name: _capture_rounds(proxies, key, route, runs)
+        summaries = {
+            name: (
+                overhead.measure_route(
+                    proxies,
+                    key,
+                    route,
+                    runs["rounds"],
+                    runs["requests"],
+                    runs["concurrency"],
+                    runs["latency_requests"],
+                )
+            )
             for name, route in zip(bodies, routes, strict=True)
         }
     finally:
         for service in reversed(services):
             service.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    return {"prompt_tokens": prompt_tokens, **runs, **measured}
+    kept = {name: {k: summary[k] for k in CAPTURE_KEYS} for name, summary in summaries.items()}
+    return {"prompt_tokens": prompt_tokens, **runs, **kept}
 
 
 CAPTURE_KEYS = (
@@ -545,22 +556,6 @@ CAPTURE_KEYS = (
     "p50_added_ms",
     "p99_added_ms",
 )
-
-
-def _capture_rounds(proxies: dict, key: str, route: str, runs: dict) -> dict:
-    load: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
-    latency: dict[str, list[list[float]]] = {"with": [], "without": []}
-    for round_index in range(runs["rounds"]):
-        for name in overhead.round_order(round_index):
-            load[name].append(
-                overhead.measure(proxies[name], key, route, runs["requests"], runs["concurrency"])
-            )
-        urls = {name: proxy.url for name, proxy in proxies.items()}
-        paired = overhead.paired_latencies(urls, key, route, runs["latency_requests"])
-        for name in latency:
-            latency[name].append(paired[name])
-    summary = overhead.summary(load, latency)
-    return {k: summary[k] for k in CAPTURE_KEYS}
 
 
 def progress(measured: dict) -> dict:

@@ -211,8 +211,9 @@ def test_an_agent_gets_token_ids_and_logprobs_only_when_it_asks(
         )
         for model in ("policy", "policy-live")
     ]
+    chunks = [list(stream.parse()) for stream in streams]
     plain = [whole.parse().model_dump(), text.parse().model_dump()]
-    plain += [chunk.model_dump() for stream in streams for chunk in stream.parse()]
+    plain += [chunk.model_dump() for streamed in chunks for chunk in streamed]
     assert [_engine_fields(answer) for answer in plain] == [[]] * len(plain)
     asked = client.chat.completions.with_raw_response.create(
         model="policy",
@@ -228,8 +229,9 @@ def test_an_agent_gets_token_ids_and_logprobs_only_when_it_asks(
     calls = [whole, text, *streams, asked]
     rows = landed(modes_stack, [call.headers["x-litellm-call-id"] for call in calls])
     by_id = {row["turn_id"]: row for row in rows.iter_rows(named=True)}
-    for call, answer in [(whole, plain[0]), (text, plain[1]), (asked, asked.parse())]:
-        answer_id = answer["id"] if isinstance(answer, dict) else answer.id
+    exact = [(whole, whole.parse().id), (text, text.parse().id), (asked, asked.parse().id)]
+    exact.append((streams[0], chunks[0][0].id))  # buffered: the engine's whole answer
+    for call, answer_id in exact:
         assert_matches_engine(modes_stack, by_id[call.headers["x-litellm-call-id"]], answer_id)
     assert (
         asked.parse().model_extra["prompt_token_ids"]
