@@ -3,7 +3,8 @@
 A session runs against an engine and proxy of its own (``session_stack``) whose rows wait in the
 spool until 30 s pass without a call, so the proxy killed with -9 between two prompts
 (``kill_9_and_restart``) holds the first prompt's calls only in its spool: the rows must still
-all land, engine-exact, and become sequences equal to the engine's answer log.
+all land, engine-exact, and become sequences equal to the engine's answer log. The proxy started
+after the kill commits at the default pace, so the test does not sit out the hold.
 
 Each CLI is pinned to the exact version whose requests and offline settings were recorded (see
 docs/agents.md): these CLIs change weekly (new outbound calls, config keys, request shapes), and
@@ -246,9 +247,10 @@ def tool_calls(rows: pl.DataFrame) -> int:
 
 
 @contextmanager
-def session_stack(root: Path) -> Iterator[CaptureStack]:
-    """An engine and proxy of the session's own, holding rows in the spool (``SPOOL_HOLD``)."""
-    stack = launch_stack(root, env=SPOOL_HOLD)
+def session_stack(root: Path, hold: bool = True) -> Iterator[CaptureStack]:
+    """An engine and proxy of the session's own, holding rows in the spool (``SPOOL_HOLD``)
+    unless ``hold`` is false (a session that kills nothing)."""
+    stack = launch_stack(root, env=SPOOL_HOLD if hold else None)
     try:
         yield stack
     finally:
@@ -257,12 +259,14 @@ def session_stack(root: Path) -> Iterator[CaptureStack]:
 
 
 def kill_9_and_restart(stack: CaptureStack) -> None:
-    """kill -9 the proxy while the session's calls wait in its spool; start it on its port."""
+    """kill -9 the proxy while the session's calls wait in its spool; start it on its port,
+    committing without the hold (what waited is recovered from the spool all the same)."""
     spool = Path(stack.env["CLAW_SPOOL_DIR"])
     assert any(spool.glob("*/*.spool")), "nothing waited in the spool: the kill proves nothing"
     os.killpg(stack.proxy.pid, signal.SIGKILL)
     stack.proxy.process.wait(timeout=30)
     backend = f"{stack.engine.url}/v1"
+    stack.env = {name: value for name, value in stack.env.items() if name not in SPOOL_HOLD}
     stack.proxy = start_proxy(stack.proxy.port, stack.workdir, backend, stack.env)
     stack.proxy.wait_ready("/health/liveliness", timeout_s=PROXY_START_TIMEOUT_S)
 

@@ -110,7 +110,7 @@ def test_claude_code_sub_agent_explores_in_a_side_trajectory(
     home.mkdir()
     work = work_folder(tmp_path / "work")
     with (
-        session_stack(tmp_path / "stack") as stack,
+        session_stack(tmp_path / "stack", hold=False) as stack,
         Relay(stack.proxy_url) as relay,
         OutboundGuard() as guard,
     ):
