@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import statistics
 import tempfile
 import time
@@ -297,6 +298,7 @@ def main() -> None:
     finally:
         for service in reversed(services):
             service.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     print(
         json.dumps(
             {

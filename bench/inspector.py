@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -353,6 +354,7 @@ def main() -> None:
         rss_mb = psutil.Process(service.pid).memory_info().rss / 2**20
     finally:
         service.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     long_open_p50 = statistics.median(long_open_ms)
     ratios = [o / b for o, b in zip(long_open_ms, bare_ms, strict=True)]
     print(

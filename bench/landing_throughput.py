@@ -122,11 +122,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         vars(args).update(QUICK)
-    workdir = Path(tempfile.mkdtemp(prefix="claw-bench-landing-"))
     shape = (args.turns, args.batch, args.prompt_tokens, args.response_tokens)
-    bare_s = bare_writes(synthetic_batches(*shape), workdir)
-    tuned_s = bare_writes(synthetic_batches(*shape), workdir, "tuned-lake", landing_writer("turns"))
-    spool_s = spool_to_delta(synthetic_batches(*shape), args.batch, workdir)
+    with tempfile.TemporaryDirectory(prefix="claw-bench-landing-") as folder:
+        workdir = Path(folder)
+        bare_s = bare_writes(synthetic_batches(*shape), workdir)
+        tuned = landing_writer("turns")
+        tuned_s = bare_writes(synthetic_batches(*shape), workdir, "tuned-lake", tuned)
+        spool_s = spool_to_delta(synthetic_batches(*shape), args.batch, workdir)
     print(
         json.dumps(
             {
