@@ -106,8 +106,8 @@ class ClawSettings(BaseSettings):
     prompt_cache_mb: int = Field(
         default=256,
         ge=0,
-        description="Memory per proxy process for each trajectory's last call, so a turn "
-        "stores only what it adds to it (0: every turn stored whole).",
+        description="Memory per proxy process for each trajectory's last two calls, so a turn "
+        "stores only what it adds to them (0: every turn stored whole).",
     )
     pause_max_hold_s: float = Field(
         default=60.0,
