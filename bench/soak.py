@@ -8,7 +8,9 @@ one API (chat completions and Responses with the official ``openai`` SDK, Messag
 ``anthropic`` SDK; the APIs take turns), each call carrying the conversation so far, then a
 reward and a completion on the proxy's own endpoints; rewards differ within each group of
 ``GROUP_SIZE``, so every group can make a GRPO batch. A trainer (``BatchConsumer``) takes and
-acks every GRPO batch as it comes.
+acks every GRPO batch as it comes. Every shipped recipe builds its batches, as ``claw up`` ships
+them; ``--recipes grpo`` keeps only those named (a config folder holding their batches.yaml,
+given to ``claw up --config-dir``), as a user who trains one algorithm would.
 
 Per ``--window-s`` window (default 60 s): ``refresh_s`` (median duration of the refresh runs
 started in it, from Dagster's run storage: start to end), ``refresh_queue_s`` (creation to
@@ -25,8 +27,8 @@ Prints one JSON object: ``refresh_growth`` (median refresh duration of the last 
 ``lost`` (answered turns, rewards and completions not in their table once the spool drained),
 ``duplicated`` (rows past the first of a key), ``load_average`` and ``windows``.
 
-    .venv/bin/python bench/soak.py [--minutes 30] [--agents 8] [--calls-per-s 25]
-    .venv/bin/python bench/soak.py --quick
+    .venv/bin/python bench/soak.py [--minutes 30] [--agents 8] [--calls-per-s 25] [--recipes grpo]
+    .venv/bin/python bench/soak.py --quick           # the suite's tiny run (--recipes grpo)
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ import anthropic
 import httpx
 import openai
 import polars as pl
+import yaml
 from batch_latency import _completed_at, _graphql, _percentile
 
+from claw_pipelines.config_files import shipped_file
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import Service, free_port, start_service, stop_group
 from claw_pipelines.schemas import LANDING_MODELS
@@ -352,10 +356,24 @@ def wait_drained(lake: Lake, answered: Answered) -> None:
         time.sleep(1)
 
 
-def start_up(workdir: Path) -> tuple[Service, dict[str, int]]:
+def config_dir(workdir: Path, recipes: list[str]) -> Path:
+    """A config folder whose batches.yaml holds only ``recipes`` of the shipped ones."""
+    shipped = yaml.safe_load(shipped_file("batches.yaml").read_text())
+    kept = [recipe for recipe in shipped["recipes"] if recipe["name"] in recipes]
+    unknown = set(recipes) - {recipe["name"] for recipe in kept}
+    if unknown:
+        raise SystemExit(f"--recipes: no shipped recipe named {sorted(unknown)}")
+    folder = workdir / "config"
+    folder.mkdir(exist_ok=True)
+    (folder / "batches.yaml").write_text(yaml.safe_dump({**shipped, "recipes": kept}))
+    return folder
+
+
+def start_up(workdir: Path, config: Path | None) -> tuple[Service, dict[str, int]]:
     """``claw up`` on free ports, as a user runs it; returns once it says it is up."""
     ports = {name: free_port() for name in ("proxy", "dagster", "inspector", "engine")}
     command = [*CLI, "up", *[f"--{name}-port={port}" for name, port in ports.items()]]
+    command += ["--config-dir", str(config)] if config else []
     env = {"LITELLM_MASTER_KEY": LOCAL_MASTER_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     up = start_service("claw-up", command, "", workdir / "up.log", env=env, cwd=workdir)
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -367,8 +385,15 @@ def start_up(workdir: Path) -> tuple[Service, dict[str, int]]:
     return up, ports
 
 
-def soak(workdir: Path, minutes: float, window_s: float, agents: int, calls_per_s: float) -> dict:
-    up, ports = start_up(workdir)
+def soak(
+    workdir: Path,
+    minutes: float,
+    window_s: float,
+    agents: int,
+    calls_per_s: float,
+    recipes: list[str] | None,
+) -> dict:
+    up, ports = start_up(workdir, config_dir(workdir, recipes) if recipes else None)
     lake = Lake(str(workdir / ".claw" / "lake"))
     proxy_url = f"http://127.0.0.1:{ports['proxy']}"
     load = Agents(proxy_url, LOCAL_MASTER_KEY, agents, calls_per_s)
@@ -422,6 +447,7 @@ def soak(workdir: Path, minutes: float, window_s: float, agents: int, calls_per_
         "refresh_runs": runs.height,
         "minutes": minutes,
         "agents": agents,
+        "recipes": recipes or "shipped",
         "calls_per_s": round(len(load.answered.calls) / (ended - began), 1),
         "end_bytes": end_sizes,
         "end_derived_bytes": end_derived,
@@ -436,15 +462,23 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=60.0)
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--calls-per-s", type=float, default=25.0, help="all agents together")
-    parser.add_argument("--quick", action="store_true", help="20 s of load in 10 s windows")
+    parser.add_argument(
+        "--quick", action="store_true", help="20 s of load in 10 s windows, GRPO's recipe only"
+    )
     parser.add_argument("--workdir", help="keep the stack's folder (logs, lake) here")
+    parser.add_argument(
+        "--recipes", nargs="+", help="only these shipped recipes build batches (default: all)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.minutes, args.window_s = 20 / 60, 10.0
+        args.recipes = args.recipes or ["grpo"]
     with tempfile.TemporaryDirectory(prefix="claw-soak-") as folder:
         workdir = Path(args.workdir or folder)
         workdir.mkdir(parents=True, exist_ok=True)
-        result = soak(workdir, args.minutes, args.window_s, args.agents, args.calls_per_s)
+        result = soak(
+            workdir, args.minutes, args.window_s, args.agents, args.calls_per_s, args.recipes
+        )
     print(json.dumps(result))
 
 
