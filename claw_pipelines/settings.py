@@ -103,6 +103,13 @@ class ClawSettings(BaseSettings):
         ge=1024,
         description="The largest request body any proxy route accepts (413 beyond).",
     )
+    proxy_keep_alive_s: int = Field(
+        default=75,
+        ge=1,
+        description="How long the proxy keeps an idle client connection open: longer than "
+        "clients and load balancers keep theirs (5 s in httpx and the openai and anthropic "
+        "SDKs, 60 s on AWS's), so none sends a request on a connection the proxy is closing.",
+    )
     prompt_cache_mb: int = Field(
         default=256,
         ge=0,

@@ -181,6 +181,7 @@ def run_proxy(
         workers=num_workers,
         access_log=False,
         log_level="warning",
+        timeout_keep_alive=get_settings().proxy_keep_alive_s,
         timeout_graceful_shutdown=20,
         factory=not capture,
     )
