@@ -164,13 +164,22 @@ class Agents:
         return text
 
     async def _close(self, http: httpx.AsyncClient, trajectory: str, value: float) -> None:
-        """The reward, then the completion, as an environment posts them."""
-        reward = await http.post("/claw/v1/rewards", json={"trajectory_id": trajectory,
-                                                           "value": value})  # fmt: skip
-        complete = await http.post(f"/claw/v1/trajectories/{trajectory}/complete", json={})
-        for answer, answered in ((reward, self.answered.rewards), (complete, self.answered.events)):
+        """The reward, then the completion, as an environment posts them. A post that got no
+        answer counts as an error, as a failed call does: one reset must not end the load."""
+        posts = (
+            ("/claw/v1/rewards", {"trajectory_id": trajectory, "value": value}, "reward_id"),
+            (f"/claw/v1/trajectories/{trajectory}/complete", {}, "event_id"),
+        )
+        for (path, body, key), answered in zip(
+            posts, (self.answered.rewards, self.answered.events), strict=True
+        ):
+            try:
+                answer = await http.post(path, json=body)
+            except httpx.TransportError:
+                self.answered.errors += 1
+                continue
             if answer.is_success:
-                answered.append(answer.json().get("reward_id") or answer.json()["event_id"])
+                answered.append(answer.json()[key])
             else:
                 self.answered.errors += 1
 
