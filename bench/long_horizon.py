@@ -527,16 +527,14 @@ def capture_cpu(size: str) -> dict:
                 )
         time.sleep(overhead.FIRST_COMMIT_WAIT_S)
         summaries = {
-            name: (
-                overhead.measure_route(
-                    proxies,
-                    key,
-                    route,
-                    runs["rounds"],
-                    runs["requests"],
-                    runs["concurrency"],
-                    runs["latency_requests"],
-                )
+            name: overhead.measure_route(
+                proxies,
+                key,
+                route,
+                runs["rounds"],
+                runs["requests"],
+                runs["concurrency"],
+                runs["latency_requests"],
             )
             for name, route in zip(bodies, routes, strict=True)
         }

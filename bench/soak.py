@@ -365,9 +365,13 @@ def wait_drained(lake: Lake, answered: Answered) -> None:
         time.sleep(1)
 
 
+def shipped_recipes() -> dict:
+    return yaml.safe_load(shipped_file("batches.yaml").read_text())
+
+
 def config_dir(workdir: Path, recipes: list[str]) -> Path:
     """A config folder whose batches.yaml holds only ``recipes`` of the shipped ones."""
-    shipped = yaml.safe_load(shipped_file("batches.yaml").read_text())
+    shipped = shipped_recipes()
     kept = [recipe for recipe in shipped["recipes"] if recipe["name"] in recipes]
     unknown = set(recipes) - {recipe["name"] for recipe in kept}
     if unknown:
@@ -456,7 +460,7 @@ def soak(
         "refresh_runs": runs.height,
         "minutes": minutes,
         "agents": agents,
-        "recipes": recipes or "shipped",
+        "recipes": recipes or [recipe["name"] for recipe in shipped_recipes()["recipes"]],
         "calls_per_s": round(len(load.answered.calls) / (ended - began), 1),
         "end_bytes": end_sizes,
         "end_derived_bytes": end_derived,
