@@ -31,7 +31,7 @@ from claw_pipelines.lake import Lake
 from claw_pipelines.lake.commits import commit
 from claw_pipelines.lake.properties import TABLE_CONFIGURATION
 from claw_pipelines.lake.tables import REOPEN_AFTER_S
-from claw_pipelines.schemas import utc_now
+from claw_pipelines.schemas import arrow_rows, utc_now
 
 LEASE_TABLE = "maintenance_lease"
 LEASE_APP = "claw/maintenance/lease"
@@ -112,7 +112,7 @@ class Lease:
         """Commit this holder's row against ``table``'s snapshot; False when another process
         committed to the lease since."""
         taken = table.transaction_version(LEASE_APP) or 0
-        row = pa.table({"holder": [self.holder], "expires_at": [expires_at]}, schema=LEASE_SCHEMA)
+        row = arrow_rows([{"holder": self.holder, "expires_at": expires_at}], LEASE_SCHEMA)
         try:
             commit(
                 table,

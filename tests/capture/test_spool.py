@@ -128,6 +128,9 @@ from pathlib import Path
 from claw_pipelines.spool.writer import SpoolWriter
 from claw_pipelines.spool.flusher import SpoolFlusher
 from claw_pipelines.lake import Lake
+from claw_pipelines.lease import Lease
+from claw_pipelines.maintenance import Retention, maintain_lake
+from claw_pipelines.policy.gate import ServedPolicy
 from claw_pipelines.schemas import Turn, utc_now
 
 root = Path(sys.argv[1])
@@ -136,14 +139,19 @@ now = utc_now()
 for index, ids in enumerate([[1, 2], None, []]):
     writer.append(Turn(turn_id=str(index), model="m", started_at=now, ended_at=now,
                        prompt_token_ids=ids, response_logprobs=ids and [-0.5] * len(ids)))
-assert SpoolFlusher(writer, Lake(str(root / "lake"))).flush() == 3
+lake = Lake(str(root / "lake"))
+assert SpoolFlusher(writer, lake).flush() == 3
+assert maintain_lake(lake, Retention(), Lease(lake, "proxy-1", 60))
+policy = ServedPolicy(lake, "proxy-1", max_hold_s=1)
+assert policy.record("announce", 2).version == 2
 print(sorted(name for name in sys.modules if name.split(".")[0] == "pandas"))
 """
 
 
-def test_committing_the_spool_never_imports_pandas(tmp_path: Path) -> None:
+def test_the_proxys_commits_never_import_pandas(tmp_path: Path) -> None:
     """pyarrow imports pandas when handed numpy arrays or lists to convert: in the proxy, about
-    a second of CPU at the first commit, and a heavier garbage collection from then on."""
+    a second of CPU at the first commit, and a heavier garbage collection from then on. The
+    proxy commits its spool, its maintenance lease and its policy events."""
     done = subprocess.run(
         [sys.executable, "-c", FLUSH_IN_A_FRESH_PROCESS, str(tmp_path)],
         capture_output=True,
