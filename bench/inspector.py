@@ -296,8 +296,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         vars(args).update(QUICK)
-    trajectories = args.steps // STEPS_PER_TRAJECTORY
     workdir = Path(tempfile.mkdtemp(prefix="claw-bench-inspector-"))
+    try:
+        result = measure(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps(result))
+
+
+def measure(args: argparse.Namespace, workdir: Path) -> dict:
+    """Build the lake in ``workdir``, start the inspector on it and time what it serves."""
+    trajectories = args.steps // STEPS_PER_TRAJECTORY
     lake = Lake(str(workdir / "lake"))
     start = datetime.now(UTC) - timedelta(hours=1)
 
@@ -354,43 +363,38 @@ def main() -> None:
         rss_mb = psutil.Process(service.pid).memory_info().rss / 2**20
     finally:
         service.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
     long_open_p50 = statistics.median(long_open_ms)
     ratios = [o / b for o, b in zip(long_open_ms, bare_ms, strict=True)]
-    print(
-        json.dumps(
-            {
-                "steps": trajectories * STEPS_PER_TRAJECTORY,
-                "trajectories": trajectories,
-                "turn_commits": commits,
-                "rows_per_commit": args.commit_rows,
-                "lake_build_s": round(lake_build_s, 1),
-                "index_build_s": round(index_build_s, 1),
-                "filter_p50_ms": percentile(filter_ms, 50),
-                "filter_p95_ms": percentile(filter_ms, 95),
-                "trajectory_open_p50_ms": percentile(open_ms, 50),
-                "trajectory_open_p95_ms": percentile(open_ms, 95),
-                "trajectory_page_p50_ms": percentile(page_ms, 50),
-                "list_page_p50_ms": percentile(list_page_ms, 50),
-                "overview_p50_ms": percentile(overview_ms, 50),
-                "long_calls": len(long_ids),
-                "long_last_prompt_tokens": last_prompt_tokens,
-                "long_added_tokens_median": statistics.median(added),
-                "long_open_p50_ms": round(long_open_p50, 1),
-                "long_bare_read_p50_ms": round(statistics.median(bare_ms), 1),
-                "long_open_ratio_vs_bare": round(statistics.median(ratios), 2),
-                "long_open_cpu_ms_p50": round(statistics.median(open_cpu_ms), 1),
-                "long_bare_read_cpu_ms_p50": round(statistics.median(bare_cpu_ms), 1),
-                "long_page_p50_ms": round(statistics.median(long_page_ms), 1),
-                "long_open_json_kb": round(len(detail.content) / 1024),
-                "long_page_kb": round(len(page.content) / 1024),
-                "long_full_prompt_p50_ms": round(statistics.median(long_prompt_ms), 1),
-                "refresh_lag_ms_for_new_commit": round(refresh_lag_ms, 1),
-                "inspector_rss_mb": round(rss_mb),
-                "goal_ms": 300,
-            }
-        )
-    )
+    return {
+        "steps": trajectories * STEPS_PER_TRAJECTORY,
+        "trajectories": trajectories,
+        "turn_commits": commits,
+        "rows_per_commit": args.commit_rows,
+        "lake_build_s": round(lake_build_s, 1),
+        "index_build_s": round(index_build_s, 1),
+        "filter_p50_ms": percentile(filter_ms, 50),
+        "filter_p95_ms": percentile(filter_ms, 95),
+        "trajectory_open_p50_ms": percentile(open_ms, 50),
+        "trajectory_open_p95_ms": percentile(open_ms, 95),
+        "trajectory_page_p50_ms": percentile(page_ms, 50),
+        "list_page_p50_ms": percentile(list_page_ms, 50),
+        "overview_p50_ms": percentile(overview_ms, 50),
+        "long_calls": len(long_ids),
+        "long_last_prompt_tokens": last_prompt_tokens,
+        "long_added_tokens_median": statistics.median(added),
+        "long_open_p50_ms": round(long_open_p50, 1),
+        "long_bare_read_p50_ms": round(statistics.median(bare_ms), 1),
+        "long_open_ratio_vs_bare": round(statistics.median(ratios), 2),
+        "long_open_cpu_ms_p50": round(statistics.median(open_cpu_ms), 1),
+        "long_bare_read_cpu_ms_p50": round(statistics.median(bare_cpu_ms), 1),
+        "long_page_p50_ms": round(statistics.median(long_page_ms), 1),
+        "long_open_json_kb": round(len(detail.content) / 1024),
+        "long_page_kb": round(len(page.content) / 1024),
+        "long_full_prompt_p50_ms": round(statistics.median(long_prompt_ms), 1),
+        "refresh_lag_ms_for_new_commit": round(refresh_lag_ms, 1),
+        "inspector_rss_mb": round(rss_mb),
+        "goal_ms": 300,
+    }
 
 
 if __name__ == "__main__":
