@@ -476,9 +476,12 @@ def capture_requests(size: str) -> dict[str, dict]:
     """The capture comparison's two requests on one long chat prompt (``agent_request``):
     ``asking`` asks for the engine's token IDs and logprobs itself (so both proxies serialize
     them to the agent: like for like), ``plain`` as agents send it, asking for neither (the
-    capturing proxy still asks the engine for both; the bare proxy's engine computes neither)."""
+    capturing proxy still asks the engine for both; the bare proxy's engine computes neither).
+    Both carry a sampling ``seed``, so every call gets the same reply from the engine through
+    either proxy (vLLM's per-request seed): without it the replies' lengths vary from call to
+    call (16 or 32 tokens) and with them each proxy's work."""
     body = long_request(CAPTURE_PROMPT_CHARS[size])
-    body.update(model="policy", max_tokens=32)
+    body.update(model="policy", max_tokens=32, seed=0)
     plain = {k: v for k, v in body.items() if k not in ("logprobs", "return_token_ids")}
     return {"asking": {**plain, "logprobs": True, "return_token_ids": True}, "plain": plain}
 
