@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from claw_pipelines.lake.filters import floor_ms, keyed
 from claw_pipelines.lake.properties import statistics_only
-from claw_pipelines.schemas import LANDING_MODELS, Turn
+from claw_pipelines.schemas import LANDING_MODELS, Turn, polars_schema
 from claw_pipelines.turn_prompts import read_columns, with_whole_prompts
 
 _TOKENS = pa.list_(pa.int32())
@@ -514,17 +514,6 @@ def started_within(started: pl.Series) -> pl.Expr:
     return pl.col("started_at").is_between(
         pl.lit(first, started.dtype), pl.lit(last, started.dtype)
     )
-
-
-def polars_schema(schema: pa.Schema) -> pl.Schema:
-    """The polars schema of an Arrow schema (for empty frames and casts)."""
-    return empty(schema).schema
-
-
-def empty(schema: pa.Schema) -> pl.DataFrame:
-    """An empty frame with the table's columns, so "nothing new" flows through every transform.
-    (Not ``Schema.empty_table``: it imports pandas, a good part of a short run.)"""
-    return pl.from_arrow(pa.Table.from_batches([], schema=schema))  # type: ignore[return-value]
 
 
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)

@@ -375,5 +375,15 @@ def arrow_rows(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     own conversion imports pandas, which costs a proxy a fifth of a second of CPU at its first
     policy event or maintenance lease, and 32k more objects for every full garbage collection
     from then on."""
-    empty = pl.from_arrow(pa.Table.from_batches([], schema=schema))
-    return pl.DataFrame(rows, schema=empty.schema).to_arrow().cast(schema)
+    return pl.DataFrame(rows, schema=polars_schema(schema)).to_arrow().cast(schema)
+
+
+def polars_schema(schema: pa.Schema) -> pl.Schema:
+    """The polars schema of an Arrow schema (for empty frames and casts)."""
+    return empty(schema).schema
+
+
+def empty(schema: pa.Schema) -> pl.DataFrame:
+    """An empty frame with the table's columns, so "nothing new" flows through every transform.
+    (Not ``Schema.empty_table``: it imports pandas, a good part of a short run.)"""
+    return pl.from_arrow(pa.Table.from_batches([], schema=schema))  # type: ignore[return-value]

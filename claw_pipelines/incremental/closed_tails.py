@@ -29,7 +29,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from claw_pipelines.derived_schemas import CLOSED_TAILS, OPEN_STATE, WRITER, conform, empty, fit
+from claw_pipelines.derived_schemas import CLOSED_TAILS, OPEN_STATE, WRITER, conform, fit
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.commits import (
     COMPACT_AFTER_FILES,
@@ -40,7 +40,7 @@ from claw_pipelines.lake.commits import (
     keep_configured,
 )
 from claw_pipelines.lake.filters import column_bound
-from claw_pipelines.schemas import utc_now
+from claw_pipelines.schemas import empty, utc_now
 
 TABLE = "steps_tails"
 

@@ -37,7 +37,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 
-from claw_pipelines.derived_schemas import WRITER, conform, empty
+from claw_pipelines.derived_schemas import WRITER, conform
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.changes import changes
 from claw_pipelines.lake.commits import (
@@ -49,6 +49,7 @@ from claw_pipelines.lake.commits import (
     watermark_app,
 )
 from claw_pipelines.lake.filters import sql_in, within_keys
+from claw_pipelines.schemas import empty
 
 CHUNK_TRAJECTORIES = 32_768
 """Trajectories recomputed per commit by ``Increment.recompute``. The step tables hold no token

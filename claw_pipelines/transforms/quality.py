@@ -19,9 +19,9 @@ from claw_pipelines.derived_schemas import (
     SCORED_STEPS,
     SIGNAL_COLUMNS,
     fit,
-    polars_schema,
     with_turn_columns,
 )
+from claw_pipelines.schemas import polars_schema
 from claw_pipelines.transforms.messages import malformed_tool_calls, tool_call_count
 
 RESPONSE_COLUMNS = ["response_token_ids", "response_logprobs", "response_message", "response_text"]

@@ -21,9 +21,9 @@ import polars as pl
 import yaml
 from pydantic import BaseModel, Field
 
-from claw_pipelines.derived_schemas import polars_schema, with_turn_columns
+from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.lake import Lake
-from claw_pipelines.schemas import Reward
+from claw_pipelines.schemas import Reward, polars_schema
 from claw_pipelines.settings import LOCAL_MASTER_KEY as LOCAL_KEY
 from claw_pipelines.transforms.credit import CreditAssignment
 from claw_pipelines.transforms.messages import claw_field, malformed_tool_calls, tool_calls

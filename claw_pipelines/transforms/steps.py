@@ -44,10 +44,10 @@ from claw_pipelines.derived_schemas import (
     STEPS,
     TAIL_COLUMNS,
     TOKEN_COLUMNS,
-    empty,
     fit,
     with_turn_columns,
 )
+from claw_pipelines.schemas import empty
 from claw_pipelines.transforms.inference import infer_trajectories
 from claw_pipelines.transforms.prefixes import (
     PREV_PROMPT,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from claw_pipelines.derived_schemas import TRAJECTORIES, polars_schema
+from claw_pipelines.derived_schemas import TRAJECTORIES
+from claw_pipelines.schemas import polars_schema
 
 SUMMARIZED_COLUMNS = [
     "trajectory_id", "step_index", "group_id", "channel", "agent", "prompt_len", "response_len",

@@ -122,7 +122,7 @@ def test_spool_codec_round_trips_null_empty_and_long_lists() -> None:
         assert row["started_at"] == turn.started_at
 
 
-FLUSH_IN_A_FRESH_PROCESS = """
+PROXY_COMMITS_IN_A_FRESH_PROCESS = """
 import sys
 from pathlib import Path
 from claw_pipelines.spool.writer import SpoolWriter
@@ -153,7 +153,7 @@ def test_the_proxys_commits_never_import_pandas(tmp_path: Path) -> None:
     a second of CPU at the first commit, and a heavier garbage collection from then on. The
     proxy commits its spool, its maintenance lease and its policy events."""
     done = subprocess.run(
-        [sys.executable, "-c", FLUSH_IN_A_FRESH_PROCESS, str(tmp_path)],
+        [sys.executable, "-c", PROXY_COMMITS_IN_A_FRESH_PROCESS, str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -25,13 +25,12 @@ from claw_pipelines.derived_schemas import (
     STEPS,
     TURN_COLUMNS,
     conform,
-    empty,
 )
 from claw_pipelines.incremental import closed_tails, increment
 from claw_pipelines.incremental.increment import Increment
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.commits import ConcurrentRun
-from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow
+from claw_pipelines.schemas import TrajectoryEventRow, Turn, empty, new_id, rows_to_arrow
 from claw_pipelines.transforms.credit import CreditAssignment
 
 

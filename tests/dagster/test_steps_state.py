@@ -16,14 +16,13 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from claw_pipelines.derived_schemas import (
     OPEN_STATE,
     conform,
-    empty,
     fit,
 )
 from claw_pipelines.incremental.closed_tails import ClosedTails
 from claw_pipelines.incremental.increment import Increment
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.commits import compact
-from claw_pipelines.schemas import TrajectoryEventRow, Turn, new_id, rows_to_arrow, utc_now
+from claw_pipelines.schemas import TrajectoryEventRow, Turn, empty, new_id, rows_to_arrow, utc_now
 
 
 @pytest.mark.parametrize("crashes", [1, 12])
