@@ -37,8 +37,12 @@ class RunWorker:
 
     @classmethod
     def current(cls) -> RunWorker:
-        process = psutil.Process()
-        return cls(socket.gethostname(), process.pid, process.create_time())
+        return cls.of(psutil.Process().pid)
+
+    @classmethod
+    def of(cls, pid: int) -> RunWorker:
+        """The process ``pid`` of this host."""
+        return cls(socket.gethostname(), pid, psutil.Process(pid).create_time())
 
     @property
     def tag(self) -> str:
