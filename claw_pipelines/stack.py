@@ -67,9 +67,18 @@ def start_proxy(
     )
 
 
+POOL_CLAIM_GRACE = "DAGSTER_OP_CONCURRENCY_KEYS_ALLOTTED_FOR_STARTED_RUN_SECONDS"
+POOL_CLAIM_GRACE_S = "1"
+"""How long the run queue counts a just-started run as holding the pools of its first step
+(Dagster's ``DAGSTER_OP_CONCURRENCY_KEYS_ALLOTTED_FOR_STARTED_RUN_SECONDS``, 5 by default): a
+refresh run claims its first pool within a fraction of a second and frees it when its first step
+ends, so after 5 s the next run would wait for a slot that is free (docs/dagster.md)."""
+
+
 def start_dagster(port: int, workdir: Path, env: dict[str, str] | None = None) -> Service:
     """``dagster dev`` (webserver + daemon) on the installed code location, state under workdir:
-    its instance config is the dagster.yaml of ``config_files``, its workspace one written here."""
+    its instance config is the dagster.yaml of ``config_files``, its workspace one written here.
+    ``POOL_CLAIM_GRACE_S`` applies unless the environment sets it."""
     dagster_home = workdir / "dagster"
     dagster_home.mkdir(parents=True, exist_ok=True)
     shutil.copy(config_file("dagster.yaml"), dagster_home / "dagster.yaml")
@@ -81,7 +90,11 @@ def start_dagster(port: int, workdir: Path, env: dict[str, str] | None = None) -
         [str(Path(sys.executable).parent / command[0]), *command[1:], "-p", str(port)],
         f"http://127.0.0.1:{port}",
         workdir / "logs" / "dagster.log",
-        env={**(env or {}), "DAGSTER_HOME": str(dagster_home)},
+        env={
+            POOL_CLAIM_GRACE: os.environ.get(POOL_CLAIM_GRACE, POOL_CLAIM_GRACE_S),
+            **(env or {}),
+            "DAGSTER_HOME": str(dagster_home),
+        },
         cwd=dagster_home,
     )
 

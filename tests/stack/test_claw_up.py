@@ -24,6 +24,7 @@ from claw_pipelines.demo_trainer import CONSUMER
 from claw_pipelines.lake import Lake
 from claw_pipelines.processes import free_port, start_service
 from claw_pipelines.settings import LOCAL_MASTER_KEY
+from claw_pipelines.stack import POOL_CLAIM_GRACE, POOL_CLAIM_GRACE_S
 
 CLI = [sys.executable, "-m", "claw_pipelines.cli"]
 
@@ -55,6 +56,7 @@ def test_claw_up_demo_batch_and_clean_stop(tmp_path: Path) -> None:
         proxy_url = f"http://127.0.0.1:{ports['proxy']}"
         children = psutil.Process(up.pid).children(recursive=True)
         assert len(children) >= 4, "engine, proxy, dagster and inspector"
+        assert_run_queue_grace(children)
         init = httpx.post(f"{proxy_url}/init_trajectory", timeout=30)
         assert init.status_code == 200, init.text
         assert init.json()["base_url"].startswith(f"{proxy_url}/{init.json()['trajectory_uid']}/")
@@ -87,6 +89,14 @@ def test_claw_up_demo_batch_and_clean_stop(tmp_path: Path) -> None:
         assert not left, f"processes left running after Ctrl-C: {left}"
     finally:
         kill_leftovers(up, children)
+
+
+def assert_run_queue_grace(children: list[psutil.Process]) -> None:
+    """The daemon's run queue counts a started run as holding its first pool for
+    ``POOL_CLAIM_GRACE_S``, not Dagster's 5 s."""
+    daemons = [child for child in children if "dagster._daemon" in " ".join(child.cmdline())]
+    assert daemons, [child.cmdline() for child in children]
+    assert {daemon.environ().get(POOL_CLAIM_GRACE) for daemon in daemons} == {POOL_CLAIM_GRACE_S}
 
 
 def assert_next_turn_carries_version(proxy_url: str, lake: Lake, version: int) -> None:
