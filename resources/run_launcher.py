@@ -18,6 +18,7 @@ each run imports those itself (``tests/dagster/test_run_launcher.py`` checks the
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -26,6 +27,7 @@ import threading
 from multiprocessing.context import BaseContext
 
 import dagster as dg
+import psutil
 from dagster._cli.api import execute_run_command
 from dagster._core.launcher import (
     CheckRunHealthResult,
@@ -92,7 +94,8 @@ class ForkedRunLauncher(DefaultRunLauncher):
             target=execute_run, args=(serialize_value(args),), name=f"dagster-run-{run.run_id}"
         )
         process.start()
-        self._instance.add_run_tags(run.run_id, {WORKER_TAG: RunWorker.of(process.pid).tag})
+        with contextlib.suppress(psutil.NoSuchProcess):  # already ended: its events say why
+            self._instance.add_run_tags(run.run_id, {WORKER_TAG: RunWorker.of(process.pid).tag})
 
     def terminate(self, run_id: str) -> bool:
         run = self._instance.get_run_by_id(run_id)
