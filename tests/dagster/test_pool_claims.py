@@ -21,7 +21,7 @@ def _pending_runs(instance: dg.DagsterInstance) -> set[str]:
     return {step.run_id for step in info.pending_steps}
 
 
-def test_a_step_waiting_for_a_slot_sleeps_and_takes_it_soon_after_it_frees() -> None:
+def test_a_step_waiting_for_a_slot_sleeps_asks_often_and_runs_once_it_is_free() -> None:
     overrides = {"concurrency": {"pools": {"default_limit": 1}}}
     with dg.instance_for_test(overrides=overrides) as instance:
         storage = instance.event_log_storage
