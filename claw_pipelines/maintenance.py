@@ -6,9 +6,10 @@ small files and log entries a day, and every open, checkpoint and scan slows dow
 One pass (``maintain_lake``) per table, in this order:
 
 1. sets its retention and statistics properties when they differ (a lake made before them);
-2. merges its files under ``LANDING_FILE_BYTES`` once it has more than ``compact_after_files``
-   (Delta OPTIMIZE: no data change, so change-data-feed readers skip it, and appends running
-   meanwhile stand), in row groups a read of a time window skips (``landing_writer``);
+2. merges its small files, tier by tier up to ``LANDING_FILE_BYTES``, once more than
+   ``compact_after_files`` wait at a tier (``commits.compact``; Delta OPTIMIZE: no data change,
+   so change-data-feed readers skip it, and appends running meanwhile stand), in row groups a
+   read of a time window skips (``landing_writer``);
 3. writes a checkpoint at the version after the merge, which lists the few merged files, so an
    open reads that and the commits after it, however old the table;
 4. deletes the log entries and checkpoints older than ``log_retention_minutes`` and than that

@@ -3,8 +3,8 @@
 Every write of rows to a table is a ``commit`` here, and every delete a ``delete`` (no other
 module calls ``write_deltalake`` or a table's ``delete``: ``tests/test_layers.py``): its mode
 (append, overwrite, or replace the rows a predicate matches), schema merge, writer properties,
-commit properties (retries, app transactions, metadata), the compaction that follows once a
-table holds more than ``COMPACT_AFTER_FILES`` files, and what a commit refused by another
+commit properties (retries, app transactions, metadata), the tiered compaction that follows
+once more than ``COMPACT_AFTER_FILES`` small files wait, and what a commit refused by another
 writer's means to its caller (``ConcurrentRun``, or ``CommitFailedError`` for a caller that
 decides itself).
 """
@@ -114,30 +114,59 @@ def compact(
     writer_properties: WriterProperties | None = None,
     target_size: int | None = None,
 ) -> None:
-    """Merge the table's files no larger than ``target_size`` (delta-rs's default: the table's
-    ``delta.targetFileSize``, else 100 MB) once more than ``max_files`` are (the handle moves to
-    the new version). A table that gets a small commit per run would otherwise make every open
-    and scan slower as it ages. Larger files are neither merged nor counted: a table of many
-    of them would otherwise be compacted after every commit. The commit carries no data
-    change, so change-data-feed readers skip it, and earlier versions stay readable until a
-    ``vacuum`` deletes the merged files (only the landing tables' are, after a retention:
-    ``assets.maintenance``). It only saves work later: when another writer removed files it
-    merged (its commit is rejected), it is skipped, and the caller's own commit, already made,
-    stands; a later compaction merges them."""
-    if _mergeable(delta_table, target_size) > max_files:
-        with contextlib.suppress(CommitFailedError):
-            delta_table.optimize.compact(
-                target_size=target_size, writer_properties=writer_properties
-            )
-
-
-def _mergeable(delta_table: DeltaTable, target_size: int | None) -> int:
-    """How many of the table's files a compaction to ``target_size`` would merge."""
+    """Merge the table's small files, tier by tier, up to ``target_size`` (delta-rs's default:
+    the table's ``delta.targetFileSize``, else 100 MB), once more than ``max_files`` wait at a
+    tier (``due_merge_size``; the handle moves to the new version). A table that gets a small
+    commit per run would otherwise make every open and scan slower as it ages. The commit
+    carries no data change, so change-data-feed readers skip it, and earlier versions stay
+    readable until a ``vacuum`` deletes the merged files (only the landing tables' are, after a
+    retention: ``assets.maintenance``). It only saves work later: when another writer removed
+    files it merged (its commit is rejected), it is skipped, and the caller's own commit,
+    already made, stands; a later compaction merges them."""
     if target_size is None:
         configured = delta_table.metadata().configuration.get("delta.targetFileSize")
         target_size = int(configured or DEFAULT_TARGET_FILE_BYTES)
-    sizes = pl.DataFrame(delta_table.get_add_actions()).get_column("size_bytes")
-    return int((sizes <= target_size).sum())
+    file_bytes = pl.DataFrame(delta_table.get_add_actions()).get_column("size_bytes")
+    size = due_merge_size(file_bytes, target_size, max_files)
+    if size is not None:
+        with contextlib.suppress(CommitFailedError):
+            delta_table.optimize.compact(target_size=size, writer_properties=writer_properties)
+
+
+MERGE_FANOUT = 16
+"""Each merge size is this many times the one below it (``merge_sizes``)."""
+
+SMALLEST_MERGE_BYTES = 256 << 10
+"""No merge size is below this: merging a few hundred KB costs little whatever the tier."""
+
+
+def merge_sizes(target_size: int) -> list[int]:
+    """The sizes a table's files are merged up to, smallest first: ``target_size`` and each
+    ``MERGE_FANOUT``th of the one above, down to ``SMALLEST_MERGE_BYTES`` (32 MB: 2 and 32 MB).
+
+    One size alone made every compaction rewrite the file the previous one merged, with the new
+    small files, until it reached the size: a cost that grew with the table's age (a landing
+    table's merged file of 9 MB after 30 minutes of a soak, rewritten every minute and a half,
+    for 100 minutes; a derived table's for a day). delta-rs merges runs of adjacent files up to
+    the size it is given, so merging to the smallest size rewrites at most that size beside the
+    new files, and a larger size is due only once many files of the size below wait: each
+    row is rewritten about once per size."""
+    sizes = [target_size]
+    while sizes[0] // MERGE_FANOUT >= SMALLEST_MERGE_BYTES:
+        sizes.insert(0, sizes[0] // MERGE_FANOUT)
+    return sizes
+
+
+def due_merge_size(file_bytes: pl.Series, target_size: int, max_files: int) -> int | None:
+    """The largest of ``merge_sizes`` with more than ``max_files`` files waiting for it: files
+    from half the size below it (what merging to that one made) up to half its own (what
+    merging to it makes, or a commit wrote that large, is not waiting). None when none is due."""
+    sizes = merge_sizes(target_size)
+    floors = [0, *(size // 2 for size in sizes[:-1])]
+    for floor, size in reversed(list(zip(floors, sizes, strict=True))):
+        if file_bytes.is_between(floor, size // 2, closed="left").sum() > max_files:
+            return size
+    return None
 
 
 def keep_configured(

@@ -65,10 +65,9 @@ every release, so a release slowed as the table aged. A turn row can hold a whol
 few hundred KB), hence fewer rows than the derived tables' groups."""
 
 LANDING_FILE_BYTES = 32 << 20
-"""Compaction merges the landing files smaller than this (delta-rs's ``target_size``; 100 MB
-by default). Files under it are merged again by each pass, so with the default the file a
-pass made was rewritten whole by every later one: 65 MB every minute and a half by the end of
-a 30-minute soak, a rewrite that grew with the table's age."""
+"""The size compaction merges the landing files up to, through 2 MB files first
+(``commits.merge_sizes``; delta-rs's ``target_size`` is 100 MB by default): a read of a time
+window skips files, as it skips row groups, by their statistics."""
 
 
 SETTLED_FILE_BYTES = 1 << 20

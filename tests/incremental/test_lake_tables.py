@@ -1,10 +1,13 @@
 """How derived tables are read and written: keyed reads, bounds from file statistics,
-statistics kept for flat columns only, compactions that lost a race or wait for small files."""
+statistics kept for flat columns only, compactions that lost a race, wait for small files or
+merge tier by tier."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,7 +15,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from claw_pipelines.derived_schemas import EXTRACTED_STEPS, TOKEN_COLUMNS, WRITER
 from claw_pipelines.incremental.increment import Increment
-from claw_pipelines.lake import Lake
+from claw_pipelines.lake import Lake, commits
 from claw_pipelines.lake.changes import changes
 from claw_pipelines.lake.commits import commit, compact
 from claw_pipelines.lake.filters import column_bound, keyed
@@ -146,3 +149,31 @@ def test_a_derived_table_made_before_lists_removed_files_for_an_hour_after_its_n
         lake.append("source", pa.table({"trajectory_id": [f"t-{run + 3}"]}))
     assert versions[1] == versions[0] + 1  # the second run's own commit only
     assert sorted(lake.scan("summary").collect()["trajectory_id"]) == ["t-1", "t-2", "t-3"]
+
+
+def test_compaction_rewrites_each_row_about_once_per_merge_size_however_old_the_table(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Merged to one size (64 KB here), each compaction rewrote the file the previous one made
+    with the new small files, until it was full: 5.2 times the table's bytes over these 150
+    commits, more as the size grows. Merged tier by tier (4, 16 and 64 KB), each row is
+    rewritten about once per size, and the files stay few."""
+    monkeypatch.setattr(commits, "SMALLEST_MERGE_BYTES", 4 << 10)
+    monkeypatch.setattr(commits, "MERGE_FANOUT", 4)
+    target, max_files = 64 << 10, 4
+    assert commits.merge_sizes(target) == [4 << 10, 16 << 10, 64 << 10]
+    uri, values = str(tmp_path / "t"), np.random.default_rng(0)
+    write_deltalake(uri, pa.table({"v": values.integers(0, 1 << 40, 200)}))
+    table = DeltaTable(uri)
+    for _ in range(150):
+        commit(table, pa.table({"v": values.integers(0, 1 << 40, 200)}))
+        compact(table, max_files=max_files, target_size=target)
+    rewritten = sum(
+        json.loads(entry["operationMetrics"]["filesRemoved"])["totalSize"]
+        for entry in table.history()
+        if entry["operation"] == "OPTIMIZE"
+    )
+    file_bytes = pl.DataFrame(table.get_add_actions()).get_column("size_bytes")
+    assert rewritten <= 3.5 * file_bytes.sum()
+    assert len(file_bytes) <= max_files * 3 + file_bytes.sum() // (32 << 10)
+    assert pl.scan_delta(uri).select(pl.len()).collect().item() == 151 * 200
