@@ -11,7 +11,7 @@ import gc
 
 import dagster as dg
 
-from assets import landing, maintenance, quality, release, rewards, steps
+from assets import history, landing, maintenance, quality, release, rewards, steps
 from assets.automation import build_automation_sensor
 from assets.batches import build_recipe_definitions
 from assets.executor import claw_executor
@@ -53,8 +53,8 @@ def build_definitions(
             *release.release_assets(),
         ],
         sensors=[landing.build_ingest_sensor(interval, wait), build_automation_sensor(interval)],
-        jobs=[maintenance.landing_maintenance],
-        schedules=[maintenance.landing_maintenance_schedule],
+        jobs=[maintenance.landing_maintenance, history.dagster_history],
+        schedules=[maintenance.landing_maintenance_schedule, history.dagster_history_schedule],
         resources={"lake": lake or _lake_of_settings()},
         # One process per run (steps are small and write their own tables), which frees the
         # pool slots of runs whose process died.

@@ -25,7 +25,10 @@ Prints one JSON object: ``refresh_growth`` (median refresh duration of the last 
 ÷ the first; a third of the soak when it is shorter than 15 minutes), ``batch_latency_p95_s``
 (whole soak), ``log_bytes_ratio`` (largest log ÷ data bytes of a landing table at the end),
 ``lost`` (answered turns, rewards and completions not in their table once the spool drained),
-``duplicated`` (rows past the first of a key), ``load_average`` and ``windows``.
+``duplicated`` (rows past the first of a key), ``dagster_bytes`` (the Dagster instance's
+storage at the end: runs, event logs, captured logs, sensor ticks and evaluations; the
+``dagster_history`` schedule deletes what is older than a day) and per refresh run,
+``load_average`` and ``windows``.
 
     .venv/bin/python bench/soak.py [--minutes 30] [--agents 8] [--calls-per-s 25] [--recipes grpo]
     .venv/bin/python bench/soak.py --quick           # the suite's tiny run (--recipes grpo)
@@ -434,6 +437,7 @@ def soak(
         lost, duplicated = landed(lake, load.answered)
         end_sizes = table_bytes(lake)
         end_derived = table_bytes(lake, derived_tables(lake))
+        dagster_bytes = sum(_file_bytes(workdir / ".claw" / "dagster").values())
     finally:
         os.kill(up.pid, signal.SIGINT)
         try:
@@ -464,6 +468,8 @@ def soak(
         "calls_per_s": round(len(load.answered.calls) / (ended - began), 1),
         "end_bytes": end_sizes,
         "end_derived_bytes": end_derived,
+        "dagster_bytes": dagster_bytes,
+        "dagster_bytes_per_run": round(dagster_bytes / max(runs.height, 1)),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "windows": window_figures(began, window_s, runs, load, trainer, samples),
     }

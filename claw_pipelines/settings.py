@@ -98,6 +98,13 @@ class ClawSettings(BaseSettings):
         "tables' delta.logRetentionDuration), unless a reader has yet to read them; older "
         "versions can no longer be read by version.",
     )
+    run_history_hours: int = Field(
+        default=24,
+        ge=1,
+        description="Dagster's successful runs (their events and logs), the landing tables' "
+        "runless materializations and the automation evaluations are deleted this long after "
+        "(the dagster_history schedule); the runs of each asset's latest materialization stay.",
+    )
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024,
         ge=1024,
