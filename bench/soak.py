@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import statistics
@@ -385,12 +386,18 @@ def config_dir(workdir: Path, recipes: list[str]) -> Path:
     return folder
 
 
-def start_up(workdir: Path, config: Path | None) -> tuple[Service, dict[str, int]]:
-    """``claw up`` on free ports, as a user runs it; returns once it says it is up."""
+def start_up(workdir: Path, config: Path | None, minutes: float) -> tuple[Service, dict[str, int]]:
+    """``claw up`` on free ports, as a user runs it; returns once it says it is up. Dagster
+    keeps its runs for the whole soak (``CLAW_RUN_HISTORY_HOURS``): the refresh figures are
+    read from its run storage at the end."""
     ports = {name: free_port() for name in ("proxy", "dagster", "inspector", "engine")}
     command = [*CLI, "up", *[f"--{name}-port={port}" for name, port in ports.items()]]
     command += ["--config-dir", str(config)] if config else []
-    env = {"LITELLM_MASTER_KEY": LOCAL_MASTER_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env = {
+        "LITELLM_MASTER_KEY": LOCAL_MASTER_KEY,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "CLAW_RUN_HISTORY_HOURS": str(max(24, math.ceil(minutes / 60) + 1)),
+    }
     up = start_service("claw-up", command, "", workdir / "up.log", env=env, cwd=workdir)
     deadline = time.monotonic() + START_TIMEOUT_S
     while "claw-pipelines is up" not in up.log_tail(10_000):
@@ -409,7 +416,7 @@ def soak(
     calls_per_s: float,
     recipes: list[str] | None,
 ) -> dict:
-    up, ports = start_up(workdir, config_dir(workdir, recipes) if recipes else None)
+    up, ports = start_up(workdir, config_dir(workdir, recipes) if recipes else None, minutes)
     lake = Lake(str(workdir / ".claw" / "lake"))
     proxy_url = f"http://127.0.0.1:{ports['proxy']}"
     load = Agents(proxy_url, LOCAL_MASTER_KEY, agents, calls_per_s)
