@@ -15,8 +15,8 @@ is older than ``CLAW_RUN_HISTORY_HOURS`` (``prune_history``):
 - the landing tables' runless materializations, except each table's latest;
 - the automation sensor's evaluations.
 
-Dagster purges sensor and schedule ticks itself (``retention`` in dagster.yaml). SQLite reuses
-the pages freed, so the databases stop growing rather than shrink.
+Dagster purges the sensors' ticks itself after a day (``retention`` in the shipped
+dagster.yaml). SQLite reuses the pages freed, so the databases stop growing rather than shrink.
 """
 
 import contextlib
