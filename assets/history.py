@@ -78,20 +78,19 @@ def _chunks(ids: list, size: int = DELETE_CHUNK):
 
 def delete_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> None:
     """Delete the runs with their events, check executions and captured logs
-    (``DagsterInstance.delete_run`` leaves the last two). An SQLite instance's per-run event
-    files are deleted whole and their rows in the index in one transaction: deleting each run's
-    rows from its own file first cost 30 ms a run, against 5."""
+    (``DagsterInstance.delete_run`` leaves the last two), each run's record last: a pass killed
+    midway leaves runs the next pass finds and deletes again, never events of a run no pass
+    can find. An SQLite instance's per-run event files are deleted whole and their rows in the
+    index in one transaction: deleting each run's rows from its own file first cost 30 ms a
+    run, against 5."""
     events = instance.event_log_storage
-    for run_id in run_ids:
-        instance.run_storage.delete_run(run_id)
-        instance.compute_log_manager.delete_logs(prefix=[run_id])
     if isinstance(events, SqliteEventLogStorage):
-        for run_id in run_ids:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(events.path_for_shard(run_id))
         with events.index_connection() as conn:
             for run_id in run_ids:
                 events.delete_events_for_run(conn, run_id)
+        for run_id in run_ids:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(events.path_for_shard(run_id))
     else:
         for run_id in run_ids:
             events.delete_events(run_id)
@@ -103,6 +102,9 @@ def delete_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> None:
                         AssetCheckExecutionsTable.c.run_id.in_(chunk)
                     )
                 )
+    for run_id in run_ids:
+        instance.compute_log_manager.delete_logs(prefix=[run_id])
+        instance.run_storage.delete_run(run_id)
 
 
 def _delete_runless(conn, before: datetime) -> int:
@@ -159,7 +161,7 @@ def prune_history(
         storage.purge_asset_evaluations(before=before.timestamp())
     return HistoryPruned(
         runs=len(doomed),
-        runs_kept_for_assets=len(old) - len(doomed),
+        runs_kept_for_assets=sum(run_id in kept for run_id in old),
         runless_events=runless,
         evaluations_before=before,
     )
