@@ -9,7 +9,8 @@ its first step. This launcher forks each run from a ``forkserver`` that imported
 location itself, so a changed recipe or a reloaded location is what the next run sees. Dagster
 has no such option for runs (dagster-io/dagster#8638); its multiprocess executor has one for
 steps. A code location served by another Python (its ``executable_path``) is launched by
-Dagster's default launcher, through its code server.
+Dagster's default launcher, through its code server. A forked run stores its events through
+``run_worker_storage``, which keeps the run's SQLite connections.
 
 Only modules that start no thread are preloaded: a fork keeps only the forking thread, so a
 thread pool made before it (numpy's, Arrow's, polars', delta-rs') would be broken in every run;
@@ -41,6 +42,7 @@ from dagster._serdes import serialize_value
 from dagster._utils.interrupts import setup_interrupt_handlers
 
 from assets.executor import WORKER_TAG, RunWorker
+from resources.run_worker_storage import run_worker_ref
 
 PRELOAD = (
     "dagster._cli.api",
@@ -87,7 +89,7 @@ class ForkedRunLauncher(DefaultRunLauncher):
         args = ExecuteRunArgs(
             job_origin=origin,
             run_id=run.run_id,
-            instance_ref=self._instance.get_ref(),
+            instance_ref=run_worker_ref(self._instance.get_ref()),
             set_exit_code_on_failure=True,
         )
         process = forkserver().Process(

@@ -11,11 +11,12 @@ import dagster as dg
 
 @dg.op(config_schema={"report": str})
 def report_process(context: dg.OpExecutionContext) -> None:
-    """Writes the command line of the run's parent process, and which fork-unsafe libraries
-    (thread pools at import) the run's process holds."""
+    """Writes the command line of the run's parent process, which fork-unsafe libraries
+    (thread pools at import) the run's process holds, and its event log's class."""
     parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     unsafe = sorted(name for name in ("numpy", "polars", "pyarrow") if name in sys.modules)
-    Path(context.op_config["report"]).write_text(f"{parent}\n{unsafe}")
+    storage = type(context.instance.event_log_storage).__name__
+    Path(context.op_config["report"]).write_text(f"{parent}\n{unsafe}\n{storage}")
 
 
 @dg.op(config_schema={"started": str})

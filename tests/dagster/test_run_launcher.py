@@ -71,9 +71,10 @@ def test_a_run_is_forked_from_the_forkserver_and_succeeds(tmp_path: Path) -> Non
         _wait_until(lambda: _finished(instance, run_id))
         assert _status(instance, run_id) == dg.DagsterRunStatus.SUCCESS
         worker = RunWorker.from_tag(instance.get_run_by_id(run_id).tags[WORKER_TAG])
-    parent, unsafe = report.read_text().splitlines()
+    parent, unsafe, storage = report.read_text().splitlines()
     assert "multiprocessing.forkserver" in parent
     assert unsafe == "[]"  # imported by no run of this job, so not by the forkserver
+    assert storage == "KeptConnectionsEventLogStorage"  # resources/run_worker_storage.py
     assert worker is not None and worker.pid != os.getpid()
 
 
