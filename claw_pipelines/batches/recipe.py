@@ -78,7 +78,10 @@ class Recipe(BaseModel):
     group_size: int = Field(default=4, ge=1)
     groups_per_batch: int = Field(default=4, ge=1)
     straggler_timeout_s: float = Field(
-        default=600.0, ge=0, description="grpo/rloo: after this, act on incomplete groups."
+        default=600.0,
+        ge=0,
+        description="grpo/rloo: how long a group still missing a rollout waits after its last "
+        "member ended, then follows straggler_policy.",
     )
     straggler_policy: Literal["emit", "drop"] = Field(
         default="emit", description="emit: incomplete groups with >= 2 members; drop: discard."

@@ -243,25 +243,28 @@ FINAL_REASONS = frozenset(
 """Drops decided by the step's own trajectory: they stand until one of its curated rows changes
 (staleness only grows, as the newest policy version never goes back)."""
 
-FINAL_GROUP_REASONS = frozenset({"zero_variance", "straggler_dropped"})
+FINAL_GROUP_REASONS = frozenset({"zero_variance", "straggler_dropped", "group_short"})
 """Drops of a whole group: they stand until a curated row of the group changes, provided every
 other unconsumed member of the group is dropped for good too. A member waiting, overflowing or
 queued for a later batch could still move into the group's first ``group_size``."""
 
 
-def final_drops(recipe: Recipe, dropped: pl.DataFrame) -> pl.DataFrame:
+def final_drops(recipe: Recipe, dropped: pl.DataFrame, pending: pl.Series) -> pl.DataFrame:
     """The rows of a plan's ``dropped`` that every later plan drops as well, as long as no curated
     row of their group (or of their trajectory, when it has none) changes.
 
-    Leaving them out of later plans (``plan_batch(retired=...)``) changes no batch; it keeps
-    planning from re-reading everything ever dropped (e.g. GRPO's many zero-variance groups).
+    The drops of ``pending`` trajectories (``Units.pending``) are not final yet: their group
+    still counts them. Leaving final drops out of later plans (``plan_batch(retired=...)``)
+    changes no batch; it keeps planning from re-reading everything ever dropped (e.g. GRPO's
+    many zero-variance groups).
     """
     final = pl.col("reason").is_in(list(FINAL_REASONS))
     if recipe.algorithm == "dpo":  # no_pair: its group's steps left cannot span the gap
         return dropped.filter(final | (pl.col("reason") == "no_pair"))
     by_group = pl.col("reason").is_in(list(FINAL_GROUP_REASONS))
     group_done = (final | by_group).all().over("group_id")
-    return dropped.filter(final | (by_group & group_done))
+    held = pl.col("trajectory_id").is_in(pending.implode()).fill_null(False)
+    return dropped.filter((final & ~held) | (by_group & group_done))
 
 
 def plan_batch(
@@ -311,7 +314,7 @@ def plan_batch(
     else:
         units = trajectory_batch(recipe, frame, now, batch_id, versions)
     dropped = fit(units.dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED)
-    final = _with_first_start(final_drops(recipe, dropped), frame)
+    final = _with_first_start(final_drops(recipe, dropped, units.pending), frame)
     settled = [final, units.consumed] if units.ready else [final]
     return BatchPlan(
         batch_id=batch_id,

@@ -35,6 +35,15 @@ class Units(NamedTuple):
     more: bool
     """Another full batch could follow from the same steps: the ready units after this batch,
     with the groups still waiting (a straggler timeout may make them ready), make one."""
+    pending: pl.Series
+    """Trajectories left out by their own filters that their group still counts among its
+    landed rollouts: while it waits for a rollout or keeps a member in play, their drops are
+    not final (retired, a later plan would not see them, and the group would wait out its
+    timeout)."""
+
+
+NO_TRAJECTORIES = pl.Series("trajectory_id", [], pl.String)
+"""``Units.pending`` of a plan with no group waiting."""
 
 
 def dropped_as(frame: pl.DataFrame, reason: str | pl.Expr) -> pl.DataFrame:
@@ -42,10 +51,25 @@ def dropped_as(frame: pl.DataFrame, reason: str | pl.Expr) -> pl.DataFrame:
     return frame.select("turn_id", "trajectory_id", "group_id", reason.alias("reason"))
 
 
+REPLACEABLE = frozenset({"no_reward", "infra_failure"})
+"""Filters a trajectory may yet pass, or be replaced for: its reward is still on its way, or
+the runtime runs the rollout again after an engine or proxy error. Its group does not count it
+among its landed rollouts; a trajectory left out by any other filter is landed for good."""
+
+
+def _landed() -> pl.Expr:
+    """A trajectory (aggregated over its steps) that its group counts as a landed rollout: it
+    passes every filter, or one of its steps fails a filter that is not ``REPLACEABLE``."""
+    reason = pl.col("_reason")
+    out_for_good = reason.is_not_null() & ~reason.is_in(list(REPLACEABLE))
+    return reason.is_null().all() | out_for_good.any()
+
+
 def _trajectory_units(
     recipe: Recipe, steps: pl.DataFrame
-) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
-    """Trajectories whose steps all pass the filters (one row each), and the drops.
+) -> tuple[pl.DataFrame, pl.DataFrame, list[pl.DataFrame]]:
+    """Trajectories whose steps all pass the filters (one row each), the landed trajectories
+    (``_landed``: passing or out for good, with group and end), and the drops.
 
     A trajectory's ``_score`` is its return independent of credit assignment (outcome plus step
     rewards): the quantity zero-variance and min_reward filters are about. Its step count and
@@ -60,46 +84,74 @@ def _trajectory_units(
             "trajectory_filtered",
         ),
     ]
+    trajectories = steps.group_by("trajectory_id").agg(
+        pl.col("group_id").first(),
+        pl.col("started_at").min().alias("_started"),
+        pl.col("ended_at").max().alias("_ended"),
+        (
+            pl.col("outcome_reward").drop_nulls().first().fill_null(0.0)
+            + pl.col("step_reward").fill_null(0.0).sum()
+        ).alias("_score"),
+        pl.len().alias("num_steps"),
+        pl.col("step_index").max().alias("_last_step"),
+        pl.col("_reason").is_null().all().alias("_passes"),
+        _landed().alias("_landed"),
+    )
+    landed = trajectories.filter("_landed").select("trajectory_id", "group_id", "_ended")
     units = (
-        steps.group_by("trajectory_id")
-        .agg(
-            pl.col("group_id").first(),
-            pl.col("started_at").min().alias("_started"),
-            pl.col("ended_at").max().alias("_ended"),
-            (
-                pl.col("outcome_reward").drop_nulls().first().fill_null(0.0)
-                + pl.col("step_reward").fill_null(0.0).sum()
-            ).alias("_score"),
-            pl.len().alias("num_steps"),
-            pl.col("step_index").max().alias("_last_step"),
-            pl.col("_reason").is_null().all().alias("_passes"),
-        )
-        .filter("_passes")
-        .drop("_passes")
-        .sort("_started", "trajectory_id")
+        trajectories.filter("_passes").drop("_passes", "_landed").sort("_started", "trajectory_id")
     )
     if recipe.filters.min_reward is not None:
         low = units.filter(pl.col("_score") < recipe.filters.min_reward)
         drops.append(dropped_as(steps.join(low.select("trajectory_id"), on="trajectory_id"),
                               "below_min_reward"))  # fmt: skip
         units = units.join(low.select("trajectory_id"), on="trajectory_id", how="anti")
-    return units, drops
+    return units, landed, drops
+
+
+IN_PLAY = frozenset({"waiting_for_group", "group_overflow", "next_batch"})
+"""Why a passing member of a group is left out of a batch but stays in play: a later plan may
+take it."""
+
+
+class _Groups(NamedTuple):
+    ready: pl.DataFrame
+    """Members of ready groups, in batch order."""
+    others: pl.DataFrame
+    """Per-trajectory reasons for the other passing members (waiting_for_group,
+    group_overflow, group_short, straggler_dropped, zero_variance, no_group)."""
+    waiting: pl.DataFrame
+    """The groups (``group_id``) waiting for a rollout."""
 
 
 def _ready_groups(
-    recipe: Recipe, units: pl.DataFrame, now: datetime
-) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Members of ready groups (in batch order), and per-trajectory reasons for the others
-    (waiting_for_group, group_overflow, straggler_dropped, zero_variance, no_group)."""
+    recipe: Recipe, units: pl.DataFrame, landed: pl.DataFrame, now: datetime
+) -> _Groups:
+    """Which groups a batch may take. A group is complete with ``group_size`` passing members
+    (the first ones; later ones overflow). A group whose ``group_size`` rollouts have all
+    landed (``landed``: members left out for good count) expects no more: it follows the
+    straggler policy at once (``group_short`` when it drops). Others wait for a rollout until
+    the straggler timeout after their last member's end, then follow the straggler policy."""
     n = recipe.group_size
-    members = units.filter(pl.col("group_id").is_not_null()).with_columns(
-        pl.int_range(pl.len()).over("group_id").alias("_rank"),
-        pl.len().over("group_id").alias("_members"),
-        pl.col("_ended").max().over("group_id").alias("_last_activity"),
-        pl.col("_started").min().over("group_id").alias("_group_started"),
+    groups = (
+        landed.filter(pl.col("group_id").is_not_null())
+        .group_by("group_id")
+        .agg(pl.len().alias("_landed"), pl.col("_ended").max().alias("_last_activity"))
+        .with_columns(
+            (
+                pl.col("_last_activity")
+                <= pl.lit(now) - timedelta(seconds=recipe.straggler_timeout_s)
+            ).alias("_timed_out")
+        )
     )
-    timed_out = pl.col("_last_activity") <= pl.lit(now) - timedelta(
-        seconds=recipe.straggler_timeout_s
+    members = (
+        units.filter(pl.col("group_id").is_not_null())
+        .with_columns(
+            pl.int_range(pl.len()).over("group_id").alias("_rank"),
+            pl.len().over("group_id").alias("_members"),
+            pl.col("_started").min().over("group_id").alias("_group_started"),
+        )
+        .join(groups, on="group_id", how="left")
     )
     partial_ok = pl.lit(recipe.straggler_policy == "emit") & (pl.col("_members") >= 2)
     status = (
@@ -107,7 +159,9 @@ def _ready_groups(
         .then(
             pl.when(pl.col("_rank") < n).then(pl.lit("ready")).otherwise(pl.lit("group_overflow"))
         )
-        .when(~timed_out)
+        .when(pl.col("_landed") >= n)
+        .then(pl.when(partial_ok).then(pl.lit("ready")).otherwise(pl.lit("group_short")))
+        .when(~pl.col("_timed_out"))
         .then(pl.lit("waiting_for_group"))
         .when(partial_ok)
         .then(pl.lit("ready"))
@@ -134,35 +188,55 @@ def _ready_groups(
         how="diagonal",
     ).select("trajectory_id", pl.col("_status").alias("reason"))
     ready = ready.filter(pl.col("_status") == "ready").sort("_group_started", "group_id", "_rank")
-    return ready, others
+    waiting = groups.filter((pl.col("_landed") < n) & ~pl.col("_timed_out")).select("group_id")
+    return _Groups(ready, others, waiting)
 
 
 def _select_units(
-    recipe: Recipe, units: pl.DataFrame, now: datetime
-) -> tuple[pl.DataFrame, pl.DataFrame, bool, bool]:
+    recipe: Recipe, units: pl.DataFrame, landed: pl.DataFrame, now: datetime
+) -> tuple[pl.DataFrame, pl.DataFrame, bool, bool, pl.DataFrame]:
     """Trajectories of the batch (with group order), per-trajectory reasons for the rest, ready,
-    more (``Units.more``). A unit (``_unit``, its rank in batch order) is a ready group or a
-    trajectory; ready groups come whole in batch order, so a group's rank is its run's."""
+    more (``Units.more``), the groups waiting for a rollout. A unit (``_unit``, its rank in
+    batch order) is a ready group or a trajectory; ready groups come whole in batch order, so a
+    group's rank is its run's."""
     reasons: list[pl.DataFrame] = []
-    waiting = 0
+    waiting = pl.DataFrame(schema={"group_id": pl.String})
     if recipe.algorithm in GROUPED:
-        ready, others = _ready_groups(recipe, units, now)
+        ready, others, waiting = _ready_groups(recipe, units, landed, now)
         ranked = ready.with_columns(pl.col("group_id").rle_id().alias("_unit"))
         available = ranked.get_column("_unit").n_unique()
         reasons.append(others)
-        waiting = (
-            units.join(others.filter(pl.col("reason") == "waiting_for_group"), on="trajectory_id")
-            .get_column("group_id")
-            .n_unique()
-        )
     else:
         ranked, available = units.with_row_index("_unit"), units.height
     wanted = recipe.units_per_batch
     later = pl.col("_unit") >= wanted
     reasons.append(ranked.filter(later).select("trajectory_id", reason=pl.lit("next_batch")))
     ready = available >= wanted
-    more = ready and available - wanted + waiting >= wanted
-    return ranked.filter(~later), pl.concat(reasons), ready, more
+    filling = units.join(waiting, on="group_id", how="semi").get_column("group_id").n_unique()
+    more = ready and available - wanted + filling >= wanted
+    return ranked.filter(~later), pl.concat(reasons), ready, more, waiting
+
+
+def _pending(
+    units: pl.DataFrame,
+    landed: pl.DataFrame,
+    reasons: pl.DataFrame,
+    chosen: pl.DataFrame,
+    ready: bool,
+    waiting: pl.DataFrame,
+) -> pl.Series:
+    """``Units.pending``: the landed trajectories out by their own filters whose group waits
+    for a rollout or keeps a passing member in play (left out for a reason in ``IN_PLAY``, or
+    chosen by a batch that is not ready)."""
+    kept = reasons.filter(pl.col("reason").is_in(list(IN_PLAY))).select("trajectory_id")
+    if not ready:
+        kept = pl.concat([kept, chosen.select("trajectory_id")])
+    held = pl.concat([units.join(kept, on="trajectory_id", how="semi").select("group_id"), waiting])
+    return (
+        landed.join(units, on="trajectory_id", how="anti")
+        .join(held, on="group_id", how="semi")
+        .get_column("trajectory_id")
+    )
 
 
 def trajectory_batch(
@@ -173,9 +247,12 @@ def trajectory_batch(
     versions: str,
 ) -> Units:
     """Whole trajectories (in groups for grpo/rloo), each step of them a row."""
-    units, drops = _trajectory_units(recipe, steps)
-    chosen, reasons, ready, more = _select_units(recipe, units, now)
+    units, landed, drops = _trajectory_units(recipe, steps)
+    chosen, reasons, ready, more, waiting = _select_units(recipe, units, landed, now)
     drops.append(dropped_as(steps.join(reasons, on="trajectory_id"), pl.col("reason")))
+    pending = NO_TRAJECTORIES
+    if recipe.algorithm in GROUPED:
+        pending = _pending(units, landed, reasons, chosen, ready, waiting)
     group_size = chosen.group_by("group_id").agg(pl.len().alias("group_size"))
     rows = (
         steps.join(_chosen_trajectories(recipe, chosen), on="trajectory_id")
@@ -190,7 +267,7 @@ def trajectory_batch(
         )
     )
     consumed = rows.select("turn_id", "trajectory_id", "group_id")
-    return Units(fit(rows, STORED_BATCH_ROWS), pl.concat(drops), ready, consumed, more)
+    return Units(fit(rows, STORED_BATCH_ROWS), pl.concat(drops), ready, consumed, more, pending)
 
 
 def _chosen_trajectories(recipe: Recipe, chosen: pl.DataFrame) -> pl.DataFrame:
@@ -236,7 +313,7 @@ def dpo_batch(
     ]  # fmt: skip
     rows = _pair_rows(recipe, chosen, batch_id, versions)
     more = pairs.height >= 2 * wanted
-    return Units(rows, pl.concat(drops), pairs.height >= wanted, consumed, more)
+    return Units(rows, pl.concat(drops), pairs.height >= wanted, consumed, more, NO_TRAJECTORIES)
 
 
 def _pairs(recipe: Recipe, eligible: pl.DataFrame) -> pl.DataFrame:

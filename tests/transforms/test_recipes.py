@@ -16,6 +16,7 @@ from claw_pipelines.batches.pins import Pins
 from claw_pipelines.batches.recipe import PINNED, Recipe, load_recipes
 from claw_pipelines.batching.ledger import pinned_recipe
 from claw_pipelines.batching.planner import final_drops, plan_batch
+from claw_pipelines.batching.units import NO_TRAJECTORIES
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, conform
 from claw_pipelines.lake import Lake
 from claw_pipelines.transforms import (
@@ -174,6 +175,65 @@ def test_incomplete_groups_wait_then_follow_the_straggler_policy(
     assert set(plan.rows["group_size"]) == {2 if batch_group == "a" else 4}
 
 
+def _quality(curated: pl.DataFrame, low: str) -> pl.DataFrame:
+    """``curated`` with trajectory ``low`` under the shipped recipes' quality bar (0.5)."""
+    is_low = pl.col("trajectory_id") == low
+    return curated.with_columns(
+        pl.when(is_low).then(0.1).otherwise(pl.col("quality_score")).alias("quality_score")
+    )
+
+
+@pytest.mark.parametrize("policy", ["emit", "drop"])
+def test_a_group_whose_rollouts_all_landed_follows_the_straggler_policy_at_once(policy):
+    """Four rollouts of four landed, one under the quality bar: no fourth member can pass, so
+    the group does not wait out its 600-s timeout (the plan is at 200 s)."""
+    curated, steps = _curated({"q": [1, 0, 1, 0], "r": [1, 0, 1]})
+    recipe = _recipe(group_size=4, groups_per_batch=1, straggler_policy=policy,
+                     filters={"min_quality": 0.5})  # fmt: skip
+    plan = plan_batch(recipe, _quality(curated, "q:3"), steps, None, at(200))
+    reasons = _reasons(plan)
+    assert reasons["q:3"] == "low_quality" and reasons["r:0"] == "waiting_for_group"
+    if policy == "emit":
+        assert plan.ready and set(plan.rows["trajectory_id"]) == {"q:0", "q:1", "q:2"}
+        assert set(plan.rows["group_size"]) == {3}
+        assert set(plan.final["trajectory_id"]) == {"q:3"}
+    else:
+        assert not plan.ready
+        assert {reasons[f"q:{i}"] for i in range(3)} == {"group_short"}
+        assert set(plan.final["trajectory_id"]) == {"q:0", "q:1", "q:2", "q:3"}
+
+
+def test_a_rollout_out_for_good_stays_in_play_until_its_group_mates_land():
+    """q:0 lands first, under the quality bar. Retired at once, the next plans would not see
+    it and its group would wait out the timeout; held, it keeps the plans' window at its start
+    until the other three land, and the group is emitted without waiting."""
+    curated, steps = _curated({"q": [1, 0, 1, 0]})
+    curated = _quality(curated, "q:0")
+    recipe = _recipe(group_size=4, groups_per_batch=1, filters={"min_quality": 0.5})
+    early = curated.filter(pl.col("trajectory_id") == "q:0")
+    first = plan_batch(recipe, early, steps, None, at(100))
+    assert _reasons(first) == {"q:0": "low_quality"} and first.final.is_empty()
+    assert first.open_since_next == at(0)
+    second = plan_batch(recipe, curated, steps, None, at(200), retired=first.final,
+                        open_since=first.open_since_next)  # fmt: skip
+    assert second.ready and set(second.rows["trajectory_id"]) == {"q:1", "q:2", "q:3"}
+    assert set(second.final["trajectory_id"]) == {"q:0"}
+    alone = plan_batch(recipe, early, steps, None, at(5000))
+    assert set(alone.final["trajectory_id"]) == {"q:0"}  # the group timed out: nothing to hold
+
+
+def test_a_rollout_waiting_for_its_reward_does_not_complete_its_group():
+    """q:3 has no reward yet: it may still get one, so the group waits for it (and q:3, out
+    for now, is retired until its reward lands and voids that)."""
+    curated, steps = _curated({"q": [1, 0, 1, 0]})
+    unrewarded = pl.when(pl.col("trajectory_id") == "q:3").then(None).otherwise("outcome_reward")
+    curated = curated.with_columns(unrewarded.alias("outcome_reward"))
+    plan = plan_batch(_recipe(group_size=4, groups_per_batch=1), curated, steps, None, at(200))
+    assert _reasons(plan) == {"q:0": "waiting_for_group", "q:1": "waiting_for_group",
+                              "q:2": "waiting_for_group", "q:3": "no_reward"}  # fmt: skip
+    assert set(plan.final["trajectory_id"]) == {"q:3"}
+
+
 def test_zero_variance_groups_and_filters_are_dropped_with_reasons():
     curated, steps = _curated({"flat": [1, 1], "ok": [0, 1], "late": [1, 0]})
     curated = curated.with_columns(
@@ -183,7 +243,7 @@ def test_zero_variance_groups_and_filters_are_dropped_with_reasons():
     plan = plan_batch(_recipe(groups_per_batch=1), curated, steps, None, at(200))
     reasons = _reasons(plan)
     assert reasons["flat:0"] == reasons["flat:1"] == "zero_variance"
-    assert reasons["late:1"] == "untrainable" and reasons["late:0"] == "waiting_for_group"
+    assert reasons["late:1"] == "untrainable" and reasons["late:0"] == "group_short"
     assert set(plan.rows["group_id"]) == {"ok"}
     keep_flat = plan_batch(_recipe(groups_per_batch=1, filters={"drop_zero_variance": False}),
                            curated, steps, None, at(200))  # fmt: skip
@@ -469,17 +529,17 @@ def test_final_drops_leave_every_later_batch_unchanged():
     recipe = _recipe(groups_per_batch=1, filters={"max_policy_lag": 2})
     first = plan_batch(recipe, curated, steps, None, at(200))
     assert set(first.rows["group_id"]) == {"ok"}
-    assert set(first.final["trajectory_id"]) == {"flat:0", "flat:1", "late:1"}
+    assert set(first.final["trajectory_id"]) == {"flat:0", "flat:1", "late:0", "late:1"}
     assert _reasons(first)["over:0"] == "zero_variance"
+    assert _reasons(first)["late:0"] == "group_short"  # both rollouts landed, one untrainable
     assert first.open_since_next == at(1)  # over:0 starts first in play: flat:* are retired
 
     ledger = first.ledger_rows("grpo", at(200))
     second = _same_batch_without([first], recipe, curated, steps, ledger, at(5000),
                                  latest_policy_version=4)  # fmt: skip
     assert set(second.rows["trajectory_id"]) == {"over:1", "over:2"}
-    assert _reasons(second) == {"over:0": "stale", "late:0": "straggler_dropped",
-                                "s:0": "straggler_dropped"}  # fmt: skip
-    assert set(second.final["trajectory_id"]) == {"late:0", "s:0", "over:0"}
+    assert _reasons(second) == {"over:0": "stale", "s:0": "straggler_dropped"}
+    assert set(second.final["trajectory_id"]) == {"s:0", "over:0"}
     assert second.open_since_next == at(
         14.001
     )  # none in play once reserved: after the newest start
@@ -494,7 +554,7 @@ def test_groups_waiting_or_queued_are_not_final():
     curated, steps = _curated({"a": [1, 0], "b": [0, 1], "w": [1]})
     plan = plan_batch(_recipe(groups_per_batch=1), curated, steps, None, at(200))
     assert set(_reasons(plan).values()) == {"next_batch", "waiting_for_group"}
-    assert final_drops(_recipe(groups_per_batch=1), plan.dropped).is_empty()
+    assert final_drops(_recipe(groups_per_batch=1), plan.dropped, NO_TRAJECTORIES).is_empty()
 
 
 def test_dpo_retires_single_steps_but_never_unpaired_ones():
