@@ -96,15 +96,17 @@ def test_untrainable_label_removes_the_trajectory_from_the_next_batch(
 
     after = httpx.get(api, timeout=30).json()
     assert victim not in planned_trajectories(after)
-    assert after["ready"] is False
+    # all four rollouts of the victim's group landed: it is emitted with the other three
+    assert after["ready"] is True
+    sizes = {group["group_id"]: group["rollouts"] for group in after["groups"]}
+    assert sizes == {group: 3 if group == landed.groups[1] else 4 for group in landed.groups}
     assert any(victim in dropped["examples"] for dropped in after["dropped"])
     page.goto(inspector_over.url + "/batches/grpo")
-    expect(page.locator("#batch-ready")).to_have_text("no")
+    expect(page.locator("#batch-ready")).to_have_text("yes")
     expect(page.locator("#plan-dropped")).to_contain_text(victim[-8:])
     expect(page.locator("a[href$='/assets/batch_grpo']")).to_be_visible()
     screenshot("batch-preview")
 
-    land_rollouts(lake, groups=1, rollouts=4)
     materialize(defs, instance, CHAIN)
     curated = lake.scan("curated_steps").filter(pl.col("trajectory_id") == victim).collect()
     assert curated["trainable"].to_list() == [False] * len(victim_turns)
