@@ -9,6 +9,7 @@ import dagster as dg
 import polars as pl
 from dagster_harness import Driver
 from dagster_rollouts import land_rollouts
+from polars.testing import assert_frame_equal
 
 from claw_pipelines.batches.names import retired_table
 from claw_pipelines.batches.pins import Pins
@@ -16,7 +17,8 @@ from claw_pipelines.batching import ledger
 from claw_pipelines.batching.retirements import Retirements
 from claw_pipelines.config_files import recipes
 from claw_pipelines.lake.filters import floor_ms
-from claw_pipelines.schemas import Reward, rows_to_arrow, utc_now
+from claw_pipelines.schemas import Label, Reward, rows_to_arrow, utc_now
+from claw_pipelines.trainer import Batch
 
 RETIRED = retired_table("grpo")
 
@@ -110,3 +112,35 @@ def test_a_trajectory_started_before_the_read_start_is_still_planned(bound, inst
     assert set(batch.collect()["group_id"]) == set(early.groups)
     pins = Pins.model_validate(driver.metadata(result, "batch_grpo")["pinned_versions"])
     assert pins.open_since == floor_ms(min(turn["started_at"] for turn in early.turns.values()))
+
+
+def test_a_short_group_rebuilds_the_same_batch_and_loads_in_one_call(bound, instance) -> None:
+    """One rollout of a group labelled untrainable: all four landed, so the first batch takes
+    the group with its other three at once, while the untrainable one is held in play (not
+    retired) until then. Re-materializing the batch (re-planned from its pins) writes the same
+    rows, every column, and a trainer loads its export in one call."""
+    driver = Driver(bound, instance)
+    landed = land_rollouts(bound.lake, groups=4, group_size=4, steps=2)
+    short = next(iter(landed.groups))
+    out = landed.groups[short][0]
+    label = Label(target_kind="trajectory", target_id=out, trainable=False)
+    bound.lake.append("labels", rows_to_arrow(Label, [label.model_dump()]))
+    driver.refresh()
+    (request,) = driver.tick("batch_grpo_planner").run_requests
+    batch_id = request.partition_key
+    selection = [dg.AssetKey("batch_grpo"), dg.AssetKey("export_grpo")]
+    driver.materialize([key.to_user_string() for key in selection], partition_key=batch_id)
+    first = bound.lake.scan("batches/grpo").collect()
+    members = dict(first.group_by("group_id").agg(pl.col("trajectory_id").n_unique()).iter_rows())
+    assert members == {group: 3 if group == short else 4 for group in landed.groups}
+    assert out not in set(first["trajectory_id"])
+    assert set(bound.lake.scan(RETIRED).collect()["trajectory_id"]) == {out}
+
+    driver.materialize(["batch_grpo"], partition_key=batch_id)
+    assert_frame_equal(bound.lake.scan("batches/grpo").collect(), first)
+    batch = Batch.load(bound.lake, "grpo", batch_id)
+    tensors, non_tensors = batch.to_verl()
+    assert tensors["input_ids"].shape[0] == 16  # 15 sequences and a pad row, recipe's multiple
+    uids = {uid for uid in non_tensors["uid"] if not uid.startswith("__pad__")}
+    assert uids == set(landed.groups)  # verl's GRPO groups, the short one too
+    assert len(batch.to_trl("rollouts")) == 15
