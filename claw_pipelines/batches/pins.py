@@ -10,9 +10,9 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Pins(BaseModel):
-    """The input table versions, read start, announced policy version, planning time and
-    recipe of one batch. Fields missing from batches reserved before they existed take the
-    value that re-plans those batches as they were planned."""
+    """The input table versions, read start, announced policy version, planning time,
+    position and recipe of one batch. Fields missing from batches reserved before they existed
+    take the value that re-plans those batches as they were planned."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -31,5 +31,8 @@ class Pins(BaseModel):
     versions."""
     announced_policy_version: int | None = None
     planned_at: datetime
+    position: int = 0
+    """The batch's place among the batches one plan reserved together (0: the first, or the
+    only one): a re-plan takes the batch at that position of the plan."""
     recipe: dict[str, Any] | None = None
     """The recipe as it was, without its exports (None: reserved before recipes were pinned)."""

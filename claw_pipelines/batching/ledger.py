@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 from claw_pipelines.batches.names import batches_table, ledger_table, manifest_path, retired_table
 from claw_pipelines.batches.pins import Pins
 from claw_pipelines.batches.recipe import PINNED, Recipe
-from claw_pipelines.batching.planner import BatchPlan, plan_batch
+from claw_pipelines.batching.planner import BatchPlan, plan_batches
 from claw_pipelines.batching.retirements import Retirements
 from claw_pipelines.derived_schemas import LEDGER, conform, fit
 from claw_pipelines.lake import Lake
@@ -46,19 +46,27 @@ def _plan_app(recipe: str) -> str:
 
 
 def next_batch_id(lake: Lake, recipe: str, version: int | None = None) -> str:
-    """Sequential ids (``grpo-000001``) from the number of reservations so far (in the ledger's
-    ``version``, default the latest), skipping ids that a partition added in the UI under this
-    pattern has already reserved. Counted by the planner's transaction version, so the ledger's
-    rows are read only from that id on, whatever its age."""
-    ledger = lake.open(ledger_table(recipe), version)
-    if ledger is None:
-        return f"{recipe}-{1:06d}"
-    number = (ledger.transaction_version(_plan_app(recipe)) or 0) + 1
-    later = pl.scan_delta(ledger).filter(pl.col("batch_id") >= f"{recipe}-{number:06d}")
-    taken = set(later.select("batch_id").unique().collect().get_column("batch_id"))
-    while f"{recipe}-{number:06d}" in taken:
+    """The next sequential id (``grpo-000001``) in the ledger's ``version`` (default the
+    latest): ``next_batch_ids`` for one."""
+    return next_batch_ids(lake.open(ledger_table(recipe), version), recipe, 1)[0]
+
+
+def next_batch_ids(ledger: DeltaTable | None, recipe: str, count: int) -> list[str]:
+    """The next ``count`` sequential ids (``grpo-000001``) after the reservations so far in
+    ``ledger`` (a recipe's ledger as opened), skipping ids that a partition added in the UI
+    under this pattern has already reserved. Counted by the planner's transaction version, so
+    the ledger's rows are read only from that id on, whatever its age."""
+    number = 1 if ledger is None else (ledger.transaction_version(_plan_app(recipe)) or 0) + 1
+    taken: set[str] = set()
+    if ledger is not None:
+        later = pl.scan_delta(ledger).filter(pl.col("batch_id") >= f"{recipe}-{number:06d}")
+        taken = set(later.select("batch_id").unique().collect().get_column("batch_id"))
+    ids: list[str] = []
+    while len(ids) < count:
+        if f"{recipe}-{number:06d}" not in taken:
+            ids.append(f"{recipe}-{number:06d}")
         number += 1
-    return f"{recipe}-{number:06d}"
+    return ids
 
 
 class PinnedInputs(NamedTuple):
@@ -83,23 +91,27 @@ def plan_from_pins(lake: Lake, recipe: Recipe, batch_id: str, pins: Pins) -> Bat
         None if ledger_version < 0 else lake.open(ledger_table(recipe.name), ledger_version),
         None if retired_version < 0 else lake.open(retired_table(recipe.name), retired_version),
     )
-    return plan_pinned(recipe, batch_id, pins, inputs)
+    return plan_pinned(recipe, [batch_id], pins, inputs)[0]
 
 
-def plan_pinned(recipe: Recipe, batch_id: str, pins: Pins, inputs: PinnedInputs) -> BatchPlan:
+def plan_pinned(
+    recipe: Recipe, batch_ids: list[str], pins: Pins, inputs: PinnedInputs
+) -> list[BatchPlan]:
     """``plan_from_pins`` with its inputs already open (a reservation has them open: on an
-    object store each open costs a dozen requests or more). The plan has read the curated
-    steps, the ledger and the retirements when it returns (only ``BatchPlan.turns`` stays a
-    scan), so the caller may then commit through those tables."""
-    return plan_batch(
+    object store each open costs a dozen requests or more), for the batches at positions
+    ``pins.position``, ``pins.position + 1``, ... of the plan, one per id. The plan has read
+    the curated steps, the ledger and the retirements when it returns (only ``BatchPlan.turns``
+    stays a scan), so the caller may then commit through those tables."""
+    return plan_batches(
         recipe,
         pl.scan_delta(inputs.curated),
         None if inputs.turns is None else pl.scan_delta(inputs.turns),
         None if inputs.ledger is None else pl.scan_delta(inputs.ledger),
         pins.planned_at,
+        batch_ids=batch_ids,
+        first=pins.position,
         retired=None if inputs.retired is None else pl.scan_delta(inputs.retired),
         open_since=pins.open_since,
-        batch_id=batch_id,
         latest_policy_version=lag_reference(pins.announced_policy_version, inputs.curated),
         source_versions=pins.model_dump(include=SOURCE_PINS),
     )
@@ -202,18 +214,22 @@ def reserve(lake: Lake, recipe: Recipe, batch_id: str, now: datetime) -> Reserva
     snapshot = lake.open(ledger_table(recipe.name))
     if recorded_pins(snapshot, batch_id) is not None:
         raise ConcurrentRun(f"{batch_id} was reserved by another run while this one started")
-    return reserve_on(lake, recipe, batch_id, now, snapshot)
+    reserved = reserve_on(lake, recipe, [batch_id], now, snapshot)
+    return reserved[0] if reserved else None
 
 
 def reserve_on(
-    lake: Lake, recipe: Recipe, batch_id: str, now: datetime, snapshot: DeltaTable | None
-) -> Reservation | None:
-    """``reserve`` on the ledger as ``snapshot`` (None: no ledger yet) shows it, where
-    ``batch_id`` is not reserved: a reservation committed since refuses this one (its app
-    transaction), so a caller that has read the ledger already need not open it again."""
+    lake: Lake, recipe: Recipe, batch_ids: list[str], now: datetime, snapshot: DeltaTable | None
+) -> list[Reservation]:
+    """Plan the next batches, one per id of ``batch_ids`` at most, from one read of the latest
+    curated steps, and record the ready ones in one commit (none ready: nothing recorded but
+    the retirements), on the ledger as ``snapshot`` (None: no ledger yet) shows it, where
+    none of ``batch_ids`` is reserved: a reservation committed since refuses this one (its app
+    transaction), so a caller that has read the ledger already need not open it again. A
+    release with a backlog thus plans once for all its batches, not once for each."""
     curated = lake.open("curated_steps")
     if curated is None:
-        return None
+        return []
     curated_version = curated.version()
     retirements = Retirements.current(lake, recipe, curated)
     turns = lake.open("turns")
@@ -229,26 +245,37 @@ def reserve_on(
         recipe=recipe.model_dump(mode="json", exclude={"exports"}),
     )
     retired = retirements.table if retirements.usable else None
-    plan = plan_pinned(recipe, batch_id, pins, PinnedInputs(curated, turns, snapshot, retired))
-    if not plan.ready:
-        retirements.record(plan, curated_version, now)
-        return None
-    recorded = pins.model_dump_json()
-    rows = conform(
-        plan.ledger_rows(recipe.name, now).with_columns(pins=pl.lit(recorded)), PINNED_LEDGER
-    )
+    inputs = PinnedInputs(curated, turns, snapshot, retired)
+    plans = plan_pinned(recipe, batch_ids, pins, inputs)
+    ready = [plan for plan in plans if plan.ready]
+    if not ready:
+        retirements.record(plans[0], curated_version, now)
+        return []
+    reserved = [
+        Reservation(plan, pins.model_copy(update={"position": position}))
+        for position, plan in enumerate(ready)
+    ]
+    recorded = [
+        r.plan.ledger_rows(recipe.name, now).with_columns(pins=pl.lit(r.pins.model_dump_json()))
+        for r in reserved
+    ]
+    rows = conform(pl.concat(recorded), PINNED_LEDGER)
     done = 0 if snapshot is None else snapshot.transaction_version(_plan_app(recipe.name)) or 0
     target = snapshot or lake.as_created(ledger_table(recipe.name), rows.schema)
+    ids = [r.plan.batch_id for r in reserved]
     commit(
         target,
         rows,
         schema_mode="merge",  # a ledger from before a column gains it, null in older rows
         properties=lake.commit_properties(
-            {_plan_app(recipe.name): done + 1}, {"claw.batch_id": batch_id}
+            {_plan_app(recipe.name): done + len(reserved)}, {"claw.batch_id": ",".join(ids)}
         ),
         compact_after=COMPACT_AFTER_FILES,
         target_size=SETTLED_FILE_BYTES,
-        refused=f"another batch of {recipe.name} was reserved while {batch_id} was planned",
+        refused=f"another batch of {recipe.name} was reserved while {', '.join(ids)} "
+        f"{'was' if len(ids) == 1 else 'were'} planned",
     )
-    retirements.record(plan, curated_version, now)  # after: it assumes the batch consumed
-    return Reservation(plan, Pins.model_validate_json(recorded))  # as a re-plan reads them
+    retirements.record(ready[-1], curated_version, now)  # after: it assumes the batches consumed
+    return [  # the pins as a re-plan reads them
+        r._replace(pins=Pins.model_validate_json(r.pins.model_dump_json())) for r in reserved
+    ]

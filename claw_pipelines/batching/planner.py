@@ -1,7 +1,8 @@
-"""Batch planning: the next batch of a recipe, its drops and the drops that are final.
+"""Batch planning: the next batches of a recipe, their drops and the drops that are final.
 
-``plan_batch`` is pure: from curated steps and the recipe's consumption ledger it picks the next
-batch deterministically, so re-planning from pinned input versions reproduces the same batch.
+``plan_batches`` is pure: from curated steps and the recipe's consumption ledger it picks the
+next batches deterministically, so re-planning from pinned input versions (and the batch's
+position among those planned together) reproduces the same batch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import polars as pl
 
 from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batches.rows import complete_rows
-from claw_pipelines.batching.units import dpo_batch, trajectory_batch
+from claw_pipelines.batching.units import Units, dpo_batches, trajectory_batches
 from claw_pipelines.derived_schemas import (
     DPO_PAIRS,
     DROPPED,
@@ -41,11 +42,8 @@ class BatchPlan:
     """``derived_schemas.DROPPED``: unconsumed steps left out of this batch, with the reason
     (filters, waiting for a group, straggler drop, zero variance, no pair, next batch)."""
     ready: bool
-    """A full batch (``Recipe.units_per_batch`` units) is available now."""
-    more: bool
-    """Once this batch is reserved, a plan of the same curated steps could be ready again
-    (``units.Units.more``); when not, the release plans no second batch, which would read
-    every curated step in play again to find too few."""
+    """A full batch (``Recipe.units_per_batch`` units) is available now, past those of the
+    batches before it in the plan."""
     consumed: pl.DataFrame
     """(turn_id, trajectory_id, group_id, trajectory_started_at) of every step this batch uses;
     for dpo both the chosen and the rejected step."""
@@ -54,7 +52,8 @@ class BatchPlan:
     trajectory's ``trajectory_started_at``: to retire."""
     open_since_next: datetime | None
     """The earliest start (``started_at``, to the millisecond) of a step of a trajectory still
-    in play once this batch is reserved (if ``ready``) and the final drops retired, or the
+    in play once this batch and those before it in the plan are reserved (if ``ready``) and the
+    final drops retired, or the
     newest start read when none is: the next plan's ``open_since``, valid only after the
     reservation committed. None for an empty table."""
 
@@ -280,7 +279,43 @@ def plan_batch(
     source_versions: dict[str, int] | None = None,
     latest_policy_version: int | None = None,
 ) -> BatchPlan:
-    """Select the next batch of ``recipe`` from curated steps not yet in its ledger.
+    """The next batch of ``recipe`` (``plan_batches`` for one). ``batch_id`` defaults to
+    ``<recipe>-<n+1>`` with n the batches in the ledger."""
+    if batch_id is None:
+        batch_id = _next_batch_id(recipe, ledger)
+    return plan_batches(
+        recipe,
+        curated_steps,
+        turns,
+        ledger,
+        now,
+        batch_ids=[batch_id],
+        retired=retired,
+        open_since=open_since,
+        source_versions=source_versions,
+        latest_policy_version=latest_policy_version,
+    )[0]
+
+
+def plan_batches(
+    recipe: Recipe,
+    curated_steps: pl.LazyFrame | pl.DataFrame,
+    turns: pl.LazyFrame | pl.DataFrame,
+    ledger: pl.LazyFrame | pl.DataFrame | None,
+    now: datetime,
+    *,
+    batch_ids: list[str],
+    first: int = 0,
+    retired: pl.LazyFrame | pl.DataFrame | None = None,
+    open_since: datetime | None = None,
+    source_versions: dict[str, int] | None = None,
+    latest_policy_version: int | None = None,
+) -> list[BatchPlan]:
+    """Select the next batches of ``recipe`` from curated steps not yet in its ledger, from
+    one read: the batches at positions ``first``, ``first + 1``, ... of the plan, one per id of
+    ``batch_ids`` up to the first that is not ready (a batch is ready when the units before it
+    leave enough for it). The batch at a position is the same whichever positions are asked
+    for, so a batch reserved together with others re-plans alone from its pins and position.
 
     Rewards are re-credited with the recipe's credit assignment; staleness is measured against
     ``latest_policy_version`` (the assets pass ``policy.versions.lag_reference``, the highest
@@ -288,41 +323,55 @@ def plan_batch(
     not). Trajectory-based algorithms
     skip any trajectory with a consumed step (so late steps of a consumed trajectory never
     form a fragment); dpo skips consumed steps. Everything is ordered by explicit keys
-    (start time, then ids), so the same inputs and ``now`` give the same batch. ``batch_id``
-    defaults to ``<recipe>-<n+1>`` with n the batches in the ledger. ``retired`` steps (rows of
-    earlier plans' ``final_drops``) are left out like consumed ones. ``open_since`` (an earlier
-    plan's ``open_since_next``, lowered to the start of any trajectory changed since) says every
-    step that started before it belongs to a trajectory consumed or retired: only the curated
-    steps started since are read, which file statistics make cheap whatever the trajectory ids
-    look like (they need not sort by time), and of the ledger and the retirements only the
-    rows of trajectories first started since the earliest of those steps' trajectories
-    (``started_since``), which their file statistics make cheap likewise. Planning reads only
-    the narrow curated columns: a grpo-style batch's rows point at their turns
-    (``BatchPlan.rows`` reads their token lists from ``turns``); dpo reads the eligible steps'
-    token lists to pair them.
+    (start time, then ids), so the same inputs and ``now`` give the same batches. ``retired``
+    steps (rows of earlier plans' ``final_drops``) are left out like consumed ones.
+    ``open_since`` (an earlier plan's ``open_since_next``, lowered to the start of any
+    trajectory changed since) says every step that started before it belongs to a trajectory
+    consumed or retired: only the curated steps started since are read, which file statistics
+    make cheap whatever the trajectory ids look like (they need not sort by time), and of the
+    ledger and the retirements only the rows of trajectories first started since the earliest
+    of those steps' trajectories (``started_since``), which their file statistics make cheap
+    likewise. Planning reads only the narrow curated columns: a grpo-style batch's rows point
+    at their turns (``BatchPlan.rows`` reads their token lists from ``turns``); dpo reads the
+    eligible steps' token lists to pair them.
     """
     curated = curated_steps.lazy()
     if latest_policy_version is None:
         latest_policy_version = curated.select(pl.col("policy_version").max()).collect().item()
-    if batch_id is None:
-        batch_id = _next_batch_id(recipe, ledger)
     curated = curated.filter(_in_play(open_since))
     frame = _candidates(recipe, curated, [ledger, retired], latest_policy_version)
     versions = json.dumps(source_versions or {}, sort_keys=True)
     if recipe.algorithm == "dpo":
-        units = dpo_batch(recipe, frame, turns, batch_id, versions)
+        batches = dpo_batches(recipe, frame, turns, batch_ids, first, versions)
     else:
-        units = trajectory_batch(recipe, frame, now, batch_id, versions)
+        batches = trajectory_batches(recipe, frame, now, batch_ids, first, versions)
+    return [
+        _plan(recipe, batch_id, units, frame, curated, open_since, turns)
+        for batch_id, units in zip(batch_ids, batches, strict=False)
+    ]
+
+
+def _plan(
+    recipe: Recipe,
+    batch_id: str,
+    units: Units,
+    frame: pl.DataFrame,
+    curated: pl.LazyFrame,
+    open_since: datetime | None,
+    turns: pl.LazyFrame | pl.DataFrame,
+) -> BatchPlan:
+    """One batch's plan from its ``units`` of the candidate steps ``frame``."""
     dropped = fit(units.dropped.sort("reason", "trajectory_id", "turn_id"), DROPPED)
     final = _with_first_start(final_drops(recipe, dropped, units.pending), frame)
-    settled = [final, units.consumed] if units.ready else [final]
+    settled = [final, units.consumed_before]
+    if units.ready:
+        settled.append(units.consumed)
     return BatchPlan(
         batch_id=batch_id,
         planned=units.rows,
         turns=None if recipe.algorithm == "dpo" else turns,
         dropped=dropped,
         ready=units.ready,
-        more=units.more,
         consumed=_with_first_start(units.consumed, frame).sort("turn_id"),
         final=final,
         open_since_next=_open_since_next(

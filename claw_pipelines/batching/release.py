@@ -1,8 +1,8 @@
 """A recipe's batch as one call each for the Dagster layer: ``build_batch`` (plan or re-plan,
 write ``batches/<recipe>``, check), ``export_batch`` (check again unless just built, write the
-export files and manifest) and ``release_ready`` (reserve, build and export every ready batch
-in turn). Each returns plain results that the assets record; a batch breaking an invariant
-raises ``BatchRefused``."""
+export files and manifest) and ``release_ready`` (reserve every ready batch from one plan,
+then build and export each in turn). Each returns plain results that the assets record; a batch
+breaking an invariant raises ``BatchRefused``."""
 
 from __future__ import annotations
 
@@ -19,19 +19,27 @@ from claw_pipelines.batches.pins import Pins
 from claw_pipelines.batches.recipe import Recipe
 from claw_pipelines.batches.rows import completed_chunks, in_export_order, stored_rows
 from claw_pipelines.batching import ledger
-from claw_pipelines.batching.building import planned, retired_before, write_batch
+from claw_pipelines.batching.building import (
+    Planned,
+    planned,
+    reserved_now,
+    retired_before,
+    write_batch,
+)
 from claw_pipelines.batching.checks import CheckOutcome, groups_complete, no_step_consumed_twice
 from claw_pipelines.batching.planner import BatchPlan
 from claw_pipelines.derived_schemas import with_turn_columns
 from claw_pipelines.exporters import Destination, export_chunks
 from claw_pipelines.lake import Lake
 from claw_pipelines.lake.commits import ConcurrentRun
+from claw_pipelines.schemas import utc_now
 
 SAMPLE_ROWS = 8
 SAMPLE_COLUMNS = ["group_id", "trajectory_id", "step_index", "reward", "chosen_reward"]
 
 MAX_BATCHES_PER_RELEASE = 8
-"""Batches of one recipe a release builds; the next release goes on with the rest."""
+"""Batches of one recipe a release reserves and builds; the next release goes on with the
+rest."""
 
 
 class BatchRefused(RuntimeError):
@@ -66,9 +74,6 @@ class BuiltBatch(BaseModel):
     table_version: int
     table_uri: str
     checks: list[CheckOutcome]
-    more: bool
-    """Another batch could be ready right after this one: false only when this batch was
-    reserved now and its plan left too few units for another (``BatchPlan.more``)."""
 
     @property
     def passed(self) -> bool:
@@ -128,12 +133,16 @@ class _Built(NamedTuple):
 
 
 def _built(lake: Lake, recipe: Recipe, batch_id: str) -> _Built | None:
-    """``build_batch``, with the rows it wrote: a release exports them without reading them
-    back."""
+    """``build_batch``, with the rows it wrote."""
     found = planned(lake, recipe, batch_id)
-    if found is None:
-        return None
+    return None if found is None else _written(lake, recipe, found)
+
+
+def _written(lake: Lake, recipe: Recipe, found: Planned) -> _Built:
+    """Write and check a planned batch; the rows it wrote, so a release exports them without
+    reading them back."""
     plan, planned_under, pins, reserved_now = found
+    batch_id = plan.batch_id
     consumed = plan.consumed.get_column("turn_id").sort()
     if not reserved_now:
         recorded = ledger.consumed_turns(lake, recipe.name, batch_id)
@@ -161,7 +170,6 @@ def _built(lake: Lake, recipe: Recipe, batch_id: str) -> _Built | None:
         table_version=table.version(),
         table_uri=lake.uri(batches_table(recipe.name)),
         checks=_checks(lake, planned_under, rows, plan.consumed),
-        more=plan.more or not reserved_now,
     )
     return _Built(batch, in_export_order(recipe.algorithm, pl.from_arrow(written)))
 
@@ -224,22 +232,20 @@ def _exported(
 def release_ready(
     lake: Lake, recipe: Recipe, limit: int = MAX_BATCHES_PER_RELEASE
 ) -> Iterator[BuiltBatch | ExportedBatch | RaceLost]:
-    """Reserve, build and export ``recipe``'s ready batches, ``limit`` at most, yielding each
-    batch as built and then as exported (a batch failing its checks is not exported), so the
-    caller records each as it lands. Stops when no batch is ready, when the last plan found
-    too few units for another, or (yielding ``RaceLost``) when another run reserved first."""
-    for _ in range(limit):
-        batch_id = ledger.next_batch_id(lake, recipe.name)
-        try:
-            built = _built(lake, recipe, batch_id)
-        except ConcurrentRun as race:
-            yield RaceLost(message=str(race))
-            return
-        if built is None:
-            return
+    """Reserve ``recipe``'s ready batches, ``limit`` at most, from one plan and in one ledger
+    commit, then build and export each, yielding each batch as built and then as exported (a
+    batch failing its checks is not exported), so the caller records each as it lands. Yields
+    only ``RaceLost`` when another run reserved first."""
+    snapshot = lake.open(ledger_table(recipe.name))
+    batch_ids = ledger.next_batch_ids(snapshot, recipe.name, limit)
+    try:
+        reserved = ledger.reserve_on(lake, recipe, batch_ids, utc_now(), snapshot)
+    except ConcurrentRun as race:
+        yield RaceLost(message=str(race))
+        return
+    for reservation in reserved:
+        built = _written(lake, recipe, reserved_now(recipe, reservation))
         batch = built.batch
         yield batch
         if batch.passed:  # just checked: exported from the rows written, not read back
             yield _exported(lake, batch.planned_under, batch.pins, built.rows)
-        if not batch.more:
-            return

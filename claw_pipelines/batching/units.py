@@ -1,10 +1,16 @@
 """How a batch plan picks its units from the eligible steps: whole trajectories (ppo,
 reinforce_pp, sft), complete groups of them (grpo, rloo), or preference pairs from one state
 (dpo), with the reason each step left out was dropped. Pure polars, called by
-``planner.plan_batch``."""
+``planner.plan_batches``.
+
+The units are ranked once, in batch order; the batch at ``position`` among those one plan
+reserves together takes the units ranked ``[position * n, (position + 1) * n)`` (n units per
+batch), so each of them comes out the same whether the plan is made for it alone (a re-plan from
+its pins) or for all of them (the reservation)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -32,9 +38,8 @@ class Units(NamedTuple):
     """A full batch (``Recipe.units_per_batch`` units) is available."""
     consumed: pl.DataFrame
     """(turn_id, trajectory_id, group_id) of every step the batch uses."""
-    more: bool
-    """Another full batch could follow from the same steps: the ready units after this batch,
-    with the groups still waiting (a straggler timeout may make them ready), make one."""
+    consumed_before: pl.DataFrame
+    """The same of the steps the batches before it in the plan use (``position`` > 0)."""
     pending: pl.Series
     """Trajectories left out by their own filters that their group still counts among its
     landed rollouts: while it waits for a rollout or keeps a member in play, their drops are
@@ -65,9 +70,15 @@ def _landed() -> pl.Expr:
     return reason.is_null().all() | out_for_good.any()
 
 
-def _trajectory_units(
-    recipe: Recipe, steps: pl.DataFrame
-) -> tuple[pl.DataFrame, pl.DataFrame, list[pl.DataFrame]]:
+class _Trajectories(NamedTuple):
+    """``_trajectory_units``' results."""
+
+    units: pl.DataFrame
+    landed: pl.DataFrame
+    drops: list[pl.DataFrame]
+
+
+def _trajectory_units(recipe: Recipe, steps: pl.DataFrame) -> _Trajectories:
     """Trajectories whose steps all pass the filters (one row each), the landed trajectories
     (``_landed``: passing or out for good, with group and end), and the drops.
 
@@ -106,7 +117,7 @@ def _trajectory_units(
         drops.append(dropped_as(steps.join(low.select("trajectory_id"), on="trajectory_id"),
                               "below_min_reward"))  # fmt: skip
         units = units.join(low.select("trajectory_id"), on="trajectory_id", how="anti")
-    return units, landed, drops
+    return _Trajectories(units, landed, drops)
 
 
 IN_PLAY = frozenset({"waiting_for_group", "group_overflow", "next_batch"})
@@ -192,29 +203,43 @@ def _ready_groups(
     return _Groups(ready, others, waiting)
 
 
-def _select_units(
+class _Ranked(NamedTuple):
+    """The units a batch may take, ranked in batch order, and what no batch may take now."""
+
+    units: pl.DataFrame
+    """Trajectories of the units, each with its unit's rank (``_unit``). A unit is a ready group
+    or a trajectory; ready groups come whole in batch order, so a group's rank is its run's."""
+    available: int
+    others: pl.DataFrame
+    """Per-trajectory reasons for the passing trajectories no batch may take now."""
+    waiting: pl.DataFrame
+    """The groups (``group_id``) waiting for a rollout."""
+
+
+def _ranked_units(
     recipe: Recipe, units: pl.DataFrame, landed: pl.DataFrame, now: datetime
-) -> tuple[pl.DataFrame, pl.DataFrame, bool, bool, pl.DataFrame]:
-    """Trajectories of the batch (with group order), per-trajectory reasons for the rest, ready,
-    more (``Units.more``), the groups waiting for a rollout. A unit (``_unit``, its rank in
-    batch order) is a ready group or a trajectory; ready groups come whole in batch order, so a
-    group's rank is its run's."""
-    reasons: list[pl.DataFrame] = []
-    waiting = pl.DataFrame(schema={"group_id": pl.String})
-    if recipe.algorithm in GROUPED:
-        ready, others, waiting = _ready_groups(recipe, units, landed, now)
-        ranked = ready.with_columns(pl.col("group_id").rle_id().alias("_unit"))
-        available = ranked.get_column("_unit").n_unique()
-        reasons.append(others)
-    else:
-        ranked, available = units.with_row_index("_unit"), units.height
+) -> _Ranked:
+    if recipe.algorithm not in GROUPED:
+        no_reasons = pl.DataFrame(schema={"trajectory_id": pl.String, "reason": pl.String})
+        no_groups = pl.DataFrame(schema={"group_id": pl.String})
+        return _Ranked(units.with_row_index("_unit"), units.height, no_reasons, no_groups)
+    ready, others, waiting = _ready_groups(recipe, units, landed, now)
+    ranked = ready.with_columns(pl.col("group_id").rle_id().alias("_unit"))
+    return _Ranked(ranked, ranked.get_column("_unit").n_unique(), others, waiting)
+
+
+def _select_units(
+    recipe: Recipe, ranked: _Ranked, position: int
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, bool]:
+    """The trajectories of the batch at ``position`` (with group order), those of the batches
+    before it, per-trajectory reasons for the rest (``next_batch`` past it), and ready."""
     wanted = recipe.units_per_batch
-    later = pl.col("_unit") >= wanted
-    reasons.append(ranked.filter(later).select("trajectory_id", reason=pl.lit("next_batch")))
-    ready = available >= wanted
-    filling = units.join(waiting, on="group_id", how="semi").get_column("group_id").n_unique()
-    more = ready and available - wanted + filling >= wanted
-    return ranked.filter(~later), pl.concat(reasons), ready, more, waiting
+    start, end = position * wanted, (position + 1) * wanted
+    unit = pl.col("_unit")
+    later = ranked.units.filter(unit >= end).select("trajectory_id", reason=pl.lit("next_batch"))
+    chosen = ranked.units.filter((unit >= start) & (unit < end))
+    before = ranked.units.filter(unit < start)
+    return chosen, before, pl.concat([ranked.others, later]), ranked.available >= end
 
 
 def _pending(
@@ -239,20 +264,51 @@ def _pending(
     )
 
 
-def trajectory_batch(
+def _up_to_unready(batches: Iterator[Units]) -> list[Units]:
+    """The batches up to the first that is not ready: none after it is."""
+    taken = []
+    for batch in batches:
+        taken.append(batch)
+        if not batch.ready:
+            break
+    return taken
+
+
+def trajectory_batches(
     recipe: Recipe,
     steps: pl.DataFrame,
     now: datetime,
+    batch_ids: list[str],
+    first: int,
+    versions: str,
+) -> list[Units]:
+    """Whole trajectories (in groups for grpo/rloo), each step of them a row: the batches at
+    positions ``first``, ``first + 1``, ... of one plan, one per id of ``batch_ids`` up to the
+    first that is not ready."""
+    trajectories = _trajectory_units(recipe, steps)
+    ranked = _ranked_units(recipe, trajectories.units, trajectories.landed, now)
+    return _up_to_unready(
+        _trajectory_batch(recipe, steps, trajectories, ranked, first + i, batch_id, versions)
+        for i, batch_id in enumerate(batch_ids)
+    )
+
+
+def _trajectory_batch(
+    recipe: Recipe,
+    steps: pl.DataFrame,
+    trajectories: _Trajectories,
+    ranked: _Ranked,
+    position: int,
     batch_id: str,
     versions: str,
 ) -> Units:
-    """Whole trajectories (in groups for grpo/rloo), each step of them a row."""
-    units, landed, drops = _trajectory_units(recipe, steps)
-    chosen, reasons, ready, more, waiting = _select_units(recipe, units, landed, now)
-    drops.append(dropped_as(steps.join(reasons, on="trajectory_id"), pl.col("reason")))
+    """The batch at ``position`` of the ``ranked`` units."""
+    units, landed, drops = trajectories
+    chosen, before, reasons, ready = _select_units(recipe, ranked, position)
+    drops = [*drops, dropped_as(steps.join(reasons, on="trajectory_id"), pl.col("reason"))]
     pending = NO_TRAJECTORIES
     if recipe.algorithm in GROUPED:
-        pending = _pending(units, landed, reasons, chosen, ready, waiting)
+        pending = _pending(units, landed, reasons, chosen, ready, ranked.waiting)
     group_size = chosen.group_by("group_id").agg(pl.len().alias("group_size"))
     rows = (
         steps.join(_chosen_trajectories(recipe, chosen), on="trajectory_id")
@@ -267,7 +323,12 @@ def trajectory_batch(
         )
     )
     consumed = rows.select("turn_id", "trajectory_id", "group_id")
-    return Units(fit(rows, STORED_BATCH_ROWS), pl.concat(drops), ready, consumed, more, pending)
+    consumed_before = steps.join(before.select("trajectory_id"), on="trajectory_id").select(
+        "turn_id", "trajectory_id", "group_id"
+    )
+    return Units(
+        fit(rows, STORED_BATCH_ROWS), pl.concat(drops), ready, consumed, consumed_before, pending
+    )
 
 
 def _chosen_trajectories(recipe: Recipe, chosen: pl.DataFrame) -> pl.DataFrame:
@@ -286,23 +347,45 @@ def _chosen_trajectories(recipe: Recipe, chosen: pl.DataFrame) -> pl.DataFrame:
     return chosen.select(repeated)
 
 
-def dpo_batch(
+def dpo_batches(
     recipe: Recipe,
     steps: pl.DataFrame,
     turns: pl.LazyFrame | pl.DataFrame,
-    batch_id: str,
+    batch_ids: list[str],
+    first: int,
     versions: str,
-) -> Units:
-    """One pair per state (group, prompt): best vs worst credited reward, gap >= minimum.
-    The pairs are complete rows (token lists and messages read from ``turns``)."""
+) -> list[Units]:
+    """One pair per state (group, prompt): best vs worst credited reward, gap >= minimum; the
+    batches at positions ``first``, ``first + 1``, ... of one plan, one per id of
+    ``batch_ids`` up to the first that is not ready. The pairs are complete rows (token lists
+    and messages read from ``turns``)."""
     eligible = with_turn_columns(
         steps.filter(pl.col("_reason").is_null() & pl.col("group_id").is_not_null()), turns
     )
     pairs = _pairs(recipe, eligible)
+    return _up_to_unready(
+        _dpo_batch(recipe, steps, eligible, pairs, first + i, batch_id, versions)
+        for i, batch_id in enumerate(batch_ids)
+    )
+
+
+def _dpo_batch(
+    recipe: Recipe,
+    steps: pl.DataFrame,
+    eligible: pl.DataFrame,
+    pairs: pl.DataFrame,
+    position: int,
+    batch_id: str,
+    versions: str,
+) -> Units:
+    """The batch at ``position`` of the ranked ``pairs``."""
     wanted = recipe.units_per_batch
-    chosen = pairs.filter(pl.col("_unit") < wanted)
-    consumed = _both_sides(chosen)
-    unpaired = eligible.join(consumed.select("turn_id"), on="turn_id", how="anti")
+    start, end = position * wanted, (position + 1) * wanted
+    unit = pl.col("_unit")
+    chosen = pairs.filter((unit >= start) & (unit < end))
+    consumed, consumed_before = _both_sides(chosen), _both_sides(pairs.filter(unit < start))
+    taken = pl.concat([consumed_before, consumed]).select("turn_id")
+    unpaired = eligible.join(taken, on="turn_id", how="anti")
     waiting = _pairable(recipe, unpaired)  # the pairs past this batch's too
     drops = [
         dropped_as(steps.filter(pl.col("_reason").is_not_null()), pl.col("_reason")),
@@ -312,8 +395,8 @@ def dpo_batch(
                    .then(pl.lit("next_batch")).otherwise(pl.lit("no_pair"))),
     ]  # fmt: skip
     rows = _pair_rows(recipe, chosen, batch_id, versions)
-    more = pairs.height >= 2 * wanted
-    return Units(rows, pl.concat(drops), pairs.height >= wanted, consumed, more, NO_TRAJECTORIES)
+    ready = pairs.height >= end
+    return Units(rows, pl.concat(drops), ready, consumed, consumed_before, NO_TRAJECTORIES)
 
 
 def _pairs(recipe: Recipe, eligible: pl.DataFrame) -> pl.DataFrame:

@@ -58,11 +58,11 @@ def test_two_batches_reserved_at_once_take_different_groups(
     winner, loser = names[earlier_batches:]
     planned_alone = ledger.plan_pinned
 
-    def planned_while_another_reserves(recipe, batch_id, pins, inputs):
-        plan = planned_alone(recipe, batch_id, pins, inputs)
-        if batch_id == loser and ledger.pins_of(bound.lake, "grpo", winner) is None:
+    def planned_while_another_reserves(recipe, batch_ids, pins, inputs):
+        plans = planned_alone(recipe, batch_ids, pins, inputs)
+        if batch_ids == [loser] and ledger.pins_of(bound.lake, "grpo", winner) is None:
             assert ledger.reserve(bound.lake, recipe, winner, utc_now()) is not None
-        return plan
+        return plans
 
     monkeypatch.setattr(ledger, "plan_pinned", planned_while_another_reserves)
     raced = driver.attempt(["batch_grpo"], partition_key=loser)
@@ -117,12 +117,12 @@ def test_a_planner_tick_that_a_ui_launch_reserved_ahead_of_launches_the_rest_lat
     driver = _eight_ready_groups(bound, instance)
     planned_alone = ledger.plan_pinned
 
-    def planned_while_the_ui_reserves(recipe, batch_id, pins, inputs):
-        plan = planned_alone(recipe, batch_id, pins, inputs)
+    def planned_while_the_ui_reserves(recipe, batch_ids, pins, inputs):
+        plans = planned_alone(recipe, batch_ids, pins, inputs)
         lake = bound.lake
-        if batch_id != "from-the-ui" and ledger.pins_of(lake, "grpo", "from-the-ui") is None:
+        if batch_ids != ["from-the-ui"] and ledger.pins_of(lake, "grpo", "from-the-ui") is None:
             assert ledger.reserve(lake, recipe, "from-the-ui", utc_now()) is not None
-        return plan
+        return plans
 
     request = _tick_after_one_lost_to_the_ui(
         driver, monkeypatch, "plan_pinned", planned_while_the_ui_reserves

@@ -124,28 +124,41 @@ def test_the_planner_leaves_a_ready_batch_to_the_refresh_run_on_its_way(bound, i
     assert pl.Series(instance.get_dynamic_partitions("batches_grpo")).to_list() == ["grpo-000001"]
 
 
-@pytest.mark.parametrize(("groups", "batches"), [(4, 1), (8, 2)])
-def test_the_release_plans_no_batch_its_last_plan_left_too_few_groups_for(
+@pytest.mark.parametrize(("groups", "batches"), [(4, 1), (8, 2), (12, 3)])
+def test_a_release_reserves_its_batches_from_one_plan_in_one_commit(
     bound, instance, monkeypatch, groups, batches
 ):
-    """Each plan reads every curated step in play: once a batch leaves fewer ready (or
-    waiting) groups than a batch takes, the release stops instead of planning again."""
+    """Each plan reads every curated step in play: a release plans once for all the batches
+    ready, records them in one ledger commit, and each re-plans alone from its pins (its
+    position among them) to the rows written."""
     from claw_pipelines.batching import ledger
 
-    planned: list[str] = []
+    plans: list[list[str]] = []
     reserve_on = ledger.reserve_on
 
-    def counted(lake, recipe, batch_id, now, snapshot):
+    def counted(lake, recipe, batch_ids, now, snapshot):
         if recipe.name == "grpo":
-            planned.append(batch_id)
-        return reserve_on(lake, recipe, batch_id, now, snapshot)
+            plans.append(batch_ids)
+        return reserve_on(lake, recipe, batch_ids, now, snapshot)
 
     monkeypatch.setattr(ledger, "reserve_on", counted)
     land_rollouts(bound.lake, groups=groups, group_size=4, steps=1, seed=5)
     result = Driver(bound, instance).materialize(REFRESH)
     released = result.asset_materializations_for_node("release_grpo")[-1].metadata["batches"]
     assert released.value == [f"grpo-{n:06d}" for n in range(1, batches + 1)]
-    assert planned == released.value
+    assert len(plans) == 1 and plans[0][:batches] == released.value
+    reservations = [
+        entry
+        for entry in bound.lake.open("batch_ledger/grpo").history()
+        if "claw.batch_id" in entry
+    ]
+    assert [entry["claw.batch_id"] for entry in reservations] == [",".join(released.value)]
+    stored = bound.lake.scan("batches/grpo").collect()
+    grpo = recipes()["grpo"]
+    for position, batch_id in enumerate(released.value):
+        again = build_batch(bound.lake, grpo, batch_id)  # refused unless it re-plans the same
+        assert again.pins.position == position and again.groups == 4
+        assert again.rows == stored.filter(pl.col("batch_id") == batch_id).height == 16
 
 
 def test_a_batch_is_one_library_call_with_plain_results(bound, instance, monkeypatch):

@@ -15,7 +15,7 @@ from transform_rows import SYSTEM, T0, at, chain, event, events, rewards, turn, 
 from claw_pipelines.batches.pins import Pins
 from claw_pipelines.batches.recipe import PINNED, Recipe, load_recipes
 from claw_pipelines.batching.ledger import pinned_recipe
-from claw_pipelines.batching.planner import final_drops, plan_batch
+from claw_pipelines.batching.planner import final_drops, plan_batch, plan_batches
 from claw_pipelines.batching.units import NO_TRAJECTORIES
 from claw_pipelines.derived_schemas import BATCH_ROWS, DPO_PAIRS, DROPPED, LEDGER, conform
 from claw_pipelines.lake import Lake
@@ -377,10 +377,9 @@ def test_dpo_pairs_come_from_the_same_state():
     assert plan_batch(recipe, curated, steps, ledger, at(60)).rows.height == 0
 
 
-def test_dpo_leftovers_that_cannot_pair_retire_and_those_that_can_wait():
-    """Once a state's best and worst are paired, its steps left wait for a later batch only
-    while they still make a pair (a reward gap, different replies); the others are final drops
-    (retired until their group changes), so later plans need not start reading at them."""
+def _two_states_and_leftovers() -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Steps and curated steps of three dpo states: g pairs s0/s3 and then s1/s2, h pairs
+    n0/n3 and leaves n1/n2 under the gap, k's two replies are the same tokens."""
     prompt = [*SYSTEM, 1, 2]
     rows = (
         [
@@ -408,7 +407,14 @@ def test_dpo_leftovers_that_cannot_pair_retire_and_those_that_can_wait():
         "v0": 1.0,
         "v1": 0.0,
     }
-    steps, curated = _completed(rows, values)
+    return _completed(rows, values)
+
+
+def test_dpo_leftovers_that_cannot_pair_retire_and_those_that_can_wait():
+    """Once a state's best and worst are paired, its steps left wait for a later batch only
+    while they still make a pair (a reward gap, different replies); the others are final drops
+    (retired until their group changes), so later plans need not start reading at them."""
+    steps, curated = _two_states_and_leftovers()
     recipe = load_recipes("assets/batches.yaml")["dpo"].model_copy(update={"groups_per_batch": 2})
     plan = plan_batch(recipe, curated, steps, None, at(60))
     assert sorted(plan.consumed["turn_id"]) == ["n0", "n3", "s0", "s3"]
@@ -611,3 +617,61 @@ def test_plans_from_retirements_and_open_since_equal_full_plans_on_random_backlo
         if plan.ready:
             consumed = plan.ledger_rows("grpo", at(now))
             ledger = consumed if ledger is None else pl.concat([ledger, consumed])
+
+
+def _alike(plan, alone) -> None:
+    """Two plans of one batch agree on everything they hold."""
+    assert plan.rows.equals(alone.rows) and plan.consumed.equals(alone.consumed)
+    assert plan.dropped.equals(alone.dropped) and plan.final.equals(alone.final)
+    assert (plan.ready, plan.open_since_next) == (alone.ready, alone.open_since_next)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_batches_planned_together_equal_each_planned_alone_or_in_turn(seed):
+    """A release plans its batches from one read: the batch at each position is the one a plan
+    for that position alone gives (a re-plan from its pins), and the one planning in turn gives,
+    each after the batches before it are consumed."""
+    rng = random.Random(seed)
+    groups = {f"g{g}": [rng.choice([0.0, 0.5, 1.0, 1.0]) for _ in range(rng.randint(1, 5))]
+              for g in range(10)}  # fmt: skip
+    curated, steps = _curated(groups, steps=rng.randint(1, 2))
+    curated = curated.with_columns(
+        pl.Series("trainable", [rng.random() > 0.05 for _ in range(curated.height)])
+    )
+    recipe = _recipe(group_size=3, groups_per_batch=rng.randint(1, 2),
+                     straggler_policy=rng.choice(["emit", "drop"]))  # fmt: skip
+    now = at(rng.choice([100, 5000]))
+    ids = [f"grpo-{n:06d}" for n in range(1, 5)]
+    together = plan_batches(recipe, curated, steps, None, now, batch_ids=ids)
+    ledger = None
+    assert [plan.ready for plan in together][:-1] == [True] * (len(together) - 1)
+    assert len(together) == len(ids) or not together[-1].ready
+    for position, (batch_id, plan) in enumerate(zip(ids, together, strict=False)):
+        _alike(plan, plan_batches(recipe, curated, steps, None, now, batch_ids=[batch_id],
+                                  first=position)[0])  # fmt: skip
+        in_turn = plan_batch(recipe, curated, steps, ledger, now, batch_id=batch_id)
+        assert in_turn.ready == plan.ready
+        if not plan.ready:
+            break
+        assert in_turn.rows.equals(plan.rows)
+        consumed = plan.ledger_rows("grpo", now)
+        ledger = consumed if ledger is None else pl.concat([ledger, consumed])
+
+
+def test_dpo_pairs_planned_together_equal_each_planned_alone():
+    """One plan pairs each state once: its second pair (s1/s2, once s0/s3 are consumed) waits
+    for the next plan, as it would planning in turn."""
+    steps, curated = _two_states_and_leftovers()
+    recipe = load_recipes("assets/batches.yaml")["dpo"].model_copy(update={"groups_per_batch": 1})
+    ids = ["dpo-000001", "dpo-000002", "dpo-000003", "dpo-000004"]
+    together = plan_batches(recipe, curated, steps, None, at(60), batch_ids=ids)
+    assert [plan.ready for plan in together] == [True, True, False]
+    assert [sorted(plan.consumed["turn_id"]) for plan in together[:2]] == [
+        ["s0", "s3"],
+        ["n0", "n3"],
+    ]
+    assert dict(together[1].dropped.select("turn_id", "reason").iter_rows())["s1"] == "next_batch"
+    for position, plan in enumerate(together):
+        alone = plan_batches(recipe, curated, steps, None, at(60), batch_ids=[ids[position]],
+                             first=position)  # fmt: skip
+        _alike(plan, alone[0])
