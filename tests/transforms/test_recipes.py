@@ -626,8 +626,9 @@ def _alike(plan, alone) -> None:
     assert (plan.ready, plan.open_since_next) == (alone.ready, alone.open_since_next)
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 @pytest.mark.parametrize("seed", range(20))
-def test_batches_planned_together_equal_each_planned_alone_or_in_turn(seed):
+def test_batches_planned_together_equal_each_planned_alone_or_in_turn(seed, algorithm):
     """A release plans its batches from one read: the batch at each position is the one a plan
     for that position alone gives (a re-plan from its pins), and the one planning in turn gives,
     each after the batches before it are consumed."""
@@ -640,8 +641,11 @@ def test_batches_planned_together_equal_each_planned_alone_or_in_turn(seed):
     )
     recipe = _recipe(group_size=3, groups_per_batch=rng.randint(1, 2),
                      straggler_policy=rng.choice(["emit", "drop"]))  # fmt: skip
+    if algorithm != "grpo":  # whole trajectories, no groups
+        fields = {"algorithm": algorithm, "group_size": 1, "groups_per_batch": rng.randint(2, 5)}
+        recipe = Recipe.model_validate({"name": algorithm, **fields})
     now = at(rng.choice([100, 5000]))
-    ids = [f"grpo-{n:06d}" for n in range(1, 5)]
+    ids = [f"{algorithm}-{n:06d}" for n in range(1, 5)]
     together = plan_batches(recipe, curated, steps, None, now, batch_ids=ids)
     ledger = None
     assert [plan.ready for plan in together][:-1] == [True] * (len(together) - 1)
@@ -654,7 +658,7 @@ def test_batches_planned_together_equal_each_planned_alone_or_in_turn(seed):
         if not plan.ready:
             break
         assert in_turn.rows.equals(plan.rows)
-        consumed = plan.ledger_rows("grpo", now)
+        consumed = plan.ledger_rows(algorithm, now)
         ledger = consumed if ledger is None else pl.concat([ledger, consumed])
 
 
