@@ -45,13 +45,13 @@ def planned(lake: Lake, recipe: Recipe, batch_id: str) -> Planned | None:
     pins = ledger.recorded_pins(snapshot, batch_id)
     if pins is None:
         reserved = ledger.reserve_on(lake, recipe, [batch_id], utc_now(), snapshot)
-        return reserved_now(recipe, reserved[0]) if reserved else None
+        return just_reserved(recipe, reserved[0]) if reserved else None
     planned_under = ledger.pinned_recipe(recipe, pins)
     plan = ledger.plan_from_pins(lake, planned_under, batch_id, pins)
     return Planned(plan, planned_under, pins, False)
 
 
-def reserved_now(recipe: Recipe, reservation: ledger.Reservation) -> Planned:
+def just_reserved(recipe: Recipe, reservation: ledger.Reservation) -> Planned:
     """A batch this call reserved, as ``planned`` gives it."""
     return Planned(reservation.plan, recipe, reservation.pins, True)
 

@@ -21,8 +21,8 @@ from claw_pipelines.batches.rows import completed_chunks, in_export_order, store
 from claw_pipelines.batching import ledger
 from claw_pipelines.batching.building import (
     Planned,
+    just_reserved,
     planned,
-    reserved_now,
     retired_before,
     write_batch,
 )
@@ -244,7 +244,7 @@ def release_ready(
         yield RaceLost(message=str(race))
         return
     for reservation in reserved:
-        built = _written(lake, recipe, reserved_now(recipe, reservation))
+        built = _written(lake, recipe, just_reserved(recipe, reservation))
         batch = built.batch
         yield batch
         if batch.passed:  # just checked: exported from the rows written, not read back
