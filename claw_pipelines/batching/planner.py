@@ -53,9 +53,8 @@ class BatchPlan:
     open_since_next: datetime | None
     """The earliest start (``started_at``, to the millisecond) of a step of a trajectory still
     in play once this batch and those before it in the plan are reserved (if ``ready``) and the
-    final drops retired, or the
-    newest start read when none is: the next plan's ``open_since``, valid only after the
-    reservation committed. None for an empty table."""
+    final drops retired, or the newest start read when none is: the next plan's
+    ``open_since``, valid only after the reservation committed. None for an empty table."""
 
     @cached_property
     def rows(self) -> pl.DataFrame:

@@ -219,6 +219,7 @@ class _Ranked(NamedTuple):
 def _ranked_units(
     recipe: Recipe, units: pl.DataFrame, landed: pl.DataFrame, now: datetime
 ) -> _Ranked:
+    """Ready groups (grpo/rloo) or passing trajectories, ranked in batch order."""
     if recipe.algorithm not in GROUPED:
         no_reasons = pl.DataFrame(schema={"trajectory_id": pl.String, "reason": pl.String})
         no_groups = pl.DataFrame(schema={"group_id": pl.String})
